@@ -1,0 +1,35 @@
+# Dev/CI set-up: a private venv with the CPU wheel of torch (seconds, not a multi-GB CUDA download).
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: venv demo test test-fast test-gpu bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_PIN)" numpy
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+venv: $(VENV)/.installed
+
+demo: venv
+	$(VENV)/bin/torchdoctor demo
+
+test: venv
+	$(PY) -m pytest -q -p no:cacheprovider
+
+test-fast: venv
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow"
+
+# On a GPU machine (torch already installed there): the GPU-marked tests only.
+test-gpu:
+	PYTHONPATH=$(CURDIR) python3 -m pytest -q -p no:cacheprovider -m "gpu or multigpu" tests
+
+bench: venv
+	$(PY) bench/startup.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

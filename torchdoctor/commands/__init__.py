@@ -1,0 +1,1 @@
+"""One module per command; each defines ``register(app)``. See torchdoctor/cli.py."""

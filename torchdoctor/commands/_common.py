@@ -1,0 +1,113 @@
+"""What every command shares: the --json/--fail-on options, error guard, report output."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Annotated, Callable
+
+import typer
+
+from torchdoctor.errors import EXIT_INTERNAL, EXIT_USAGE, ISSUES_URL, DoctorError
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the report as one JSON object on stdout.")]
+FailOnOpt = Annotated[
+    str,
+    typer.Option("--fail-on", help="Lowest severity that makes the exit code 1: error or warning.",
+                 metavar="error|warning"),
+]
+
+
+def debug_enabled() -> bool:
+    return os.environ.get("TORCHDOCTOR_DEBUG", "") not in ("", "0")
+
+
+def eprint(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def fail_usage(err: DoctorError) -> None:
+    eprint(f"torchdoctor: error: {err.message}")
+    if err.hint:
+        eprint(f"  hint: {err.hint}")
+    raise typer.Exit(err.exit_code)
+
+
+def fail_internal(exc: BaseException) -> None:
+    if debug_enabled():
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    eprint(f"torchdoctor: internal error: {type(exc).__name__}: {exc}")
+    eprint(f"  This is a bug in torchdoctor, not in your code. Please report it at {ISSUES_URL}"
+           + ("" if debug_enabled() else " with the output of the same command run with --debug."))
+    raise typer.Exit(EXIT_INTERNAL)
+
+
+def guarded(fn: Callable) -> Callable:
+    """Wrap a command body: DoctorError -> one line + hint, exit 2; other exceptions -> exit 3."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (typer.Exit, typer.Abort, SystemExit):
+            raise
+        except DoctorError as e:
+            fail_usage(e)
+        except KeyboardInterrupt:
+            eprint("torchdoctor: interrupted")
+            raise typer.Exit(130)
+        except Exception as e:  # noqa: BLE001 - the one place internal errors are caught
+            fail_internal(e)
+
+    return wrapper
+
+
+def check_fail_on(value: str) -> str:
+    v = value.strip().lower()
+    if v not in ("error", "warning"):
+        raise DoctorError(f"--fail-on must be 'error' or 'warning', not {value!r}")
+    return v
+
+
+def emit(report, as_json: bool, fail_on: str = "error", out_dir: str | Path | None = None) -> None:
+    """Print ``report`` (JSON or console) on stdout, save it under ``out_dir``, exit with its code."""
+    from torchdoctor.report.jsonout import render_json
+
+    fail_on = check_fail_on(fail_on)
+    if out_dir is not None:
+        from torchdoctor.report.console import render_to_text
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        report.artifacts.setdefault("report", str(out / "report.json"))
+        (out / "report.json").write_text(render_json(report) + "\n")
+        (out / "report.txt").write_text(render_to_text(report))
+    if as_json:
+        sys.stdout.write(render_json(report) + "\n")
+        sys.stdout.flush()
+    else:
+        from torchdoctor.report.console import make_console, render
+
+        render(report, make_console())
+    raise typer.Exit(report.exit_code(fail_on))
+
+
+def default_context() -> dict:
+    """Header facts every report carries: python, torch version, device (imports torch)."""
+    import platform
+
+    ctx = {"python": platform.python_version()}
+    try:
+        import torch
+
+        ctx["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            ctx["device"] = f"cuda ({torch.cuda.get_device_name(0)})"
+        else:
+            ctx["device"] = "cpu"
+    except Exception as e:  # noqa: BLE001
+        ctx["torch"] = f"unavailable ({type(e).__name__})"
+    return ctx

@@ -1,0 +1,24 @@
+"""Console entry point. Keeps start-up cheap: heavy modules load only inside commands.
+
+Commands listed in ``FAST_PATHS`` are dispatched before typer is imported (typer +
+click cost ≈ 60–200 ms, see bench/startup.py); ``--help`` always goes through typer.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# command name -> "module:function" taking argv (list[str]) and returning an exit code
+FAST_PATHS: dict[str, str] = {}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in FAST_PATHS and not ({"--help", "-h"} & set(args[1:])):
+        mod_name, fn_name = FAST_PATHS[args[0]].split(":")
+        fn = getattr(importlib.import_module(mod_name), fn_name)
+        sys.exit(fn(args[1:]))
+    from torchdoctor.cli import run_app
+
+    sys.exit(run_app(args))

@@ -1,0 +1,1 @@
+"""Rendering of a Report: ``console`` (rich, for people) and ``jsonout`` (for machines)."""

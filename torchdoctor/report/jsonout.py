@@ -1,0 +1,28 @@
+"""JSON rendering of a Report (CONTRACT.md, schema 1). One object, nothing else on stdout."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+
+def _clean(obj: Any) -> Any:
+    """Make evidence JSON-safe: NaN/Inf floats become strings, tuples lists, unknowns str."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else str(obj)
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if obj is None or isinstance(obj, (str, int, bool)):
+        return obj
+    return str(obj)
+
+
+def dumps(data: dict[str, Any]) -> str:
+    return json.dumps(_clean(data), indent=2, ensure_ascii=False)
+
+
+def render_json(report) -> str:
+    return dumps(report.to_dict())
