@@ -1,0 +1,55 @@
+"""Evidence: what a run measured, loaded from a run dir (or built in a test), for the rules.
+
+Rules read evidence only through this object, so they can be unit-tested on synthetic
+events without a child process or a GPU: ``Evidence.from_events([...], meta={...})``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Evidence:
+    meta: dict[str, Any] = field(default_factory=dict)  # probe, argv, options (parent)
+    events: list[dict[str, Any]] = field(default_factory=list)  # in write order
+    result: dict[str, Any] = field(default_factory=dict)  # how the script ended (child/parent)
+    run_dir: Path | None = None
+    _by_kind: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        by = defaultdict(list)
+        for e in self.events:
+            by[e.get("kind", "")].append(e)
+        self._by_kind = dict(by)
+
+    @classmethod
+    def from_events(cls, events: list[dict[str, Any]], meta: dict | None = None,
+                    result: dict | None = None) -> "Evidence":
+        return cls(meta=dict(meta or {}), events=list(events), result=dict(result or {}))
+
+    @classmethod
+    def load(cls, run_dir: str | Path) -> "Evidence":
+        from torchdoctor.runner.rundir import META, RESULT, read_events, read_json
+
+        d = Path(run_dir)
+        return cls(meta=read_json(d / META) or {}, events=list(read_events(d)),
+                   result=read_json(d / RESULT) or {}, run_dir=d)
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        """All events of one kind, in order (empty list if none)."""
+        return self._by_kind.get(kind, [])
+
+    def last(self, kind: str) -> dict[str, Any] | None:
+        evs = self._by_kind.get(kind)
+        return evs[-1] if evs else None
+
+    def has(self, kind: str) -> bool:
+        return kind in self._by_kind
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return self.meta.get("options", {})

@@ -1,0 +1,85 @@
+"""Instruments: measurement installed inside the child process around the user's script.
+
+An instrument writes evidence (``ctx.emit``); it never judges. The harness core owns the
+patches that see the training loop (global optimizer step hooks, the backward wrapper, the
+DataLoader iterator wrapper) and calls each armed instrument's callbacks; an instrument
+overrides only the callbacks it needs (only overridden ones are dispatched, so an unused
+callback costs nothing on the hot path).
+
+Register a class with :func:`register`; ``probes`` names the probes that arm it
+(e.g. ``{"memory", "checkup"}``). Modules in this package are discovered automatically.
+
+Rules for code that runs inside the user's step: no device sync unless the instrument's
+docs say why (at most one per step), aggregate per step, guard against forked DataLoader
+workers with ``ctx.in_owner_process()``, and never raise into the user's code (the harness
+catches and reports instrument failures, but a failure still costs the measurement).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from typing import Any
+
+CALLBACKS = (
+    "on_step_end",  # (ctx, step): an optimizer step finished; step = completed steps (1-based)
+    "on_backward_begin",  # (ctx): torch.autograd.backward / Tensor.backward entered (outermost)
+    "on_backward_end",  # (ctx): that backward returned
+    "on_batch",  # (ctx, wait_s): the DataLoader iterator returned a batch after wait_s seconds
+    "on_crash",  # (ctx, exc): the script raised exc (before uninstall)
+)
+
+
+class Instrument:
+    """Base class. Subclasses set ``name``, ``probes`` and override what they need."""
+
+    name: str = ""
+    probes: frozenset[str] = frozenset()
+    priority: int = 50  # dispatch order, lower first (the step clock runs first)
+
+    def install(self, ctx: Any) -> None:
+        """Install hooks. Called once before the script runs."""
+
+    def uninstall(self, ctx: Any) -> None:
+        """Remove hooks and write final summaries. Called in ``finally``, also after a crash."""
+
+    def overrides(self, callback: str) -> bool:
+        return getattr(type(self), callback, None) is not getattr(Instrument, callback, None)
+
+    def on_step_end(self, ctx: Any, step: int) -> None: ...
+
+    def on_backward_begin(self, ctx: Any) -> None: ...
+
+    def on_backward_end(self, ctx: Any) -> None: ...
+
+    def on_batch(self, ctx: Any, wait_s: float) -> None: ...
+
+    def on_crash(self, ctx: Any, exc: BaseException) -> None: ...
+
+
+_REGISTRY: dict[str, type[Instrument]] = {}
+_loaded = False
+
+
+def register(cls: type[Instrument]) -> type[Instrument]:
+    if not cls.name:
+        raise ValueError(f"{cls.__qualname__} has no name")
+    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
+        raise ValueError(f"instrument registered twice: {cls.name}")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def all_instruments() -> dict[str, type[Instrument]]:
+    global _loaded
+    if not _loaded:
+        for mod in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+            importlib.import_module(f"{__name__}.{mod}")
+        _loaded = True
+    return dict(_REGISTRY)
+
+
+def instruments_for(probe: str) -> list[type[Instrument]]:
+    """Instrument classes armed by ``probe``, in dispatch order."""
+    found = [c for c in all_instruments().values() if probe in c.probes]
+    return sorted(found, key=lambda c: (c.priority, c.name))
