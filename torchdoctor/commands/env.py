@@ -1,0 +1,37 @@
+"""`torchdoctor env [--json]`: the environment a PyTorch bug report needs, gathered safely.
+
+Collection (torchdoctor.envinfo) runs every probe at once, each bounded by a timeout; a probe
+that fails or hangs shows "could not collect: ..." and the rest still prints. Rules
+(torchdoctor.envinfo.rules) judge the collected dict; the report holds it in metrics["env"].
+"""
+
+from __future__ import annotations
+
+import typer
+
+from torchdoctor.commands._common import FailOnOpt, JsonOpt, emit, guarded
+
+
+def build_report(env: dict):
+    """The env Report for a collected (or saved) env dict: context, metrics, findings, skips."""
+    from torchdoctor.envinfo import report_context
+    from torchdoctor.envinfo.rules import evaluate
+    from torchdoctor.findings import Report
+
+    report = Report(command="env", metrics={"env": env}, context=report_context(env))
+    findings, skipped = evaluate(env)
+    for f in findings:
+        report.add(f)
+    for rule, reason in skipped:
+        report.skip(rule, reason)
+    return report
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(help="Environment and hardware report for bug reports: torch build, CUDA, cuDNN, NCCL, "
+                      "GPUs (NVML), torch flags, env vars, package versions.")
+    @guarded
+    def env(as_json: JsonOpt = False, fail_on: FailOnOpt = "error") -> None:
+        from torchdoctor.envinfo import collect
+
+        emit(build_report(collect()), as_json, fail_on)
