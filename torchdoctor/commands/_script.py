@@ -1,0 +1,125 @@
+"""The common CLI of every script probe: ``torchdoctor PROBE [OPTS] SCRIPT [ARGS]...``.
+
+``script_command(app, "memory", help, probe="memory", extra_options=[...])`` registers a
+command with the shared options (``--steps``, ``--timeout``, ``--json``, ``--out``,
+``--fail-on``, ``-m MODULE``) plus the probe's own; everything after SCRIPT is passed to the
+script verbatim (parsing stops at SCRIPT, so ``train.py --steps 3`` gives ``--steps 3`` to the
+script). The options land in ``ctx.options`` inside the child (``extra_options`` keys too).
+
+    from torchdoctor.commands._script import ExtraOption, script_command
+
+    def register(app):
+        script_command(app, "nan", "First non-finite value: module, op, step.", probe="nan",
+                       extra_options=[ExtraOption("check_every", "--check-every", int, 1,
+                                                  "check every N steps")])
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Annotated, Any, Callable, Optional
+
+import typer
+
+from torchdoctor.commands._common import FailOnOpt, JsonOpt, emit, eprint, guarded
+from torchdoctor.errors import DoctorError
+
+DEFAULT_STEPS = 50
+DEFAULT_TIMEOUT_S = 300.0
+CONTEXT_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True,
+                    "allow_interspersed_args": False}
+
+
+@dataclass(frozen=True)
+class ExtraOption:
+    """A probe-specific option: ``key`` in ctx.options, ``flag`` on the command line."""
+
+    key: str
+    flag: str
+    type: type = str
+    default: Any = None
+    help: str = ""
+    metavar: str | None = None
+
+
+def _params(extra: list[ExtraOption], steps_default: int, timeout_default: float) -> list:
+    P = inspect.Parameter
+    kw = P.KEYWORD_ONLY
+    params = [
+        P("ctx", kw, annotation=typer.Context),
+        P("script", kw, default=None, annotation=Annotated[Optional[str], typer.Argument(
+            metavar="SCRIPT [ARGS]...", show_default=False,
+            help="The training script; everything after it is passed to it untouched.")]),
+        P("module", kw, default=None, annotation=Annotated[Optional[str], typer.Option(
+            "-m", "--module", metavar="MODULE", help="Run a module (like python -m) instead of SCRIPT.")]),
+        P("steps", kw, default=steps_default, annotation=Annotated[int, typer.Option(
+            "--steps", metavar="N", help="Stop the script cleanly after N optimizer steps (0: no limit).")]),
+        P("timeout", kw, default=timeout_default, annotation=Annotated[float, typer.Option(
+            "--timeout", metavar="SECONDS",
+            help="Wall-clock bound; a hung script is stopped and shown where it was stuck.")]),
+        P("json_out", kw, default=False, annotation=JsonOpt),
+        P("out", kw, default=None, annotation=Annotated[Optional[str], typer.Option(
+            "--out", metavar="DIR", help="Write the report and artifacts (traces, snapshots) to DIR.")]),
+        P("fail_on", kw, default="error", annotation=FailOnOpt),
+    ]
+    for e in extra:
+        params.append(P(e.key, kw, default=e.default, annotation=Annotated[
+            Optional[e.type] if e.default is None else e.type,
+            typer.Option(e.flag, help=e.help, metavar=e.metavar)]))
+    return params
+
+
+def script_command(app: typer.Typer, name: str, help: str, probe: str | None = None,
+                   extra_options: list[ExtraOption] | tuple = (), *,
+                   steps_default: int = DEFAULT_STEPS, timeout_default: float = DEFAULT_TIMEOUT_S,
+                   target_override: Callable[[], tuple[str, list[str]]] | None = None) -> Callable:
+    """Register ``name`` on ``app`` as a script probe running ``probe`` (default: ``name``).
+
+    ``target_override`` (for ``demo``): returns (script, args) to run when none is given.
+    """
+    probe = probe or name
+    extra = list(extra_options)
+
+    @guarded
+    def command(**kw: Any) -> None:
+        ctx: typer.Context = kw.pop("ctx")
+        script, module = kw.pop("script"), kw.pop("module")
+        steps, timeout = kw.pop("steps"), kw.pop("timeout")
+        as_json, out, fail_on = kw.pop("json_out"), kw.pop("out"), kw.pop("fail_on")
+        args = list(ctx.args)
+        if module:
+            target = module
+            if script is not None:
+                args = [script] + args
+        elif script is not None:
+            target = script
+        elif target_override is not None:
+            target, args = target_override()
+        else:
+            raise DoctorError("missing SCRIPT (or -m MODULE)",
+                              hint=f"torchdoctor {name} train.py --your-args ...")
+        if steps < 0:
+            raise DoctorError(f"--steps must be >= 0, not {steps}")
+        if not timeout > 0:
+            raise DoctorError(f"--timeout must be > 0 seconds, not {timeout}")
+        from torchdoctor.commands._common import check_fail_on
+
+        check_fail_on(fail_on)
+        options = {"steps": steps, "timeout": timeout, "out": out, "module": bool(module)}
+        options.update(kw)  # probe-specific options, by key
+        bound = f"up to {steps} steps, " if steps else ""
+        eprint(f"torchdoctor {name}: running {'-m ' if module else ''}{target}"
+               f"{' ' + ' '.join(args) if args else ''} ({bound}timeout {timeout:g} s)")
+        from torchdoctor.probes.run import run_probe
+
+        report = run_probe(probe, target, args, options)
+        if name != probe:
+            report.command = name
+        emit(report, as_json, fail_on, out)
+
+    command.__signature__ = inspect.Signature(_params(extra, steps_default, timeout_default))
+    command.__name__ = name.replace("-", "_")
+    command.__doc__ = help
+    app.command(name, help=help, context_settings=dict(CONTEXT_SETTINGS))(command)
+    return command

@@ -1,0 +1,44 @@
+"""Follow-up runs: a second, instrumented run that a finding needs to say more.
+
+Some crashes are only explained by running again with costlier instruments, e.g.
+``inplace-modified`` → re-run up to the failing step under anomaly mode to name the forward
+line. A follow-up is registered for a finding code (in any module under
+``torchdoctor/probes/``, discovered automatically)::
+
+    from torchdoctor.probes.followups import followup
+
+    @followup("inplace-modified")
+    def anomaly_rerun(ev: Evidence, relaunch) -> dict:
+        ev2 = relaunch({"anomaly": True, "steps": ev.result.get("steps", 0) + 1})
+        return {"forward_line": ...}   # merged into the finding's evidence
+
+``relaunch(extra_options) -> Evidence`` runs the same script with the same arguments and
+probe, the options updated with ``extra_options`` (the instruments read them from
+``ctx.options``), still bounded by ``--timeout``; its output goes to stderr like the first
+run's. A follow-up that raises is reported as an ``internal-error`` finding; the original
+finding stays.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+Relaunch = Callable[[dict[str, Any]], Any]  # (extra_options) -> Evidence
+_FOLLOWUPS: dict[str, list[Callable[[Any, Relaunch], dict]]] = {}
+
+
+def followup(code: str):
+    def deco(fn):
+        _FOLLOWUPS.setdefault(code, [])
+        if fn not in _FOLLOWUPS[code]:
+            _FOLLOWUPS[code].append(fn)
+        return fn
+
+    return deco
+
+
+def followups_for(code: str) -> list[Callable[[Any, Relaunch], dict]]:
+    from torchdoctor.probes.registry import load_probe_modules
+
+    load_probe_modules()
+    return list(_FOLLOWUPS.get(code, []))

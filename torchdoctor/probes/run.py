@@ -1,0 +1,203 @@
+"""``run_probe``: run a script once under a probe's instruments and judge the evidence.
+
+Flow: make the run dir (a temp dir, or ``--out DIR`` → ``DIR/run``) → launch the child
+harness (``runner.launch``) → load :class:`Evidence` → rules of the run itself (probe
+``"run"``: crash, hang, signal, no steps) and of the probe → follow-up runs for findings that
+need one → metrics providers → :class:`Report`. The parent never imports torch here: the
+header (torch version, device) comes from the child's evidence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import shutil
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any
+
+from torchdoctor.errors import DoctorError
+from torchdoctor.evidence import Evidence
+from torchdoctor.findings import Finding, Report, finding
+from torchdoctor.runner.rundir import EVENTS, META, RESULT, STACKS
+
+RUN_FILES = (META, EVENTS, RESULT, STACKS)
+DEFAULT_STEPS = 50
+DEFAULT_TIMEOUT_S = 300.0
+# output lines of libraries that are not the script's (Kineto's profiler start/stop notes)
+QUIET_PATTERNS: list[str] = [r"^STAGE:\d{4}-\d\d-\d\d .*ActivityProfilerController\.cpp"]
+
+
+def check_target(target: str, module: bool) -> None:
+    """Bad input → DoctorError (exit 2) before anything is launched."""
+    if module:
+        top = target.split(".")[0]
+        if not top.isidentifier():
+            raise DoctorError(f"not a module name: {target!r}")
+        try:
+            spec = importlib.util.find_spec(top)  # top level only: imports nothing of the user's
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None:
+            raise DoctorError(f"module not found: {top!r}",
+                              hint="run from the folder that holds the package, or pass SCRIPT")
+        return
+    p = Path(target)
+    if not p.exists():
+        raise DoctorError(f"script not found: {target}")
+    if p.is_dir():
+        if (p / "__main__.py").is_file():
+            return
+        raise DoctorError(f"{target} is a folder, not a script",
+                          hint="pass the training script's .py file, or -m PACKAGE.MODULE")
+    if not os.access(p, os.R_OK):
+        raise DoctorError(f"cannot read {target}")
+
+
+def _run_dir(out: str | None) -> tuple[Path, bool]:
+    """(run dir, is_temporary). Under --out, stale files of an earlier run are removed."""
+    if out:
+        d = Path(out) / "run"
+        d.mkdir(parents=True, exist_ok=True)
+        for name in RUN_FILES:
+            try:
+                (d / name).unlink()
+            except FileNotFoundError:
+                pass
+        return d, False
+    return Path(tempfile.mkdtemp(prefix="torchdoctor-run-")), True
+
+
+def _context(ev: Evidence) -> dict[str, Any]:
+    import platform
+
+    env = ev.last("env") or {}
+    dev = ev.last("device") or {}
+    ctx: dict[str, Any] = {"python": env.get("python") or platform.python_version()}
+    if env.get("torch"):
+        ctx["torch"] = env["torch"]
+    if dev.get("device", "").startswith("cuda"):
+        ctx["device"] = f"{dev['device']} ({dev.get('name')})"
+    elif dev:
+        ctx["device"] = "cpu"
+    return ctx
+
+
+def _internal(title: str, evidence: dict[str, Any]) -> Finding:
+    return finding("internal-error", title, evidence,
+                   fix="This is a torchdoctor bug; please report it with this evidence. "
+                       "The rest of the report still stands.")
+
+
+def _instrument_errors(ev: Evidence, report: Report) -> None:
+    for e in ev.of("instrument_error"):
+        report.add(_internal(f"instrument {e.get('instrument')} failed in {e.get('callback')}",
+                             {"instrument": e.get("instrument"), "callback": e.get("callback"),
+                              "traceback": e.get("traceback", "")}))
+
+
+def _metrics(ev: Evidence, report: Report) -> None:
+    from torchdoctor.probes.registry import metrics_providers
+
+    for name, fn in sorted(metrics_providers().items()):
+        try:
+            value = fn(ev)
+        except Exception as e:  # noqa: BLE001
+            report.add(_internal(f"metrics {name} failed: {type(e).__name__}: {e}",
+                                 {"provider": name, "traceback": traceback.format_exc(limit=6)}))
+            continue
+        if value is not None:
+            report.metrics[name] = value
+
+
+def _followups(report: Report, ev: Evidence, relaunch) -> None:
+    from torchdoctor.probes.followups import followups_for
+
+    for i, f in enumerate(list(report.findings)):
+        for fn in followups_for(f.code):
+            try:
+                extra = fn(ev, relaunch) or {}
+            except Exception as e:  # noqa: BLE001
+                report.add(_internal(f"follow-up {fn.__name__} for {f.code} failed: "
+                                     f"{type(e).__name__}: {e}",
+                                     {"followup": fn.__name__,
+                                      "traceback": traceback.format_exc(limit=6)}))
+                continue
+            if extra:
+                f = dataclasses.replace(f, evidence={**f.evidence, **extra})
+                report.findings[i] = f
+
+
+def run_status(outcome: str | None) -> str | None:
+    """Report status forced by how the run ended (None: derived from the findings)."""
+    if outcome in ("crash", "signal"):
+        return "crashed"
+    if outcome == "timeout":
+        return "timeout"
+    return None
+
+
+def run_probe(probe: str, target: str, script_args: list[str], options: dict[str, Any]) -> Report:
+    """Run ``target`` (a script path, or a module with ``options['module']``) under ``probe``.
+
+    ``options``: ``steps`` (int, 0 = no limit), ``timeout`` (seconds), ``out`` (dir or None),
+    ``module`` (bool), ``quiet`` (no progress line), plus probe-specific keys that instruments
+    read from ``ctx.options``. Returns the Report (not yet printed).
+    """
+    from torchdoctor.rules import run_rules
+    from torchdoctor.runner.launch import launch
+
+    module = bool(options.get("module"))
+    check_target(target, module)
+    opts = {k: v for k, v in options.items() if k not in ("module", "quiet")}
+    opts.setdefault("steps", DEFAULT_STEPS)
+    opts.setdefault("timeout", DEFAULT_TIMEOUT_S)
+    if opts.get("out"):
+        opts["out"] = str(Path(opts["out"]).resolve())
+    timeout = float(opts["timeout"]) if opts.get("timeout") else None
+    argv = [target, *script_args]
+    show = None if not options.get("quiet") else False
+    tmp_dirs: list[Path] = []
+
+    def _launch(run_opts: dict[str, Any], d: Path) -> Evidence:
+        launch(d, probe, argv, module=module, options=run_opts, timeout=timeout,
+               quiet_patterns=QUIET_PATTERNS, show_progress=show)
+        return Evidence.load(d)
+
+    run_dir, is_tmp = _run_dir(opts.get("out"))
+    if is_tmp:
+        tmp_dirs.append(run_dir)
+    try:
+        ev = _launch(opts, run_dir)
+        report = Report(command=probe, target=" ".join(["-m", target] if module else [target]))
+        report.context = _context(ev)
+
+        n = [0]
+
+        def relaunch(extra: dict[str, Any]) -> Evidence:
+            n[0] += 1
+            if opts.get("out"):
+                d = Path(opts["out"]) / f"followup-{n[0]}"
+                shutil.rmtree(d, ignore_errors=True)
+            else:
+                d = Path(tempfile.mkdtemp(prefix="torchdoctor-followup-"))
+                tmp_dirs.append(d)
+            return _launch({**opts, **extra, "followup": n[0]}, d)
+
+        run_rules("run", ev, report)
+        if probe != "run":
+            run_rules(probe, ev, report)
+        _followups(report, ev, relaunch)
+        _instrument_errors(ev, report)
+        _metrics(ev, report)
+        for a in ev.of("artifact"):
+            if a.get("name") and a.get("path"):
+                report.artifacts[str(a["name"])] = str(a["path"])
+        report.run_status = run_status(ev.result.get("outcome"))
+        return report
+    finally:
+        if not os.environ.get("TORCHDOCTOR_KEEP_RUN"):
+            for d in tmp_dirs:
+                shutil.rmtree(d, ignore_errors=True)

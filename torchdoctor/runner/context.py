@@ -1,0 +1,93 @@
+"""The harness context ``ctx`` handed to every instrument inside the child process.
+
+One object per run. Instruments read the clock state (``step``, ``phase``), write evidence
+(``emit``), look at what the script built (``optimizers``, ``models()``) and may end the run
+cleanly (``request_stop``). Everything here is cheap: it is called from inside the user's step.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from pathlib import Path
+from typing import Any
+
+PHASES = ("data", "forward", "backward", "optimizer", "other")
+
+
+class StopRun(BaseException):
+    """Raised at a step boundary to end the script cleanly (``--steps`` reached, ``request_stop``).
+
+    A ``BaseException`` so that the user's ``except Exception`` blocks do not swallow it.
+    """
+
+
+class HarnessContext:
+    """State shared by the harness core and the instruments (see runner_shared contract)."""
+
+    def __init__(self, probe: str, run_dir: str | os.PathLike, options: dict[str, Any], writer: Any):
+        self.probe = probe
+        self.run_dir = Path(run_dir)
+        self.options: dict[str, Any] = dict(options or {})
+        out = self.options.get("out")
+        self.out_dir: Path | None = Path(out) if out else None
+        self.step = 0  # completed optimizer steps (or backward calls in fallback mode)
+        self.phase = "other"  # maintained by the step clock
+        self.stop_reason: str | None = None
+        # the tensor(s) passed to the outermost backward in progress ("the loss"); set by the
+        # core's backward wrapper before on_backward_begin, kept until the next backward
+        self.last_backward_tensor: Any = None
+        self._writer = writer
+        self._owner_pid = os.getpid()
+        self._optimizers: list[weakref.ref] = []
+        self._optimizer_ids: set[int] = set()
+        self._models: list[weakref.ref] = []
+        self._model_ids: set[int] = set()
+
+    # -- evidence -------------------------------------------------------------------------
+    def emit(self, kind: str, **data: Any) -> None:
+        """Append one evidence event (flushed at once). Ignored in forked DataLoader workers."""
+        if os.getpid() != self._owner_pid:
+            return
+        self._writer.write(kind, **data)
+
+    def in_owner_process(self) -> bool:
+        """False inside forked DataLoader workers, which inherit the global hooks."""
+        return os.getpid() == self._owner_pid
+
+    # -- control --------------------------------------------------------------------------
+    def request_stop(self, reason: str) -> None:
+        """End the run cleanly at the next step boundary (first reason wins)."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
+
+    # -- what the script built --------------------------------------------------------------
+    def _add_optimizer(self, opt: Any) -> None:
+        if id(opt) in self._optimizer_ids:
+            return
+        self._optimizer_ids.add(id(opt))
+        self._optimizers.append(weakref.ref(opt))
+
+    def _add_model(self, module: Any) -> bool:
+        """Record a root module; True if it was new."""
+        if id(module) in self._model_ids:
+            return False
+        self._model_ids.add(id(module))
+        try:
+            self._models.append(weakref.ref(module))
+        except TypeError:
+            return False
+        return True
+
+    @property
+    def optimizers(self) -> list[Any]:
+        """The torch optimizers seen stepping so far (still alive), in first-step order."""
+        return [o for o in (r() for r in self._optimizers) if o is not None]
+
+    def models(self) -> list[Any]:
+        """Root ``nn.Module`` objects seen in forward so far (called while no other module ran).
+
+        Loss modules called at top level (``nn.CrossEntropyLoss()``) are roots too; filter on
+        ``any(True for _ in m.parameters())`` when you need models with weights.
+        """
+        return [m for m in (r() for r in self._models) if m is not None]

@@ -1,0 +1,54 @@
+"""Which source files are the user's: everything but torch, torchdoctor, site-packages, stdlib."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sysconfig
+
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../torchdoctor
+_EXAMPLES_DIR = os.path.join(_PKG_DIR, "examples") + os.sep
+
+
+def _library_roots() -> tuple[str, ...]:
+    roots = {_PKG_DIR + os.sep}
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        p = sysconfig.get_paths().get(key)
+        if p:
+            roots.add(os.path.realpath(p) + os.sep)
+            roots.add(os.path.abspath(p) + os.sep)
+    try:
+        import torch
+
+        roots.add(os.path.dirname(os.path.realpath(torch.__file__)) + os.sep)
+    except Exception:  # noqa: BLE001
+        pass
+    return tuple(roots)
+
+
+@functools.lru_cache(maxsize=4096)
+def is_user_file(filename: str) -> bool:
+    """True for the script's own files (and its sibling modules), False for libraries."""
+    if not filename or filename.startswith("<"):
+        return False
+    if "site-packages" in filename or "dist-packages" in filename:
+        return False
+    path = os.path.abspath(filename)
+    if path.startswith(_EXAMPLES_DIR):  # the bundled demo scripts play the user's part
+        return True
+    return not path.startswith(_library_roots_cached())
+
+
+@functools.lru_cache(maxsize=1)
+def _library_roots_cached() -> tuple[str, ...]:
+    return _library_roots()
+
+
+def frames_of(tb) -> list[list]:
+    """A traceback as [[file, line, func, is_user_code], ...], outermost first."""
+    out = []
+    while tb is not None:
+        co = tb.tb_frame.f_code
+        out.append([co.co_filename, tb.tb_lineno, co.co_name, is_user_file(co.co_filename)])
+        tb = tb.tb_next
+    return out

@@ -1,0 +1,176 @@
+"""The child harness: run the user's script once, unmodified, under the armed instruments.
+
+Started by :mod:`torchdoctor.runner.launch` as ``python -c BOOT RUN_DIR`` in a new session.
+Reads ``meta.json`` (probe, argv, module, options), installs the core (step clock, patches)
+and the probe's instruments, rewrites ``sys.argv`` and ``sys.path[0]`` the way ``python
+script.py`` / ``python -m mod`` would, runs the script with :mod:`runpy` as ``__main__`` and
+writes ``result.json`` however the script ends:
+
+* ``exit``: returned or ``sys.exit(code)`` (the code is kept and becomes the child's code);
+* ``stopped``: ``--steps`` reached or an instrument asked to stop, at a step boundary;
+* ``crash``: an exception escaped (type, message, traceback with user-code flags);
+* ``interrupted``: ``KeyboardInterrupt`` (the parent forwards Ctrl-C as SIGINT).
+
+The parent adds ``timeout`` and ``signal`` outcomes, which the child cannot write itself.
+``faulthandler`` dumps every thread's stack to ``stacks.txt`` on SIGUSR1 (timeout) and on a
+fatal signal (segfault, abort).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import linecache
+import os
+import platform
+import runpy
+import signal
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from torchdoctor.runner.rundir import META, RESULT, STACKS, EvidenceWriter, read_json, write_json
+
+EXIT_INTERRUPTED = 130
+_HARNESS_FILES = (os.path.abspath(__file__), os.path.abspath(runpy.__file__))
+
+
+def _armed(probe: str) -> list[Any]:
+    """Instances of the instruments armed by ``probe`` plus those every run arms (probe 'run')."""
+    from torchdoctor.instruments import instruments_for
+
+    classes = []
+    for cls in list(instruments_for(probe)) + list(instruments_for("run")):
+        if cls not in classes:
+            classes.append(cls)
+    classes.sort(key=lambda c: (c.priority, c.name))
+    return [c() for c in classes]
+
+
+def _trim(tb):
+    """Drop the harness/runpy frames in front of the script's first frame."""
+    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in _HARNESS_FILES:
+        tb = tb.tb_next
+    return tb
+
+
+def _exception_record(exc: BaseException) -> dict[str, Any]:
+    from torchdoctor.runner.frames import frames_of
+
+    tb = _trim(exc.__traceback__)
+    frames = frames_of(tb)
+    rec: dict[str, Any] = {
+        "type": type(exc).__name__,
+        "qualname": f"{type(exc).__module__}.{type(exc).__qualname__}",
+        "message": str(exc)[:8000],
+        "traceback": frames,
+    }
+    user = [f for f in frames if f[3]]
+    if user:
+        f = user[-1]
+        rec["user_frame"] = {"file": f[0], "line": f[1], "function": f[2],
+                             "code": linecache.getline(f[0], f[1]).strip()}
+    chain = []
+    cur = exc
+    while len(chain) < 4:
+        nxt = cur.__cause__ or (None if cur.__suppress_context__ else cur.__context__)
+        if nxt is None:
+            break
+        chain.append({"type": type(nxt).__name__, "message": str(nxt)[:2000]})
+        cur = nxt
+    if chain:
+        rec["chain"] = chain
+    return rec
+
+
+def _exit_code(code: Any) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    return 1  # sys.exit("message") prints the message and exits 1
+
+
+def _run_target(meta: dict[str, Any]) -> None:
+    argv = list(meta["argv"])
+    if meta.get("module"):
+        sys.argv = [argv[0]] + argv[1:]  # run_module replaces argv[0] with the module's file
+        sys.path[0] = os.getcwd()
+        runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
+    else:
+        script = os.path.abspath(argv[0])
+        sys.argv = [argv[0]] + argv[1:]
+        sys.path[0] = os.path.dirname(script)
+        runpy.run_path(script, run_name="__main__")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    run_dir = Path(args[0])
+    meta = read_json(run_dir / META) or {}
+    stacks = open(run_dir / STACKS, "a", buffering=1)
+    faulthandler.enable(file=stacks, all_threads=True)
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True, chain=False)
+
+    from torchdoctor.runner.context import HarnessContext, StopRun
+    from torchdoctor.runner.core import Core
+
+    writer = EvidenceWriter(run_dir)
+    ctx = HarnessContext(meta.get("probe", "run"), run_dir, meta.get("options", {}), writer)
+    result: dict[str, Any] = {"outcome": "exit", "exit_code": 0}
+    core = None
+    try:
+        import torch
+
+        ctx.emit("env", python=platform.python_version(), torch=torch.__version__,
+                 cuda_build=torch.version.cuda, pid=os.getpid(),
+                 cpus=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                 else os.cpu_count())
+        core = Core(ctx, _armed(ctx.probe))
+        core.install()
+        ctx.emit("script_start")
+        _run_target(meta)
+    except StopRun as e:
+        result = {"outcome": "stopped", "exit_code": 0, "reason": str(e)}
+    except SystemExit as e:
+        result = {"outcome": "exit", "exit_code": _exit_code(e.code)}
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+    except KeyboardInterrupt:
+        result = {"outcome": "interrupted", "exit_code": EXIT_INTERRUPTED}
+    except BaseException as e:  # noqa: BLE001 - the script's crash is evidence
+        result = {"outcome": "crash", "exit_code": 1, "exception": _exception_record(e)}
+        if core is not None:
+            core.crash(e)
+        traceback.print_exception(type(e), e, _trim(e.__traceback__), file=sys.stderr)
+    finally:
+        result["steps"] = ctx.step
+        if core is not None:
+            core.uninstall()
+        try:
+            _emit_device(ctx)
+        except Exception:  # noqa: BLE001
+            pass
+        write_json(run_dir / RESULT, result)
+        writer.close()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    return int(result.get("exit_code") or 0)
+
+
+def _emit_device(ctx) -> None:
+    """The device the script used (never initialises CUDA itself)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    if torch.cuda.is_initialized():
+        i = torch.cuda.current_device()
+        ctx.emit("device", device=f"cuda:{i}", name=torch.cuda.get_device_name(i),
+                 capability=list(torch.cuda.get_device_capability(i)))
+    else:
+        ctx.emit("device", device="cpu", name=platform.processor() or platform.machine())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
