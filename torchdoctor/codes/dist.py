@@ -1,0 +1,20 @@
+"""Distributed codes implemented by `torchdoctor dist` without a script (issue 8, part A).
+
+The script-probe codes of the same family (collective-hang, collective-mismatch,
+missing-distributed-sampler, sampler-epoch-not-set, rank-straggler) are declared by the
+module that implements them.
+"""
+
+from torchdoctor.codes import declare
+from torchdoctor.skills import DISTRIBUTED
+
+declare("dist-env-inconsistent", DISTRIBUTED, "error",
+        "RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT missing or contradictory")
+declare("nccl-unavailable", DISTRIBUTED, "error",
+        "CUDA present but NCCL backend unusable")
+declare("nccl-env-risky", DISTRIBUTED, "warning",
+        "NCCL variables that cripple or hide (e.g. NCCL_P2P_DISABLE=1, deprecated names)")
+declare("allreduce-bandwidth-low", DISTRIBUTED, "warning",
+        "measured all-reduce bus bandwidth far under what the links allow")
+declare("collective-selftest-failed", DISTRIBUTED, "error",
+        "the collective self-test returned wrong values, crashed or did not finish in time")
