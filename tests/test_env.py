@@ -2,6 +2,7 @@
 
 import copy
 import json
+import re
 import subprocess
 import sys
 import time
@@ -14,7 +15,8 @@ from torchdoctor.envinfo.rules import evaluate, visible_gpus
 from torchdoctor.envinfo.torchinfo import matmul_tf32_state
 from torchdoctor.envinfo.runner import Collector, is_failed, run_collectors
 
-H100 = FIXTURES / "env" / "h100.json"
+H100 = FIXTURES / "env" / "h100.json"  # `env --json` on the H100 box (tests/fixtures/env/collect_h100.sh)
+H100_BUSY = FIXTURES / "env" / "h100_busy.json"  # same box while another process held 20 GiB
 GIB = 1024 ** 3
 
 
@@ -339,8 +341,9 @@ def test_h100_fixture_renders_gpu_driver_and_nccl():
     report, text = _render(env)
     assert "H100" in gpu["name"] and gpu["name"] in text
     assert env["nvidia"]["driver"] in text
-    assert env["torch"]["nccl"] and f"NCCL            {env['torch']['nccl']}" in text
-    assert env["torch"]["cudnn"] in text
+    assert env["torch"]["nccl"] and re.search(rf"NCCL +{re.escape(env['torch']['nccl'])}", text)
+    assert re.search(rf"cuDNN +{re.escape(env['torch']['cudnn'])}", text)
+    assert re.search(r"0 +NVIDIA H100 80GB HBM3 +9\.0 +\d+\.\d / 79\.6", text)
     assert report.context["device"].startswith("cuda (") and "H100" in report.context["device"]
     assert "could not collect" not in text
 
@@ -359,17 +362,25 @@ def test_h100_fixture_rules_follow_its_flags():
     assert "tf32-disabled" in {f.code for f in _render(off)[0].findings}
 
 
-def test_h100_fixture_with_a_cpu_torch_and_a_busy_neighbour():
+def test_h100_busy_fixture_raises_gpu_memory_in_use_naming_the_holder():
+    env = json.loads(H100_BUSY.read_text())["metrics"]["env"]
+    holder = env["nvidia"]["gpus"][0]["processes"][0]
+    report, text = _render(env)
+    f = [f for f in report.findings if f.code == "gpu-memory-in-use"]
+    assert len(f) == 1 and "GPU 0 20.5 of 79.7 GiB (26%)" in f[0].title
+    assert f"pid {holder['pid']} python3" in text
+    assert report.exit_code() == 0 and report.exit_code("warning") == 1
+    assert "gpu-memory-in-use" not in {f.code for f in _render(_h100_env())[0].findings}  # idle: quiet
+
+
+def test_h100_fixture_with_a_cpu_torch_is_an_error():
     env = copy.deepcopy(_h100_env())
-    env["torch"].update(cuda=None, build="CPU")
-    g = env["nvidia"]["gpus"][0]
-    held = int(g["memory"]["total_bytes"] * 0.3)
-    g["memory"]["used_bytes"] = held
-    g["processes"] = [{"pid": 4242, "name": "python3", "type": "compute", "used_bytes": held, "self": False}]
+    env["torch"].update(cuda=None, nccl=None, cudnn=None, build="CPU")
+    env["torch_cuda"] = {"available": False, "device_count": 0, "arch_list": [], "reason": "torch is a CPU build"}
     report, text = _render(env)
     codes = {f.code for f in report.findings}
-    assert {"torch-cpu-build-on-gpu-host", "gpu-memory-in-use"} <= codes
-    assert "pid 4242 python3" in text
+    assert "torch-cpu-build-on-gpu-host" in codes and "tf32-disabled" not in codes
+    assert "cpu (torch cannot use the 1 GPU present)" == report.context["device"]
     assert report.exit_code() == 1
 
 

@@ -139,32 +139,45 @@ def torch_section(report):
     return _kv("PyTorch", rows)
 
 
-def _gpu_row(g: dict) -> list[str]:
+def _gpu_rows(g: dict) -> tuple[list[str], list[str]]:
+    """Two rows for GPU ``g``: load (``LOAD_COLUMNS``) and links/health (``LINK_COLUMNS``)."""
     mem = g.get("memory") or {}
     util = g.get("utilization") or {}
     pcie = g.get("pcie") or {}
     ecc = g.get("ecc")
     nvl = g.get("nvlink")
-    un = g.get("unavailable") or {}
-    mem_txt = (f"{(mem.get('used_bytes') or 0) / GIB:.1f} / {_gib(mem.get('total_bytes'))}"
+    mem_txt = (f"{(mem.get('used_bytes') or 0) / GIB:.1f} / {mem['total_bytes'] / GIB:.1f}"
                if mem.get("total_bytes") else NA)
-    power = (f"{g['power_draw_w']:.0f} / {g['power_limit_w']:.0f} W"
+    power = (f"{g['power_draw_w']:.0f} / {g['power_limit_w']:.0f}"
              if g.get("power_draw_w") is not None and g.get("power_limit_w") is not None else NA)
     pcie_txt = (f"gen{pcie.get('gen')} x{pcie.get('width')} (max gen{pcie.get('max_gen')} x{pcie.get('max_width')})"
                 if pcie else NA)
     if isinstance(ecc, dict):
         if ecc.get("enabled"):
-            errs = [ecc.get("corrected_volatile"), ecc.get("uncorrected_volatile")]
-            ecc_txt = "on, " + (f"{errs[0]} corr / {errs[1]} uncorr" if None not in errs else "counts n/a")
+            errs = (ecc.get("corrected_volatile"), ecc.get("uncorrected_volatile"))
+            ecc_txt = "on, " + " / ".join(NA if e is None else str(e) for e in errs)
         else:
             ecc_txt = "off"
     else:
-        ecc_txt = un.get("ecc", NA)
-    nvl_txt = f"{nvl['active']}/{nvl['links']} up" if isinstance(nvl, dict) else un.get("nvlink", NA)
-    return [str(g.get("index")), str(g.get("name") or NA), mem_txt, str(g.get("compute_capability") or NA),
+        ecc_txt = NA
+    nvl_txt = f"{nvl['active']} of {nvl['links']} up" if isinstance(nvl, dict) else NA
+    idx = str(g.get("index"))
+    load = [idx, str(g.get("name") or NA), str(g.get("compute_capability") or NA), mem_txt,
             f"{util['gpu_pct']}%" if "gpu_pct" in util else NA,
-            f"{g['temperature_c']}°C" if g.get("temperature_c") is not None else NA,
-            power, pcie_txt, ecc_txt, nvl_txt]
+            f"{g['temperature_c']}°C" if g.get("temperature_c") is not None else NA, power]
+    links = [idx, pcie_txt, ecc_txt, nvl_txt, _yn(g.get("persistence_mode")), _yn(g.get("mig_mode"))]
+    return load, links
+
+
+LOAD_COLUMNS = ("#", "name", "cc", "memory GiB", "util", "temp", "power W")
+LINK_COLUMNS = ("#", "PCIe link", "ECC (corr / uncorr)", "NVLink", "persistence", "MIG")
+
+
+def _table(columns: tuple[str, ...]) -> Table:
+    t = Table(box=box.SIMPLE_HEAD, padding=(0, 1), show_edge=False)
+    for c in columns:
+        t.add_column(c, no_wrap=c in ("#", "name", "memory GiB", "power W"), overflow="fold")
+    return t
 
 
 def _processes(gpus: list[dict]) -> list[Text]:
@@ -196,19 +209,22 @@ def gpu_section(report):
     head = Text(f"driver {nv.get('driver') or NA} (supports CUDA ≤ {nv.get('cuda_driver') or NA}), "
                 f"{nv.get('gpu_count')} GPU(s)")
     gpus = nv.get("gpus") or []
-    t = Table(box=box.SIMPLE_HEAD, padding=(0, 1), show_edge=False)
-    for c in ("#", "name", "memory used", "cc", "util", "temp", "power", "PCIe", "ECC", "NVLink"):
-        t.add_column(c, overflow="fold")
+    t, t2 = _table(LOAD_COLUMNS), _table(LINK_COLUMNS)
     fails = []
     for g in gpus:
         err_g = g.get("error")
         if err_g:
             fails.append(_bad(f"GPU {g.get('index')}: {err_g}"))
             continue
-        t.add_row(*_gpu_row(g))
+        load, links = _gpu_rows(g)
+        t.add_row(*load)
+        t2.add_row(*links)
     parts: list[Any] = [title, head]
     if len(t.rows):
-        parts.append(t)
+        parts += [t, Text(""), t2]
+    notes = sorted({f"{k}: {v}" for g in gpus if not g.get("error") for k, v in (g.get("unavailable") or {}).items()})
+    if notes:
+        parts.append(Text("n/a = " + "; ".join(notes), style="dim"))
     parts += fails
     procs = _processes([g for g in gpus if not g.get("error")])
     parts.append(Text("processes holding GPU memory:" if procs else "processes holding GPU memory: none",
@@ -257,7 +273,12 @@ def vars_section(report):
     if not ev:
         return Group(Text("Environment variables", style="bold"),
                      Text("none of CUDA_*, NCCL_*, TORCH_*, PYTORCH_*, OMP_* ... set", style="dim"))
-    return _kv("Environment variables", [(k, v) for k, v in ev.items()])
+    return _kv("Environment variables", [(k, _short(v)) for k, v in ev.items()])
+
+
+def _short(v: str, limit: int = 160) -> str:
+    """Long values (NVIDIA_REQUIRE_CUDA is ~3 KB in CUDA images) are cut on the console; JSON keeps all."""
+    return v if len(v) <= limit else f"{v[:limit]}… ({len(v)} chars, full value in --json)"
 
 
 @section("env.packages", order=15)
