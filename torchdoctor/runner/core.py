@@ -379,6 +379,10 @@ class Core:
         self.data_s = self.fwd_s = self.bwd_s = self.opt_s = 0.0
         self.batches = self.backwards = 0
         self.opt_since_boundary = []
+        if step == 1:
+            from torchdoctor.runner.harness import emit_device
+
+            self._safe("stepclock", "device", emit_device, ctx)
         if step == DISCOVERY_STEPS:
             self._switch_to_root_hooks()
         for name, fn in self.cb["on_step_end"]:

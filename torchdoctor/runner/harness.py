@@ -140,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         result = {"outcome": "interrupted", "exit_code": EXIT_INTERRUPTED}
     except BaseException as e:  # noqa: BLE001 - the script's crash is evidence
-        result = {"outcome": "crash", "exit_code": 1, "exception": _exception_record(e)}
+        result = {"outcome": "crash", "exit_code": 1, "exception": _exception_record(e),
+                  "phase": ctx.phase}
         if core is not None:
             core.crash(e)
         traceback.print_exception(type(e), e, _trim(e.__traceback__), file=sys.stderr)
@@ -149,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         if core is not None:
             core.uninstall()
         try:
-            _emit_device(ctx)
+            emit_device(ctx)
         except Exception:  # noqa: BLE001
             pass
         write_json(run_dir / RESULT, result)
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     return int(result.get("exit_code") or 0)
 
 
-def _emit_device(ctx) -> None:
+def emit_device(ctx) -> None:
     """The device the script used (never initialises CUDA itself)."""
     torch = sys.modules.get("torch")
     if torch is None:

@@ -1,0 +1,93 @@
+"""Step-clock summaries (metrics ``steps`` and ``run``), shared by the report and the rules.
+
+Warm-up: the first step (lazy init, worker start-up, allocator growth, cuDNN autotune) is left
+out of the summary when at least WARMUP_MIN_STEPS steps were seen.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from torchdoctor.evidence import Evidence
+from torchdoctor.probes.registry import metrics_provider
+
+PHASES = ("data", "forward", "backward", "optimizer", "other")
+WARMUP_STEPS = 1
+WARMUP_MIN_STEPS = 3
+
+
+def judged_steps(ev: Evidence) -> list[dict[str, Any]]:
+    """The step events the rules judge: all but the warm-up step(s) when there are enough."""
+    steps = ev.of("step")
+    if len(steps) >= WARMUP_MIN_STEPS:
+        return steps[WARMUP_STEPS:]
+    return steps
+
+
+def _pct(values: list[float], q: float) -> float:
+    v = sorted(values)
+    if not v:
+        return 0.0
+    k = min(len(v) - 1, max(0, int(round(q * (len(v) - 1)))))
+    return v[k]
+
+
+def step_summary(ev: Evidence) -> dict[str, Any] | None:
+    steps = judged_steps(ev)
+    if not steps:
+        return None
+    walls = [float(s["wall_s"]) for s in steps]
+    total = sum(walls) or 1e-12
+    sums = {p: sum(float(s.get(f"{p}_s", 0.0)) for s in steps) for p in PHASES}
+    out: dict[str, Any] = {
+        "count": len(ev.of("step")),
+        "judged": len(steps),
+        "warmup_skipped": len(ev.of("step")) - len(steps),
+        "source": steps[-1].get("source"),
+        "median_step_ms": round(statistics.median(walls) * 1e3, 3),
+        "mean_step_ms": round(total / len(steps) * 1e3, 3),
+        "p90_step_ms": round(_pct(walls, 0.9) * 1e3, 3),
+        "share": {p: round(sums[p] / total, 4) for p in PHASES},
+        "mean_ms": {p: round(sums[p] / len(steps) * 1e3, 3) for p in PHASES},
+        "batches_per_step": round(sum(int(s.get("batches", 0)) for s in steps) / len(steps), 3),
+        "backwards_per_step": round(sum(int(s.get("backwards", 0)) for s in steps) / len(steps), 3),
+    }
+    dev = device_summary(ev)
+    if dev:
+        out["device"] = dev
+    return out
+
+
+def device_summary(ev: Evidence) -> dict[str, Any] | None:
+    """Medians of the CUDA-event phase times and the busy estimate (after warm-up)."""
+    devs = ev.of("step_device")
+    if len(devs) >= WARMUP_MIN_STEPS:
+        devs = devs[WARMUP_STEPS:]
+    if not devs:
+        return None
+    out: dict[str, Any] = {"steps": len(devs)}
+    for k in ("forward_ms", "backward_ms", "optimizer_ms", "span_ms", "busy"):
+        vals = [float(d[k]) for d in devs if d.get(k) is not None]
+        if vals:
+            out[k] = round(statistics.median(vals), 4)
+    return out
+
+
+@metrics_provider("steps")
+def steps_metrics(ev: Evidence) -> dict[str, Any] | None:
+    return step_summary(ev)
+
+
+@metrics_provider("run")
+def run_metrics(ev: Evidence) -> dict[str, Any] | None:
+    res = ev.result
+    if not res:
+        return None
+    out = {k: res[k] for k in ("outcome", "exit_code", "reason", "signal", "timeout_s", "wall_s",
+                               "steps", "interrupted") if res.get(k) is not None}
+    first = ev.of("step")
+    start = ev.last("script_start")
+    if first and start:
+        out["time_to_first_step_s"] = round(float(first[0]["t"]) - float(start["t"]), 3)
+    return out

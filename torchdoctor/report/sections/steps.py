@@ -1,0 +1,46 @@
+"""Console section: where the step time went (from ``report.metrics['steps']``)."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+
+from torchdoctor.report.sections import section
+
+BAR = 30
+LABELS = {"data": "data wait", "forward": "forward", "backward": "backward",
+          "optimizer": "optimizer", "other": "other"}
+
+
+def _bar(share: float) -> Text:
+    n = max(0, min(BAR, round(share * BAR)))
+    return Text("█" * n + "·" * (BAR - n), style="cyan" if share < 0.3 else "yellow")
+
+
+@section("steps", order=20)
+def step_breakdown(report) -> Table | None:
+    m = report.metrics.get("steps")
+    if not m or not m.get("judged"):
+        return None
+    warm = f", first {m['warmup_skipped']} left out as warm-up" if m.get("warmup_skipped") else ""
+    t = Table(title=f"Step time: {m['judged']} steps{warm}; median {m['median_step_ms']:.3g} ms, "
+                    f"p90 {m['p90_step_ms']:.3g} ms",
+              title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
+    t.add_column("phase")
+    t.add_column("ms/step", justify="right")
+    t.add_column("share", justify="right")
+    t.add_column("")
+    dev = m.get("device") or {}
+    if dev:
+        t.add_column("GPU ms", justify="right")
+    for p, label in LABELS.items():
+        share = float(m["share"].get(p, 0.0))
+        row = [label, f"{m['mean_ms'].get(p, 0.0):.3g}", f"{share:.0%}", _bar(share)]
+        if dev:
+            v = dev.get(f"{p}_ms")
+            row.append(f"{v:.3g}" if v is not None else "")
+        t.add_row(*row)
+    if dev and dev.get("busy") is not None:
+        t.caption = f"GPU busy ≤ {dev['busy']:.0%} of the step (CUDA events)"
+        t.caption_justify = "left"
+    return t

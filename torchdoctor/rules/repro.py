@@ -1,0 +1,27 @@
+"""unseeded-run: the script never seeded the global RNGs (checkup, info)."""
+
+from __future__ import annotations
+
+from torchdoctor.evidence import Evidence
+from torchdoctor.findings import Finding, finding
+from torchdoctor.rules import NotApplicable, rule
+
+
+@rule("unseeded-run", probes={"checkup"})
+def unseeded_run(ev: Evidence) -> list[Finding]:
+    summary = ev.last("seeding")
+    if summary is None:
+        raise NotApplicable("seeding calls were not instrumented in this run")
+    if not ev.of("step"):
+        raise NotApplicable("no training step was seen")
+    if summary.get("calls"):
+        return []
+    return [finding(
+        "unseeded-run",
+        "no RNG seeding call was seen: weight init, shuffling and dropout differ on every run",
+        {"watched": ["torch.manual_seed", "torch.cuda.manual_seed(_all)", "random.seed",
+                     "numpy.random.seed", "numpy.random.default_rng(seed)"],
+         "steps_seen": len(ev.of("step"))},
+        fix="Seed once at start-up: torch.manual_seed(s); random.seed(s); numpy.random.seed(s) "
+            "(and DataLoader(generator=torch.Generator().manual_seed(s)) for the shuffle order); "
+            "save the seed with the checkpoint")]

@@ -1,0 +1,174 @@
+"""Rules about the run itself (every script probe): hang, death by signal, no training steps."""
+
+from __future__ import annotations
+
+import linecache
+import statistics
+from typing import Any
+
+from torchdoctor.evidence import Evidence
+from torchdoctor.findings import Finding, finding
+from torchdoctor.rules import rule
+from torchdoctor.runner.frames import is_user_file
+
+# A timed-out run is "hung" when nothing progressed for the last STALL_FRACTION of the
+# timeout, and for at least STALL_STEPS median step times, and at least STALL_MIN_S.
+STALL_FRACTION = 0.10
+STALL_STEPS = 5
+STALL_MIN_S = 1.0
+SIGNAL_HINTS = {
+    "SIGKILL": "SIGKILL without a timeout usually comes from the host's out-of-memory killer "
+               "(check `dmesg | grep -i oom`) or from a job scheduler",
+    "SIGSEGV": "a segmentation fault in native code (a C/CUDA extension, a library version "
+               "mismatch, or a DataLoader worker sharing memory badly)",
+    "SIGABRT": "native code aborted (a failed assertion in C++/CUDA code, often with a "
+               "message just above in the output; gloo aborts on collective mismatches)",
+    "SIGBUS": "a bus error: often shared memory (/dev/shm) too small for DataLoader workers",
+    "SIGTERM": "terminated by another process (scheduler pre-emption, a time limit)",
+    "SIGILL": "an illegal instruction: a binary built for another CPU",
+}
+
+
+def _stacks(ev: Evidence) -> dict[str, Any]:
+    from torchdoctor.runner.rundir import STACKS
+    from torchdoctor.runner.stacks import read_stacks
+
+    if ev.run_dir is None:
+        return {"threads": [], "fatal": None}
+    return read_stacks(ev.run_dir / STACKS)
+
+
+def _fmt(frame: list) -> str:
+    return f"{frame[0]}:{frame[1]} in {frame[2]}"
+
+
+def _user_frames(frames: list[list]) -> list[list]:
+    return [f for f in frames if is_user_file(f[0])]
+
+
+def stack_evidence(stacks: dict[str, Any]) -> dict[str, Any]:
+    """Where the script's main thread was (innermost user frame), plus the other threads."""
+    from torchdoctor.runner.stacks import main_thread
+
+    threads = stacks.get("threads") or []
+    main = main_thread(threads)
+    out: dict[str, Any] = {}
+    if main is None:
+        return out
+    frames = [f for f in main["frames"] if not f[0].endswith(("runner/harness.py", "runpy.py"))
+              and not f[0].startswith(("<frozen runpy", "<string>"))]
+    user = _user_frames(frames)
+    if user:
+        f = user[0]
+        out["stuck_at"] = _fmt(f)
+        code = linecache.getline(f[0], f[1]).strip()
+        if code:
+            out["code"] = code
+    if frames:
+        out["waiting_in"] = _fmt(frames[0])
+    out["main_thread"] = [_fmt(f) for f in frames[:12]]
+    others = []
+    for t in threads:
+        if t is main:
+            continue
+        uf = _user_frames(t["frames"])
+        top = uf[0] if uf else (t["frames"][0] if t["frames"] else None)
+        if top:
+            others.append(_fmt(top))
+    if others:
+        out["other_threads"] = others[:8]
+    return out
+
+
+def _hang_fix(stack: dict[str, Any]) -> str:
+    frames = " ".join(stack.get("main_thread", []))
+    if "dataloader" in frames or "multiprocessing" in frames or "queues.py" in frames:
+        return ("The main process waits for a DataLoader worker: run once with num_workers=0 "
+                "to see the worker's own error or deadlock; set DataLoader(timeout=...) so a "
+                "stuck worker raises")
+    if "distributed" in frames:
+        return ("The process waits in a collective: another rank skipped it or died; run "
+                "`torchdoctor dist` and compare the ranks' stacks")
+    return ("Look at the line it was stuck on: a wait without timeout (queue.get, lock, "
+            "barrier, input(), an endless loop); add a timeout or fix the exit condition")
+
+
+@rule("script-hung", probes={"run"})
+def script_hung(ev: Evidence) -> list[Finding]:
+    res = ev.result
+    if res.get("outcome") != "timeout":
+        return []  # it ended on its own: not hung
+    timeout = float(res.get("timeout_s") or ev.options.get("timeout") or 0)
+    steps = ev.of("step")
+    start = ev.last("script_start") or {}
+    t_start = float(start.get("t", 0.0))
+    # event times count from the harness's start, a fraction of a second after the launch
+    # the timeout counts from: the kill came at about t = timeout on that clock
+    last_t = max([float(e.get("t", 0.0)) for e in ev.events] + [t_start])
+    t_end = max(last_t, timeout)
+    last_progress = float(steps[-1]["t"]) if steps else t_start
+    stalled = t_end - last_progress
+    walls = [float(s.get("wall_s", 0.0)) for s in steps]
+    med = statistics.median(walls) if walls else 0.0
+    need = max(STALL_FRACTION * timeout, STALL_STEPS * med, STALL_MIN_S)
+    if steps and stalled < need:
+        return []  # still stepping when the time was up: slow, not hung
+    stack = stack_evidence(_stacks(ev))
+    where = stack.get("stuck_at") or stack.get("waiting_in") or "an unknown place"
+    what = f"after step {len(steps)}" if steps else "before the first training step"
+    evidence: dict[str, Any] = {
+        "timeout_s": timeout,
+        "steps_done": len(steps),
+        "no_progress_s": round(stalled, 1),
+        **stack,
+    }
+    if ev.run_dir is not None:
+        evidence["stacks_file"] = "stacks.txt (every thread, at the timeout)"
+    return [finding("script-hung",
+                    f"no progress for {stalled:.0f} s {what}, stopped at the {timeout:g} s "
+                    f"timeout; stuck at {where}", evidence, fix=_hang_fix(stack))]
+
+
+@rule("killed-by-signal", probes={"run"})
+def killed_by_signal(ev: Evidence) -> list[Finding]:
+    res = ev.result
+    if res.get("outcome") != "signal":
+        return []
+    name = res.get("signal", "?")
+    stacks = _stacks(ev)
+    evidence: dict[str, Any] = {"signal": name, "steps_done": len(ev.of("step"))}
+    if stacks.get("fatal"):
+        evidence["fatal_error"] = stacks["fatal"]
+        evidence.update(stack_evidence(stacks))
+    tail = [ln for ln in res.get("output_tail") or [] if ln.strip()][-5:]
+    if tail:
+        evidence["last_output"] = tail
+    hint = SIGNAL_HINTS.get(name, "the process received a fatal signal")
+    fix = {"SIGKILL": "Lower host memory use (smaller batch, fewer DataLoader workers, "
+                      "mmap'd datasets) or ask for more memory; run `torchdoctor memory`",
+           "SIGBUS": "Give the container more shared memory (docker --shm-size=8g) or use "
+                     "fewer DataLoader workers"}.get(name, "Re-run with the stack shown "
+                                                        "(faulthandler) and fix the native "
+                                                        "call it died in")
+    return [finding("killed-by-signal", f"the script died by {name}: {hint}", evidence, fix=fix)]
+
+
+@rule("no-training-steps", probes={"run"})
+def no_training_steps(ev: Evidence) -> list[Finding]:
+    res = ev.result
+    outcome = res.get("outcome")
+    if outcome not in ("exit", "stopped", "interrupted"):
+        return []  # crash / hang / signal: that finding says more
+    if outcome == "exit" and res.get("exit_code") not in (0, None):
+        return []
+    if ev.of("step"):
+        return []
+    forwards = len(ev.of("model"))
+    evidence = {"outcome": outcome, "optimizer_steps": 0, "backward_calls": 0,
+                "root_modules_seen": forwards, "dataloader_batches_seen": bool(ev.of("dataloader"))}
+    return [finding("no-training-steps",
+                    "no optimizer step or backward call was seen, so step-based checks could "
+                    "not judge this run", evidence,
+                    fix="Point torchdoctor at the script that trains (it must call "
+                        "loss.backward() and optimizer.step()); pass the arguments that start "
+                        "training; raise --timeout if training starts late")]
