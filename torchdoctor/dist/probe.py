@@ -17,6 +17,9 @@ from torchdoctor.findings import Report
 
 ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_FR_", "GLOO_", "TORCH_DISTRIBUTED_DEBUG")
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+# Labels set by NVIDIA container images, not NCCL settings (NCCL_VERSION names the image's
+# libnccl, which torch's bundled NCCL may not be).
+NOT_SETTINGS = ("NCCL_VERSION",)
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
@@ -76,7 +79,8 @@ def choose_nproc(opts: DistOptions, backend: str, facts: dict) -> int:
 
 def env_view(env: dict[str, str]) -> dict:
     return {"launch": {k: env[k] for k in LAUNCH_VARS if k in env},
-            "variables": {k: v for k, v in sorted(env.items()) if k.startswith(ENV_PREFIXES)}}
+            "variables": {k: v for k, v in sorted(env.items())
+                          if k.startswith(ENV_PREFIXES) and k not in NOT_SETTINGS}}
 
 
 def topology_summary(topo: dict) -> dict:

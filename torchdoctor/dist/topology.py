@@ -30,6 +30,7 @@ P2P_STATUS = {0: "ok", 1: "chipset not supported", 2: "GPU not supported",
               6: "unknown"}
 FI_NVLINK_SPEED_MBPS_COMMON = 90
 FI_NVLINK_LINK_COUNT = 91
+FI_NVLINK_GET_SPEED = 164
 NVLINK_DEVICE_TYPES = {0: "gpu", 1: "ibmnpu", 2: "switch", 255: "unknown"}
 
 
@@ -51,16 +52,16 @@ def norm_bus_id(bus_id: str | None) -> str | None:
     return _str(bus_id).strip().lower()[-12:]
 
 
-def _field_uint(nv, handle, field: int) -> int | None:
-    vals = _try(nv.nvmlDeviceGetFieldValues, handle, [field])
+VALUE_ATTRS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
+
+def _field_uint(nv, handle, field: int, scope: int | None = None) -> int | None:
+    """An NVML field value as an int (None when unsupported or zero)."""
+    vals = _try(nv.nvmlDeviceGetFieldValues, handle, [field if scope is None else (field, scope)])
     if not vals or vals[0].nvmlReturn != 0:
         return None
-    v = vals[0].value
-    for attr in ("uiVal", "ulVal", "ullVal"):
-        x = getattr(v, attr, None)
-        if x:
-            return int(x)
-    return None
+    x = getattr(vals[0].value, VALUE_ATTRS.get(vals[0].valueType, "uiVal"), None)
+    return int(x) if x else None
 
 
 def _gpu_facts(nv, i: int) -> tuple[Any, dict]:
@@ -90,9 +91,11 @@ def _gpu_facts(nv, i: int) -> tuple[Any, dict]:
         links.append({"link": link, "version": _try(nv.nvmlDeviceGetNvLinkVersion, h, link),
                       "remote_type": NVLINK_DEVICE_TYPES.get(rtype, rtype) if rtype is not None else None,
                       "remote_bus_id": norm_bus_id(_str(remote.busId)) if remote is not None else None})
-    speed = _field_uint(nv, h, FI_NVLINK_SPEED_MBPS_COMMON) if links else None
-    g["nvlink"] = {"active_links": len(links), "speed_mbps_common": speed,
-                   "links": links}
+    common = _field_uint(nv, h, FI_NVLINK_SPEED_MBPS_COMMON) if links else None
+    # Per-link speed (scope = link index); what `nvidia-smi nvlink -s` prints.
+    per_link = _field_uint(nv, h, FI_NVLINK_GET_SPEED, links[0]["link"]) if links else None
+    g["nvlink"] = {"active_links": len(links), "speed_mbps_common": common or per_link,
+                   "speed_fields": {"common": common, "link0": per_link}, "links": links}
     return h, g
 
 
@@ -137,7 +140,7 @@ def gather_topology() -> dict:
 def nvlink_link_gbs(gpu: dict, link: dict) -> float | None:
     """Per-direction GB/s of one active link: the NVML common speed, else the version table."""
     speed = gpu.get("nvlink", {}).get("speed_mbps_common")
-    if speed:
+    if speed and 5_000 <= speed <= 400_000:  # MB/s; outside this range it is not a link speed
         return speed / 1000.0
     return NVLINK_VERSION_GBS.get(link.get("version"))
 
