@@ -16,6 +16,7 @@ from typing import Any
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Finding, finding
 from torchdoctor.rules import rule
+from torchdoctor.runner.frames import short_path
 from torchdoctor.skills import (CHECKPOINTING, CUSTOM_AUTOGRAD, DEBUGGING, DISTRIBUTED,
                                 MODULE_DESIGN, TENSOR_MEMORY)
 
@@ -33,6 +34,7 @@ DEVICE_PATTERNS = (
     re.compile(r"is on \w+, but expected (it )?to be on \w+"),
     re.compile(r"indices should be either on cpu or on the same device"),
     re.compile(r"Expected a '\w+' device type for generator"),
+    re.compile(r"Tensor on device \S+ is not on the expected device \S+!"),
 )
 # script-crashed routing: (message pattern, skill, hint)
 ROUTES: tuple[tuple[re.Pattern, str, str], ...] = (
@@ -95,6 +97,9 @@ def device_details(msg: str) -> dict[str, Any]:
     m = re.search(r"found at least two devices, (\S+) and (\S+?)!?( \(|$)", msg)
     if m:
         out["devices"] = [m.group(1).rstrip("!,"), m.group(2).rstrip("!,")]
+    m = re.search(r"Tensor on device (\S+) is not on the expected device (\S+?)!", msg)
+    if m and "devices" not in out:
+        out["devices"] = [m.group(2), m.group(1)]
     m = re.search(r"argument for argument (\w+) in method (\w+)", msg)
     if m:
         out["argument"] = m.group(1)
@@ -128,15 +133,32 @@ def classify(exc: dict[str, Any]) -> str:
     return "script-crashed"
 
 
+def phase_of(tb: list[list]) -> str | None:
+    """The loop phase a crash happened in, from the library frames of its traceback."""
+    for f in reversed(tb):
+        path, func = f[0].replace("\\", "/"), f[2]
+        if "/torch/autograd/" in path or (path.endswith("torch/_tensor.py") and func == "backward"):
+            return "backward"
+        if "/torch/optim/" in path:
+            return "optimizer"
+        if "/torch/utils/data/" in path:
+            return "data"
+        if path.endswith("torch/nn/modules/module.py") and func in ("_call_impl",
+                                                                       "_wrapped_call_impl"):
+            return "forward"
+    return None
+
+
 def _where(exc: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     uf = exc.get("user_frame")
     if not uf:
         tb = exc.get("traceback") or []
         if tb:
             f = tb[-1]
-            return f"{f[0]}:{f[1]}", {"where": f"{f[0]}:{f[1]} in {f[2]}"}
+            loc = short_path(f"{f[0]}:{f[1]}")
+            return loc, {"where": f"{loc} in {f[2]}"}
         return "", {}
-    loc = f"{uf['file']}:{uf['line']}"
+    loc = short_path(f"{uf['file']}:{uf['line']}")
     ev = {"where": f"{loc} in {uf['function']}"}
     if uf.get("code"):
         ev["code"] = uf["code"]
@@ -165,8 +187,9 @@ def _crash_finding(ev: Evidence) -> Finding:
     steps = int(res.get("steps") or 0)
     evidence = {"exception": f"{exc.get('type', '?')}: {_first_line(msg, 400)}", **evidence,
                 "step": f"{steps + 1} (after {steps} completed steps)"}
-    if res.get("phase") and res["phase"] != "other":
-        evidence["phase"] = res["phase"]
+    phase = phase_of(exc.get("traceback") or [])
+    if phase:
+        evidence["phase"] = phase
     at = f" at {loc}" if loc else ""
     skill = None
     if code == "out-of-memory":
@@ -203,7 +226,7 @@ def _crash_finding(ev: Evidence) -> Finding:
                 fixes = [hint[0].upper() + hint[1:]] + fixes
                 break
     tb = exc.get("traceback") or []
-    user_tb = [f"{f[0]}:{f[1]} in {f[2]}" for f in tb if f[3]]
+    user_tb = [f"{short_path(f'{f[0]}:{f[1]}')} in {f[2]}" for f in tb if f[3]]
     if len(user_tb) > 1:
         evidence["user_traceback"] = user_tb[-6:]
     fixes = _merge_context(ev, evidence, fixes)

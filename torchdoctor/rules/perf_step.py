@@ -12,14 +12,13 @@ Thresholds (why: docs/findings/<code>.md, "How it is measured"):
 
 from __future__ import annotations
 
-import os
-import statistics
 from typing import Any
 
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Finding, finding
 from torchdoctor.probes.steps import device_summary, judged_steps
 from torchdoctor.rules import NotApplicable, rule
+from torchdoctor.runner.frames import short_path
 
 MIN_STEPS = 3
 DATA_SHARE = 0.30
@@ -38,15 +37,7 @@ def _need_steps(ev: Evidence) -> list[dict[str, Any]]:
 
 
 def _short(path: str | None) -> str | None:
-    if not path:
-        return path
-    try:
-        rel = os.path.relpath(path.rsplit(":", 1)[0])
-        if not rel.startswith(".."):
-            return rel + ":" + path.rsplit(":", 1)[1]
-    except ValueError:
-        pass
-    return path
+    return short_path(path)
 
 
 @rule("dataloader-bound", probes={"checkup", "profile"})

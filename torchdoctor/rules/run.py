@@ -9,7 +9,7 @@ from typing import Any
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Finding, finding
 from torchdoctor.rules import rule
-from torchdoctor.runner.frames import is_user_file
+from torchdoctor.runner.frames import is_user_file, short_path
 
 # A timed-out run is "hung" when nothing progressed for the last STALL_FRACTION of the
 # timeout, and for at least STALL_STEPS median step times, and at least STALL_MIN_S.
@@ -39,7 +39,7 @@ def _stacks(ev: Evidence) -> dict[str, Any]:
 
 
 def _fmt(frame: list) -> str:
-    return f"{frame[0]}:{frame[1]} in {frame[2]}"
+    return f"{short_path(f'{frame[0]}:{frame[1]}')} in {frame[2]}"
 
 
 def _user_frames(frames: list[list]) -> list[list]:

@@ -417,7 +417,10 @@ class Core:
             where = None
             code = getattr(getitem, "__code__", None)
             if code is not None:
-                where = f"{code.co_filename}:{code.co_firstlineno}"
+                from torchdoctor.runner.frames import is_user_file
+
+                if is_user_file(code.co_filename):  # a library dataset's own file says little
+                    where = f"{code.co_filename}:{code.co_firstlineno}"
             loop = user_frame(3)
             self.ctx.emit(
                 "dataloader",

@@ -52,3 +52,19 @@ def frames_of(tb) -> list[list]:
         out.append([co.co_filename, tb.tb_lineno, co.co_name, is_user_file(co.co_filename)])
         tb = tb.tb_next
     return out
+
+
+def short_path(loc: str | None) -> str | None:
+    """'/cwd/dir/train.py:12' -> 'dir/train.py:12' when under the current folder."""
+    if not loc:
+        return loc
+    path, sep, rest = loc.rpartition(":")
+    if not rest.isdigit():
+        path, sep, rest = loc, "", ""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return loc
+    if rel.startswith(".."):
+        return loc
+    return rel + sep + rest

@@ -32,7 +32,7 @@ from typing import Any
 from torchdoctor.runner.rundir import META, RESULT, STACKS, EvidenceWriter, read_json, write_json
 
 EXIT_INTERRUPTED = 130
-_HARNESS_FILES = (os.path.abspath(__file__), os.path.abspath(runpy.__file__))
+_HARNESS_FILES = (os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>")
 
 
 def _armed(probe: str) -> list[Any]:
@@ -49,7 +49,8 @@ def _armed(probe: str) -> list[Any]:
 
 def _trim(tb):
     """Drop the harness/runpy frames in front of the script's first frame."""
-    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in _HARNESS_FILES:
+    while tb is not None and (tb.tb_frame.f_code.co_filename in _HARNESS_FILES
+                              or os.path.abspath(tb.tb_frame.f_code.co_filename) in _HARNESS_FILES):
         tb = tb.tb_next
     return tb
 
@@ -92,16 +93,31 @@ def _exit_code(code: Any) -> int:
 
 
 def _run_target(meta: dict[str, Any]) -> None:
+    """Run the target like ``python script.py ARGS`` / ``python -m module ARGS`` would."""
     argv = list(meta["argv"])
     if meta.get("module"):
         sys.argv = [argv[0]] + argv[1:]  # run_module replaces argv[0] with the module's file
         sys.path[0] = os.getcwd()
         runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
-    else:
-        script = os.path.abspath(argv[0])
-        sys.argv = [argv[0]] + argv[1:]
-        sys.path[0] = os.path.dirname(script)
-        runpy.run_path(script, run_name="__main__")
+        return
+    script = os.path.abspath(argv[0])
+    sys.argv = list(argv)  # argv[0] as the user typed it
+    sys.path[0] = os.path.dirname(script)
+    if os.path.isdir(script) or not script.endswith(".py"):
+        runpy.run_path(script, run_name="__main__")  # folders/zips with __main__.py
+        return
+    import importlib.machinery
+    import types
+
+    with open(script, "rb") as f:
+        source = f.read()
+    code = compile(source, script, "exec", dont_inherit=True)
+    mod = types.ModuleType("__main__")
+    mod.__dict__.update(__file__=script, __cached__=None, __builtins__=__builtins__,
+                        __loader__=importlib.machinery.SourceFileLoader("__main__", script),
+                        __spec__=None, __package__=None)
+    sys.modules["__main__"] = mod  # pickling and multiprocessing look the script up here
+    exec(code, mod.__dict__)
 
 
 def main(argv: list[str] | None = None) -> int:
