@@ -1,0 +1,11 @@
+"""Checkpoint audit: read what a checkpoint holds and lacks without running its code.
+
+Layers (DESIGN.md): readers (``detect``, ``torch_zip``, ``torch_legacy``, ``safetensors``,
+``dcp``, ``hf``) turn a path into a :class:`~torchdoctor.checkpoint.values.Contents`
+(plain Python containers, :class:`TensorInfo` leaves, :class:`Opaque` for every object
+whose class was *not* imported); ``pickle_scan`` lists the globals a pickle would import
+from its opcodes; ``scan`` checks tensor bytes for NaN/Inf in bounded memory; ``roles``
+recognises model / optimizer / scheduler / scaler / RNG / progress; ``rules`` turns all
+that into findings (pure functions). Nothing here imports torch unless ``--model`` or
+``--unsafe-load`` asks for it.
+"""

@@ -1,0 +1,85 @@
+"""Reader of the safetensors format, without the ``safetensors`` package.
+
+Layout: an 8-byte little-endian header length N, N bytes of JSON
+``{"__metadata__": {str: str}, NAME: {"dtype": "F32", "shape": [...],
+"data_offsets": [begin, end]}, ...}``, then the data; offsets count from the byte after
+the header. No pickle, so nothing in it can execute.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections import OrderedDict
+
+from torchdoctor.checkpoint.errors import Unreadable
+from torchdoctor.checkpoint.values import ITEMSIZE, Storage, TensorInfo
+
+MAX_HEADER = 100 * 1024 * 1024  # the reference implementation refuses larger headers too
+
+DTYPES = {
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",
+    "U64": "uint64", "U32": "uint32", "U16": "uint16", "U8": "uint8", "BOOL": "bool",
+    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu",
+    "C64": "complex64", "C128": "complex128",
+}
+
+
+def looks_safetensors(head: bytes, size: int) -> bool:
+    if len(head) < 9:
+        return False
+    (n,) = struct.unpack("<Q", head[:8])
+    return 2 <= n <= MAX_HEADER and 8 + n <= size and head[8:9] == b"{"
+
+
+def read_header(path: str) -> tuple[dict, int, int]:
+    """(header dict, data start offset, file size); raises :class:`Unreadable`."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise Unreadable("truncated safetensors", f"{size} bytes: no header length", path)
+        (n,) = struct.unpack("<Q", head)
+        if n > MAX_HEADER or 8 + n > size:
+            raise Unreadable("truncated safetensors",
+                             f"header says {n} bytes of JSON but the file has {size - 8} after the length", path)
+        raw = f.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise Unreadable("corrupt safetensors", f"header is not valid JSON: {e}", path) from None
+    if not isinstance(header, dict):
+        raise Unreadable("corrupt safetensors", "header is not a JSON object", path)
+    return header, 8 + n, size
+
+
+def read_safetensors(path: str) -> tuple[OrderedDict, dict]:
+    """The tensors (name → :class:`TensorInfo`, in file order) and the ``__metadata__``."""
+    header, start, size = read_header(path)
+    meta = header.pop("__metadata__", None) or {}
+    out: OrderedDict[str, TensorInfo] = OrderedDict()
+    entries = []
+    for name, spec in header.items():
+        if not isinstance(spec, dict) or "dtype" not in spec or "data_offsets" not in spec:
+            raise Unreadable("corrupt safetensors", f"entry {name!r} lacks dtype/data_offsets", path)
+        try:
+            begin, end = (int(x) for x in spec["data_offsets"])
+            shape = tuple(int(x) for x in spec.get("shape", []))
+        except (TypeError, ValueError):
+            raise Unreadable("corrupt safetensors", f"entry {name!r}: bad shape or offsets", path) from None
+        entries.append((begin, end, name, spec["dtype"], shape))
+    for begin, end, name, st_dtype, shape in sorted(entries):
+        dtype = DTYPES.get(str(st_dtype), str(st_dtype).lower())
+        if end < begin or start + end > size:
+            raise Unreadable("truncated safetensors",
+                             f"tensor {name!r} needs bytes up to {start + end} but the file has {size}", path)
+        t = TensorInfo(dtype=dtype, shape=shape, storage=Storage(path, start + begin, end - begin,
+                                                                   key=f"{path}:{name}", dtype=dtype))
+        if dtype in ITEMSIZE and t.nbytes != end - begin:
+            raise Unreadable("corrupt safetensors",
+                             f"tensor {name!r}: {shape} {dtype} needs {t.nbytes} bytes, offsets give {end - begin}",
+                             path)
+        out[name] = t
+    return out, {str(k): str(v) for k, v in meta.items()} if isinstance(meta, dict) else {}

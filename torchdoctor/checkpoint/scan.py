@@ -1,0 +1,284 @@
+"""NaN/Inf scan of saved tensors, streamed from disk in bounded memory.
+
+Storages are visited in file order and read with ``preadv`` into one reused buffer of
+``CHUNK`` bytes (resident memory stays ≈ the buffer, however big the checkpoint; an mmap
+would count every touched page in RSS). The kernel is asked to read ahead the next
+window (``POSIX_FADV_WILLNEED``) while the current one is checked, so the scan runs at
+about the speed of ``cat FILE > /dev/null`` (bench/checkpoint_audit.py).
+
+The check per window is one vectorised numpy pass: ``isfinite`` for float32/float64,
+and for 16/8-bit floats (which numpy cannot compute with, or only slowly) a bit test —
+a value is NaN/Inf iff all its exponent bits are set: ``max(bits & EXP) == EXP``.
+Only storages that fail are counted again element by element, per tensor.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+from torchdoctor.checkpoint.values import FLOAT_DTYPES, Storage, TensorInfo
+
+CHUNK = 16 << 20  # bytes per read
+MAX_GAP = 1 << 16  # storages closer than this are read in one go
+
+# dtype -> (numpy uint type code, exponent mask, mantissa mask, rule)
+#   ieee: NaN/Inf iff exponent all ones; fn: NaN iff all bits but sign set (no Inf); fnuz: NaN iff == 0x80
+_BITS = {
+    "float16": ("u2", 0x7C00, 0x03FF, "ieee"),
+    "bfloat16": ("u2", 0x7F80, 0x007F, "ieee"),
+    "complex32": ("u2", 0x7C00, 0x03FF, "ieee"),
+    "float8_e5m2": ("u1", 0x7C, 0x03, "ieee"),
+    "float8_e4m3fn": ("u1", 0x7F, 0x00, "fn"),
+    "float8_e4m3fnuz": ("u1", 0xFF, 0x00, "fnuz"),
+    "float8_e5m2fnuz": ("u1", 0xFF, 0x00, "fnuz"),
+}
+_NATIVE = {"float32": "f4", "float64": "f8", "complex64": "f4", "complex128": "f8"}
+
+
+@dataclass
+class TensorHit:
+    name: str
+    dtype: str
+    shape: tuple
+    nan: int
+    posinf: int
+    neginf: int
+    first_index: int  # flat index (in the tensor's storage range) of the first bad value
+
+
+@dataclass
+class ScanResult:
+    tensors_scanned: int = 0
+    storages_scanned: int = 0
+    bytes_scanned: int = 0
+    seconds: float = 0.0
+    backend: str = ""
+    hits: list[TensorHit] = field(default_factory=list)
+    not_scanned: list[str] = field(default_factory=list)  # "name (reason)"
+    skipped_reason: str | None = None  # the whole scan could not run
+
+
+def _np():
+    try:
+        import numpy as np
+
+        return np
+    except ImportError:
+        return None
+
+
+def _view(np, buf, dtype: str, byteorder: str):
+    """A numpy view of ``buf`` suitable for the check of ``dtype``."""
+    bo = ">" if byteorder == "big" else "<"
+    if dtype in _NATIVE:
+        return np.frombuffer(buf, dtype=bo + _NATIVE[dtype])
+    code = _BITS[dtype][0]
+    return np.frombuffer(buf, dtype=(bo if code != "u1" else "|") + code)
+
+
+def _bad(np, arr, dtype: str) -> bool:
+    """True if the window holds at least one NaN/Inf."""
+    if arr.size == 0:
+        return False
+    if dtype in _NATIVE:
+        return not bool(np.isfinite(arr).all())
+    _code, exp, _mant, rule = _BITS[dtype]
+    if rule == "fnuz":
+        return bool((arr == 0x80).any())
+    return int(np.bitwise_and(arr, exp).max()) == exp
+
+
+def _count(np, arr, dtype: str) -> tuple[int, int, int, int]:
+    """(nan, +inf, -inf, first bad index) of a window known to hold bad values."""
+    if dtype in _NATIVE:
+        nan = np.isnan(arr)
+        pinf = np.isposinf(arr)
+        ninf = np.isneginf(arr)
+    else:
+        _code, exp, mant, rule = _BITS[dtype]
+        if rule == "fnuz":
+            nan = arr == 0x80
+            pinf = ninf = np.zeros(arr.shape, bool)
+        else:
+            e = np.bitwise_and(arr, exp) == exp
+            m = np.bitwise_and(arr, mant) != 0
+            nan = e & m if rule == "ieee" else e
+            inf = e & ~m if rule == "ieee" else np.zeros(arr.shape, bool)
+            sign = np.right_shift(arr, arr.dtype.itemsize * 8 - 1).astype(bool)
+            pinf, ninf = inf & ~sign, inf & sign
+    bad = nan | pinf | ninf
+    first = int(np.argmax(bad)) if bad.any() else -1
+    return int(nan.sum()), int(pinf.sum()), int(ninf.sum()), first
+
+
+def scannable(t: TensorInfo) -> bool:
+    return t.dtype in FLOAT_DTYPES and (t.dtype in _NATIVE or t.dtype in _BITS)
+
+
+def scan_tensors(named: list[tuple[str, TensorInfo]]) -> ScanResult:
+    """Check every floating tensor of ``named`` for NaN/Inf; see the module docstring."""
+    res = ScanResult()
+    np = _np()
+    if np is None:
+        res.skipped_reason = "numpy is not installed"
+        return res
+    res.backend = f"numpy {np.__version__}"
+    t0 = time.perf_counter()
+    by_storage: dict[str, tuple[Storage, list[tuple[str, TensorInfo]]]] = {}
+    for name, t in named:
+        if t.dtype not in FLOAT_DTYPES:
+            continue
+        if not scannable(t):
+            res.not_scanned.append(f"{name} ({t.dtype}: no check for this dtype)")
+            continue
+        parts = t.data()
+        if not parts:
+            if t.device != "meta":
+                res.not_scanned.append(f"{name} (bytes not located)")
+            continue
+        res.tensors_scanned += 1
+        for st in parts:
+            by_storage.setdefault(st.key, (st, []))[1].append((name, t))
+    bad_storages = _scan_storages(np, [v[0] for v in by_storage.values()], res)
+    for key in bad_storages:
+        st, users = by_storage[key]
+        for name, t in users:
+            hit = _count_tensor(np, st, t, name)
+            if hit is not None:
+                res.hits.append(hit)
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def _scan_storages(np, storages: list[Storage], res: ScanResult) -> list[str]:
+    """Stream the storages in file order; return the keys of those holding NaN/Inf."""
+    bad: list[str] = []
+    in_memory = [s for s in storages if s.data is not None]
+    for st in in_memory:
+        arr = _memory_array(np, st)
+        res.storages_scanned += 1
+        res.bytes_scanned += st.nbytes
+        if arr is not None and _bad(np, arr, st.dtype):
+            bad.append(st.key)
+    on_disk = sorted((s for s in storages if s.data is None), key=lambda s: (s.path, s.offset))
+    by_path: dict[str, list[Storage]] = {}
+    for s in on_disk:
+        by_path.setdefault(s.path, []).append(s)
+    buf = bytearray(CHUNK)
+    for path, group in by_path.items():
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            _advise(fd, 0, 0, "SEQUENTIAL")
+            for win_off, win_len, pieces in _windows(group):
+                _advise(fd, win_off + win_len, CHUNK, "WILLNEED")
+                mv = memoryview(buf)[:win_len]
+                got = os.preadv(fd, [mv], win_off)
+                if got < win_len:
+                    res.not_scanned.append(f"{path}: file shorter than expected at byte {win_off + got}")
+                    break
+                for st, p_off, p_len in pieces:
+                    if st.key in bad:
+                        continue
+                    rel = st.offset + p_off - win_off
+                    arr = _view(np, mv[rel:rel + p_len], st.dtype, st.byteorder)
+                    if _bad(np, arr, st.dtype):
+                        bad.append(st.key)
+                    if p_off + p_len >= st.nbytes:
+                        res.storages_scanned += 1
+                res.bytes_scanned += win_len
+        finally:
+            os.close(fd)
+    return bad
+
+
+def _advise(fd: int, off: int, length: int, what: str) -> None:
+    adv = getattr(os, f"POSIX_FADV_{what}", None)
+    if adv is not None:
+        try:
+            os.posix_fadvise(fd, off, length, adv)
+        except OSError:
+            pass
+
+
+def _windows(group: list[Storage]):
+    """Yield (file offset, length, [(storage, offset in storage, length)]) read windows.
+
+    Windows are at most CHUNK bytes, aligned to the element size inside each storage,
+    and merge neighbouring storages separated by less than MAX_GAP bytes.
+    """
+    pieces = []
+    for st in group:
+        step = max(16, (CHUNK // 16) * 16)
+        for p in range(0, st.nbytes, step):
+            pieces.append((st, p, min(step, st.nbytes - p)))
+    cur: list = []
+    start = end = 0
+    for st, p, n in pieces:
+        a = st.offset + p
+        if cur and (a - end > MAX_GAP or a + n - start > CHUNK or a < end):
+            yield start, end - start, cur
+            cur = []
+        if not cur:
+            start = a
+        cur.append((st, p, n))
+        end = a + n
+    if cur:
+        yield start, end - start, cur
+
+
+def _memory_array(np, st: Storage):
+    """A numpy view of an in-memory torch tensor (``--unsafe-load``)."""
+    t = st.data
+    try:
+        if st.dtype in _NATIVE:
+            return t.contiguous().view(-1).numpy().view(_NATIVE[st.dtype])
+        import torch
+
+        width = {"u2": torch.int16, "u1": torch.uint8}[_BITS[st.dtype][0]]
+        return t.contiguous().view(-1).view(width).numpy().view(np.dtype(_BITS[st.dtype][0]))
+    except Exception:  # noqa: BLE001 - unsupported layouts stay unscanned
+        return None
+
+
+def _count_tensor(np, st: Storage, t: TensorInfo, name: str) -> TensorHit | None:
+    """Count NaN/+Inf/-Inf in the element range of ``t`` inside storage ``st``."""
+    if st.data is not None:
+        arr = _memory_array(np, st)
+        if arr is None:
+            return None
+        nan, pinf, ninf, first = _count(np, arr, st.dtype)
+    else:
+        itemsize = np.dtype(_NATIVE.get(st.dtype) or _BITS[st.dtype][0]).itemsize
+        per = 2 if st.dtype.startswith("complex") else 1
+        lo = t.storage_offset * itemsize * per if t.parts == [] else 0
+        extent = _extent(t) * itemsize * per if t.parts == [] else st.nbytes
+        lo, hi = max(0, lo), min(st.nbytes, lo + extent)
+        nan = pinf = ninf = 0
+        first = -1
+        with open(st.path, "rb") as f:
+            pos = lo
+            while pos < hi:
+                n = min(CHUNK, hi - pos)
+                f.seek(st.offset + pos)
+                arr = _view(np, f.read(n), st.dtype, st.byteorder)
+                a, b, c, fi = _count(np, arr, st.dtype)
+                if fi >= 0 and first < 0:
+                    first = (pos - lo) // itemsize + fi
+                nan, pinf, ninf = nan + a, pinf + b, ninf + c
+                pos += n
+    if nan + pinf + ninf == 0:
+        return None
+    return TensorHit(name, t.dtype, tuple(t.shape), nan, pinf, ninf, first)
+
+
+def _extent(t: TensorInfo) -> int:
+    """Elements from the first to one past the last element the view reaches."""
+    if not t.shape:
+        return 1
+    if not t.stride or len(t.stride) != len(t.shape):
+        return t.numel
+    if any(s == 0 for s in t.shape):
+        return 0
+    return 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride))

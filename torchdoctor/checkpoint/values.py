@@ -1,0 +1,221 @@
+"""The value model a checkpoint is read into: containers, tensor descriptions, opaque objects.
+
+Readers never build real torch tensors or import the classes a pickle names. A tensor
+becomes a :class:`TensorInfo` (dtype, shape, device, where its bytes lie in which file);
+an object of any class that is not a plain container becomes an :class:`Opaque` that
+records the class name and the arguments/state the pickle gave it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# bytes per element of each dtype name (torch names, without "torch.")
+ITEMSIZE: dict[str, float] = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
+    "complex128": 16, "complex64": 8, "complex32": 4,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1,
+    "uint64": 8, "uint32": 4, "uint16": 2, "uint8": 1, "bool": 1,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
+    "float8_e8m0fnu": 1, "float4_e2m1fn_x2": 1,
+    "qint8": 1, "quint8": 1, "qint32": 4, "quint4x2": 1, "quint2x4": 1,
+    "bits8": 1, "bits16": 2, "bits1x8": 1, "bits2x4": 1, "bits4x2": 1,
+}
+
+FLOAT_DTYPES = frozenset({
+    "float64", "float32", "float16", "bfloat16", "complex128", "complex64", "complex32",
+    "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+})
+
+
+@dataclass(frozen=True)
+class Storage:
+    """Where a storage's bytes lie: ``nbytes`` bytes at absolute ``offset`` of ``path``.
+
+    ``key`` identifies the storage inside its container (zip record name, legacy key,
+    safetensors tensor name) so that tensors sharing one storage can be recognised.
+    ``data`` holds an in-memory tensor instead (only after ``--unsafe-load``).
+    """
+
+    path: str
+    offset: int
+    nbytes: int
+    key: str
+    dtype: str
+    byteorder: str = "little"
+    data: Any = None
+
+
+@dataclass
+class TensorInfo:
+    """One tensor as saved: no data is read until the NaN/Inf scan asks for it.
+
+    ``shape`` in elements, ``storage_offset`` in elements of ``dtype``; ``storage`` is
+    None for tensors that carry no data (meta device, or a format that only lists them).
+    """
+
+    dtype: str
+    shape: tuple[int, ...]
+    device: str = "cpu"
+    storage: Storage | None = None
+    storage_offset: int = 0
+    stride: tuple[int, ...] | None = None
+    kind: str = "tensor"  # tensor | parameter | <subclass qualname>
+    requires_grad: bool = False
+    state: Any = None  # __setstate__ payload (tensor attributes), rarely used
+    ref: Any = None  # the reader's storage reference, resolved after the pickle (legacy format)
+    parts: list = field(default_factory=list)  # DCP: one Storage per saved chunk
+
+    def data(self) -> list[Storage]:
+        """The storages holding this tensor's bytes (empty when none was saved)."""
+        st = self.storage if self.storage is not None else getattr(self.ref, "resolved", None)
+        return [st] if st is not None else list(self.parts)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= int(s)
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.numel * ITEMSIZE.get(self.dtype, 1))
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype in FLOAT_DTYPES
+
+    def __setstate__(self, state: Any) -> None:  # BUILD on a rebuilt tensor
+        self.state = state
+
+
+class Opaque:
+    """An object whose class the pickle names but which was never imported or run.
+
+    ``cls`` is "module.qualname"; ``args``/``kwargs`` what the pickle passed to it,
+    ``state`` what BUILD gave it, ``items``/``list_items`` what SETITEM(S)/APPEND(S) added.
+    """
+
+    cls = "?"
+
+    def __new__(cls, *args: Any, **kwargs: Any):
+        obj = object.__new__(cls)
+        obj.args = args
+        obj.kwargs = kwargs
+        obj.state = None
+        obj.items = {}
+        obj.list_items = []
+        return obj
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.items[key] = value
+
+    def append(self, value: Any) -> None:
+        self.list_items.append(value)
+
+    def extend(self, values: Any) -> None:
+        self.list_items.extend(values)
+
+    def __repr__(self) -> str:
+        return f"<{self.cls}>"
+
+    @property
+    def attrs(self) -> dict:
+        """The attributes the object would have: its BUILD state (dict part)."""
+        st = self.state
+        if isinstance(st, tuple) and len(st) == 2 and (st[0] is None or isinstance(st[0], dict)):
+            merged = dict(st[0] or {})
+            if isinstance(st[1], dict):
+                merged.update(st[1])
+            return merged
+        return st if isinstance(st, dict) else {}
+
+
+_OPAQUE_TYPES: dict[str, type] = {}
+
+
+def opaque_type(qualname: str) -> type:
+    """A subclass of :class:`Opaque` standing for the global ``qualname`` (cached)."""
+    t = _OPAQUE_TYPES.get(qualname)
+    if t is None:
+        short = qualname.rsplit(".", 1)[-1] or "Opaque"
+        safe = "".join(c if c.isalnum() or c == "_" else "_" for c in short) or "Opaque"
+        t = type(safe, (Opaque,), {"cls": qualname})
+        _OPAQUE_TYPES[qualname] = t
+    return t
+
+
+@dataclass
+class NdArrayInfo:
+    """A pickled numpy array (e.g. inside ``np.random.get_state()``): shape, dtype, bytes."""
+
+    shape: tuple[int, ...] = ()
+    dtype: str = "?"
+    nbytes: int = 0
+    args: tuple = ()
+
+    def __setstate__(self, state: Any) -> None:
+        # numpy's ndarray.__reduce__ state: (version, shape, dtype, is_fortran, rawdata)
+        if isinstance(state, tuple) and len(state) >= 5:
+            self.shape = tuple(int(x) for x in state[1]) if isinstance(state[1], tuple) else ()
+            self.dtype = str(state[2])
+            raw = state[4]
+            self.nbytes = len(raw) if isinstance(raw, (bytes, bytearray, str)) else 0
+
+
+@dataclass
+class NpDType:
+    """A pickled ``numpy.dtype``: its first argument is the type code ('u4', 'f8', ...)."""
+
+    code: str = "?"
+    state: Any = None
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+    def __str__(self) -> str:
+        return self.code
+
+
+@dataclass
+class PickleInfo:
+    """What the opcode scan of one pickle found (see ``pickle_scan``)."""
+
+    name: str  # which pickle: "data.pkl", a file name, "…/.metadata"
+    globals: list[str] = field(default_factory=list)  # module.qualname, in first-seen order
+    protocol: int | None = None
+    unsupported_ops: list[str] = field(default_factory=list)  # opcodes weights_only rejects
+    persistent_kinds: list[str] = field(default_factory=list)  # "storage", "module"
+    strings: set[str] = field(default_factory=set)  # a few tell-tale string constants seen
+
+
+@dataclass
+class Contents:
+    """Everything a reader extracted from a checkpoint path.
+
+    ``root`` is the reconstructed top-level object; for multi-file checkpoints
+    (directories, sharded indexes) it is a dict keyed by file or by role.
+    """
+
+    path: str
+    format: str  # torch-zip | torch-legacy | safetensors | dcp | hf-index | directory
+    root: Any = None
+    files: list[dict] = field(default_factory=list)  # {"path", "bytes", "format"}
+    pickles: list[PickleInfo] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    metadata: dict = field(default_factory=dict)  # format metadata (safetensors __metadata__, …)
+    weights_only_roots: set = field(default_factory=set)  # root keys read from weights-only formats
+    problems: list[dict] = field(default_factory=list)  # {"what", "reason"} for parts that failed
+    unsafe_loaded: bool = False
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(int(f.get("bytes", 0)) for f in self.files)
