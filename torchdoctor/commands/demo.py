@@ -1,0 +1,34 @@
+"""``torchdoctor demo``: a checkup of a bundled example script with a real problem."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from torchdoctor.commands._common import FailOnOpt, JsonOpt, eprint, guarded
+
+EXAMPLE = "slow_loader_train.py"
+DEMO_STEPS = 30
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("demo")
+    @guarded
+    def demo(
+        as_json: JsonOpt = False,
+        steps: Annotated[int, typer.Option("--steps", metavar="N",
+                                           help="Steps to run the example for.")] = DEMO_STEPS,
+        fail_on: FailOnOpt = "error",
+    ) -> None:
+        """Run `checkup` on a bundled example training script that has a real problem."""
+        from torchdoctor.commands._common import emit
+        from torchdoctor.examples import path
+        from torchdoctor.probes.run import run_probe
+
+        script = path(EXAMPLE)
+        eprint(f"torchdoctor demo: checkup of the bundled example {script} ({steps} steps)")
+        report = run_probe("checkup", str(script), [], {"steps": steps, "timeout": 120})
+        report.command = "demo"
+        report.target = f"{EXAMPLE} (bundled example)"
+        emit(report, as_json, fail_on)
