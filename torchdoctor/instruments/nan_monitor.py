@@ -1,0 +1,535 @@
+"""The non-finite monitor: the first NaN/Inf of a run, located without anomaly mode's cost.
+
+What is watched, per *window* (everything since the previous optimizer step):
+
+* every module's forward inputs and outputs (``nan`` probe only, or option ``forward_watch``):
+  global forward pre/post hooks run ``torch.aminmax`` on each floating tensor and keep the
+  two 0-dim results on the device (no sync). An input that is the very tensor the previous
+  module returned, unmodified (same object, same version), is not reduced again;
+* the loss: the tensor passed to the outermost ``backward`` (``ctx.last_backward_tensor``);
+* the gradients of the optimizer about to step (a global optimizer *pre*-step hook, so the
+  gradients are exactly those the update will use): one fused ``torch._foreach_norm``.
+
+At the optimizer pre-step the window is reduced on the device to one row ``[forward finite,
+loss finite, gradients finite, loss value, global grad norm]``; rows are read with ONE
+``.tolist()`` (a device sync) every ``check_every`` steps (1 for ``nan``, 8 for ``checkup``).
+``aminmax`` is exact for finiteness (NaN propagates, an Inf is the min or max), unlike a sum,
+which can overflow to Inf on finite values.
+
+When a row is not finite, the window's records say where it started, in execution order:
+the first non-finite *output* of a module whose inputs were finite names that module; a
+first non-finite *input* names the code that called the module (its parent's own forward),
+or the data when the module is a root; else the loss; else the gradients (the parameter
+whose module ran last in forward, i.e. first in backward). That is written as one
+``nonfinite`` event; the ``nan`` probe then stops the run at the step's end.
+
+Events: ``numerics`` {steps, opt, loss, grad_norm} per read; ``nonfinite`` {what, step, ...}
+once; ``nan_monitor`` {forward_watch, check_every, rows, reads, records_per_step} at the end.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from typing import Any
+
+from torchdoctor.instruments import Instrument, register
+
+FORCE_ROW_RECORDS = 50_000  # a window this long (eval loop without steps) is reduced early
+MAX_BAD_PARAMS = 10
+
+
+class _Window:
+    """What one window recorded. ``recs[seq]`` = (role, module, cid, step, index, alias)."""
+
+    __slots__ = ("groups", "recs", "calls", "parents", "grad_on", "losses", "loss_info",
+                 "stack", "last_out", "last_ver", "last_seq", "order", "root_outs")
+
+    def __init__(self) -> None:
+        self.groups: dict[Any, tuple[list, list]] = {}  # (dtype, device) -> (vals, seqs)
+        self.recs: list[tuple] = []
+        self.calls: list[Any] = []  # cid -> module
+        self.parents: list[int] = []  # cid -> parent cid (-1: root call)
+        self.grad_on: list[bool] = []  # cid -> grad mode at the call
+        self.losses: list[Any] = []  # 1-D float32 device tensors
+        self.loss_info: list[dict] = []
+        self.stack: list[tuple[Any, int]] = []
+        self.last_out = None
+        self.last_ver = -1
+        self.last_seq = -1
+        self.order: dict[int, int] = {}  # id(module) -> seq of its last output
+        self.root_outs: list[int] = []  # seqs of root modules' outputs
+
+    def empty(self) -> bool:
+        return not self.recs and not self.losses
+
+
+class _Row:
+    __slots__ = ("step", "opt", "row", "win", "params", "norms", "stacks", "loss_vec", "live",
+                 "has_loss")
+
+    def __init__(self, step, opt, row, win, params, norms, stacks, loss_vec, has_loss):
+        self.step, self.opt, self.row, self.win = step, opt, row, win
+        self.params, self.norms, self.stacks, self.loss_vec = params, norms, stacks, loss_vec
+        self.has_loss = has_loss
+        self.live = True
+
+
+@register
+class NanMonitor(Instrument):
+    name = "nan_monitor"
+    probes = frozenset({"nan", "checkup"})
+    priority = 60
+
+    # ------------------------------------------------------------------ install
+    def install(self, ctx: Any) -> None:
+        import torch
+        from torch.nn.modules import module as mod_mod
+        from torch.optim import optimizer as optim_mod
+
+        self.torch = torch
+        self.ctx = ctx
+        opts = ctx.options
+        fw = opts.get("forward_watch")
+        self.watch = bool(ctx.probe == "nan" if fw is None else fw)
+        every = opts.get("check_every")
+        self.every = max(1, int(every if every else (1 if ctx.probe == "nan" else 8)))
+        stop = opts.get("stop_on_nonfinite")
+        self.stop_on_bad = bool(ctx.probe == "nan" if stop is None else stop)
+        self.pid = os.getpid()
+        self.tid = threading.get_ident()
+        self.win = _Window()
+        self.pending: list[_Row] = []
+        self.found = False
+        self.rows = 0
+        self.reads = 0
+        self.records = 0
+        self.pre_steps_this_step = 0
+        self.opt_ids: dict[int, int] = {}
+        self.handles = [optim_mod.register_optimizer_step_pre_hook(self._pre_step)]
+        if self.watch:
+            self.handles.append(mod_mod.register_module_forward_pre_hook(self._fwd_pre))
+            self.handles.append(mod_mod.register_module_forward_hook(self._fwd_post, always_call=True))
+        try:
+            self._compiling = torch.compiler.is_compiling
+        except AttributeError:  # pragma: no cover - older torch
+            self._compiling = lambda: False
+
+    def uninstall(self, ctx: Any) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        if not self.win.empty():
+            self._close_row(None, [], step=ctx.step + 1)
+        self._read()
+        ctx.emit("nan_monitor", forward_watch=self.watch, check_every=self.every, rows=self.rows,
+                 reads=self.reads, records=self.records, found=self.found)
+
+    # ------------------------------------------------------------------ forward watch
+    def _owner(self) -> bool:
+        return os.getpid() == self.pid and threading.get_ident() == self.tid
+
+    def _fwd_pre(self, module, args):
+        if self.found or not self._owner() or self._compiling():
+            return None
+        w = self.win
+        cid = len(w.calls)
+        w.calls.append(module)
+        w.parents.append(w.stack[-1][1] if w.stack else -1)
+        w.grad_on.append(self.torch.is_grad_enabled())
+        w.stack.append((module, cid))
+        if args:
+            from torchdoctor.numerics.tensors import float_tensors
+
+            ts = float_tensors(args)
+            if ts:
+                self._record(ts, "in", module, cid)
+        return None
+
+    def _fwd_post(self, module, args, output):
+        if self.found or not self._owner() or self._compiling():
+            return None
+        w = self.win
+        cid = -1
+        st = w.stack
+        if st and st[-1][0] is module:
+            cid = st.pop()[1]
+        else:  # an exception unwound some calls, or the window was reset mid-forward
+            for i in range(len(st) - 1, -1, -1):
+                if st[i][0] is module:
+                    cid = st[i][1]
+                    del st[i:]
+                    break
+        if output is None or cid < 0:
+            return None
+        from torchdoctor.numerics.tensors import float_tensors
+
+        ts = float_tensors(output)
+        if ts:
+            self._record(ts, "out", module, cid)
+            if not st:
+                w.root_outs.append(len(w.recs) - 1)
+        return None
+
+    def _record(self, ts: list, role: str, module: Any, cid: int) -> None:
+        torch = self.torch
+        w = self.win
+        step = self.ctx.step
+        for i, t in enumerate(ts):
+            seq = len(w.recs)
+            if role == "in" and t is w.last_out:
+                try:
+                    same = t._version == w.last_ver
+                except RuntimeError:  # inference tensors have no version counter
+                    same = False
+                if same:
+                    w.recs.append((role, module, cid, step, i, w.last_seq))
+                    continue
+            with torch.no_grad():
+                mn, mx = torch.aminmax(t.detach())
+            key = (t.dtype, t.device)
+            g = w.groups.get(key)
+            if g is None:
+                g = w.groups[key] = ([], [])
+            g[0].append(mn)
+            g[0].append(mx)
+            g[1].append(seq)
+            w.recs.append((role, module, cid, step, i, -1))
+            if role == "out":
+                w.order[id(module)] = seq
+                w.last_out = t
+                w.last_seq = seq
+                try:
+                    w.last_ver = t._version
+                except RuntimeError:
+                    w.last_out = None
+        if len(w.recs) > FORCE_ROW_RECORDS:
+            self._close_row(None, [], step=self.ctx.step + 1)
+            self._read()
+
+    # ------------------------------------------------------------------ loss
+    def on_backward_begin(self, ctx: Any) -> None:
+        if self.found:
+            return
+        from torchdoctor.numerics.tensors import float_tensors
+
+        ts = float_tensors(ctx.last_backward_tensor, limit=4)
+        if not ts:
+            return
+        torch = self.torch
+        w = self.win
+        with torch.no_grad():
+            for t in ts:
+                d = t.detach()
+                if d.numel() == 1:
+                    v = d.reshape(1).float()
+                else:
+                    v = torch.stack(torch.aminmax(d)).float()
+                w.losses.append(v)
+                w.loss_info.append({"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
+                                    "scalar": d.numel() == 1, "after_records": len(w.recs),
+                                    "step": ctx.step + 1})
+
+    # ------------------------------------------------------------------ gradients / rows
+    def _pre_step(self, opt, args, kwargs):
+        if not self._owner():
+            return None
+        self.pre_steps_this_step += 1
+        oid = self.opt_ids.setdefault(id(opt), len(self.opt_ids))
+        params = [p for g in opt.param_groups for p in g["params"]]
+        self._close_row(oid, params, step=self.ctx.step + 1)
+        if len(self.pending) >= self.every or (self.pending and self.pending[0].step
+                                               <= self.ctx.step + 1 - self.every):
+            self._read()
+        return None
+
+    def on_step_end(self, ctx: Any, step: int) -> None:
+        # the step clock counts backward calls when no optimizer exists: gradients of the
+        # models' parameters are read here instead of at an optimizer pre-step
+        if self.pre_steps_this_step == 0 and not self.win.empty():
+            params = [p for m in ctx.models() for p in m.parameters()]
+            self._close_row(None, params, step=step)
+            if len(self.pending) >= self.every:
+                self._read()
+        self.pre_steps_this_step = 0
+
+    def on_crash(self, ctx: Any, exc: BaseException) -> None:
+        if not self.win.empty():
+            self._close_row(None, [], step=ctx.step + 1)
+        self._read()
+
+    def _close_row(self, opt: int | None, params: list, step: int) -> None:
+        """Reduce the current window on the device into a row; start a new window."""
+        torch = self.torch
+        w = self.win
+        self.win = _Window()
+        self.records += len(w.recs)
+        gp = [p for p in params if p.grad is not None and p.grad.layout == torch.strided]
+        norms = None
+        dev = None
+        with torch.no_grad():
+            if gp:
+                ns = torch._foreach_norm([p.grad for p in gp], 2, dtype=torch.float32)
+                dev = ns[0].device
+                norms = torch.stack([n if n.device == dev else n.to(dev) for n in ns])
+            stacks = {}
+            oks = []
+            for key, (vals, _seqs) in w.groups.items():
+                s = torch.stack(vals)
+                stacks[key] = s
+                oks.append(torch.isfinite(s).all())
+            loss_vec = torch.cat([v if dev is None or v.device == dev else v.to(dev)
+                                  for v in w.losses]) if w.losses else None
+            if dev is None:
+                dev = (loss_vec.device if loss_vec is not None
+                       else (oks[0].device if oks else torch.device("cpu")))
+            one = torch.ones((), device=dev)
+            nan = torch.full((), float("nan"), device=dev)
+            fwd_ok = (torch.stack([o.to(dev) for o in oks]).all().float() if oks else one)
+            loss_ok = torch.isfinite(loss_vec).all().float() if loss_vec is not None else one
+            scal = [i for i, info in enumerate(w.loss_info) if info["scalar"]]
+            loss_val = self._last_scalar(loss_vec, w) if scal else nan
+            grads_ok = torch.isfinite(norms).all().float() if norms is not None else one
+            gnorm = torch.linalg.vector_norm(norms) if norms is not None else nan
+            row = torch.stack([fwd_ok, loss_ok, grads_ok, loss_val.to(dev), gnorm])
+        for r in self.pending:
+            r.live = False  # gradients / tensors of older rows may have changed since
+        self.pending.append(_Row(step, opt, row, w, gp, norms, stacks, loss_vec, bool(scal)))
+        self.rows += 1
+
+    @staticmethod
+    def _last_scalar(loss_vec, w: _Window):
+        # position of the last scalar loss in the concatenated vector
+        pos = 0
+        last = None
+        for info in w.loss_info:
+            if info["scalar"]:
+                last = pos
+            pos += 1 if info["scalar"] else 2
+        return loss_vec[last]
+
+    def _read(self) -> None:
+        """Read every pending row with one sync; localize the first non-finite one."""
+        if not self.pending:
+            return
+        torch = self.torch
+        rows, self.pending = self.pending, []
+        self.reads += 1
+        dev = rows[-1].row.device
+        vals = torch.stack([r.row if r.row.device == dev else r.row.to(dev) for r in rows]).tolist()
+        steps, opts, losses, norms = [], [], [], []
+        for r, (fwd_ok, loss_ok, grads_ok, loss_v, gnorm) in zip(rows, vals):
+            steps.append(r.step)
+            opts.append(r.opt)
+            losses.append(_num(loss_v) if r.has_loss else None)
+            norms.append(_num(gnorm) if r.norms is not None else None)
+            if self.found or (fwd_ok and loss_ok and grads_ok):
+                continue
+            try:
+                self._localize(r, bool(fwd_ok), bool(loss_ok), bool(grads_ok))
+            finally:
+                r.win = None
+        self.ctx.emit("numerics", steps=steps, opt=opts, loss=losses, grad_norm=norms)
+
+    # ------------------------------------------------------------------ localization
+    def _localize(self, r: _Row, fwd_ok: bool, loss_ok: bool, grads_ok: bool) -> None:
+        from torchdoctor.numerics.names import Namer
+
+        ctx = self.ctx
+        namer = Namer(ctx.models())
+        w = r.win
+        ev: dict[str, Any] | None = None
+        if not fwd_ok:
+            ev = self._localize_forward(r, namer)
+        if ev is None and not loss_ok:
+            ev = self._localize_loss(r, namer)
+        if ev is None and not grads_ok:
+            ev = self._localize_grads(r, namer)
+        if ev is None:
+            return
+        ev.setdefault("step", r.step)
+        ev["forward_watch"] = self.watch
+        ev["optimizer"] = r.opt
+        if w is not None:
+            ev["losses"] = [dict(i) for i in w.loss_info[:4]]
+        self.found = True
+        ctx.emit("nonfinite", **ev)
+        if self.stop_on_bad:
+            ctx.request_stop(f"first non-finite value found at step {ev['step']}")
+
+    def _first_bad_seq(self, r: _Row) -> int | None:
+        torch = self.torch
+        best = None
+        for key, s in r.stacks.items():
+            bad = (~torch.isfinite(s)).nonzero()
+            if bad.numel():
+                seq = r.win.groups[key][1][int(bad[0, 0]) // 2]
+                best = seq if best is None else min(best, seq)
+        return best
+
+    def _minmax(self, r: _Row, seq: int) -> list:
+        """[min, max] recorded for record ``seq`` (following aliases)."""
+        w = r.win
+        rec = w.recs[seq]
+        if rec[5] >= 0:
+            seq = rec[5]
+            rec = w.recs[seq]
+        for key, (_vals, seqs) in w.groups.items():
+            # seqs is sorted: binary search
+            import bisect
+
+            i = bisect.bisect_left(seqs, seq)
+            if i < len(seqs) and seqs[i] == seq:
+                s = r.stacks[key]
+                return [_num(float(f"{x:.6g}")) for x in s[2 * i: 2 * i + 2].tolist()]
+        return [None, None]
+
+    def _call_info(self, r: _Row, cid: int, namer) -> dict[str, Any]:
+        from torchdoctor.numerics.names import forward_source, is_user_module
+
+        w = r.win
+        m = w.calls[cid]
+        ordinal = sum(1 for j in range(cid) if w.calls[j] is m)
+        root_cls, rel = namer.rel.get(id(m), (type(m).__name__, None))
+        info = {"module": namer.module(m), "module_class": type(m).__name__,
+                "call": ordinal, "target": {"root_class": root_cls, "path": rel,
+                                            "module_class": type(m).__name__, "ordinal": ordinal},
+                "grad_enabled": w.grad_on[cid], "training": bool(getattr(m, "training", True))}
+        src = forward_source(m)
+        if src:
+            info["forward_source"] = src
+            info["user_code"] = is_user_module(m)
+        return info
+
+    def _io(self, r: _Row, cid: int, role: str) -> list:
+        w = r.win
+        return [{"index": rec[4], "minmax": self._minmax(r, seq)}
+                for seq, rec in enumerate(w.recs) if rec[2] == cid and rec[0] == role][:4]
+
+    def _params_state(self, m: Any, namer) -> list[str]:
+        """Names of ``m``'s own parameters/buffers that hold NaN/Inf (weights already broken)."""
+        torch = self.torch
+        bad = []
+        with torch.no_grad():
+            for n, p in list(m.named_parameters(recurse=False)) + list(m.named_buffers(recurse=False)):
+                if p.is_floating_point() and p.numel() and not bool(torch.isfinite(p).all()):
+                    bad.append(f"{namer.module(m)}.{n}")
+        return bad
+
+    def _localize_forward(self, r: _Row, namer) -> dict[str, Any] | None:
+        w = r.win
+        seq = self._first_bad_seq(r)
+        if seq is None:
+            return None
+        role, m, cid, step0, idx, _alias = w.recs[seq]
+        ev: dict[str, Any] = {"step": step0 + 1, "record": seq, "records": len(w.recs)}
+        if role == "out":
+            ev["what"] = "forward"
+            ev.update(self._call_info(r, cid, namer))
+            ev["output_index"] = idx
+            ev["outputs"] = self._io(r, cid, "out")
+            ev["inputs"] = self._io(r, cid, "in")
+            ev["nonfinite_params"] = self._params_state(m, namer)
+            ev["parent"] = (namer.module(w.calls[w.parents[cid]]) if w.parents[cid] >= 0 else None)
+            return ev
+        # a module received a non-finite input while every earlier output was finite: the
+        # caller's own code (between its child modules) made it, or the data did (root call)
+        parent = w.parents[cid]
+        ev["receiver"] = {"module": namer.module(m), "module_class": type(m).__name__,
+                          "input_index": idx, "minmax": self._minmax(r, seq)}
+        if parent < 0:
+            ev["what"] = "input"
+            ev.update(self._call_info(r, cid, namer))
+            ev["inputs"] = self._io(r, cid, "in")
+            return ev
+        ev["what"] = "forward"
+        ev["between_children"] = True
+        ev.update(self._call_info(r, parent, namer))
+        ev["inputs"] = self._io(r, parent, "in")
+        ev["nonfinite_params"] = self._params_state(w.calls[parent], namer)
+        return ev
+
+    def _localize_loss(self, r: _Row, namer) -> dict[str, Any] | None:
+        w = r.win
+        if r.loss_vec is None:
+            return None
+        vals = [_num(x) for x in r.loss_vec.tolist()]
+        ev: dict[str, Any] = {"what": "loss", "loss": vals[:8]}
+        first = None
+        pos = 0
+        for info in w.loss_info:
+            n = 1 if info["scalar"] else 2
+            if any(not isinstance(v, float) for v in vals[pos:pos + n]):
+                first = info
+                break
+            pos += n
+        if first is not None:
+            ev["step"] = first["step"]
+            ev["loss_shape"] = first["shape"]
+            ev["loss_dtype"] = first["dtype"]
+        if w.root_outs:
+            seq = w.root_outs[-1]
+            rec = w.recs[seq]
+            ev["model_output"] = {"module": namer.module(rec[1]), "module_class": type(rec[1]).__name__,
+                                  "minmax": self._minmax(r, seq)}
+        return ev
+
+    def _localize_grads(self, r: _Row, namer) -> dict[str, Any] | None:
+        torch = self.torch
+        if r.norms is None:
+            return None
+        bad_idx = [int(i) for i in (~torch.isfinite(r.norms)).nonzero().flatten().tolist()]
+        if not bad_idx:
+            return None
+        params = r.params
+        norm_vals = r.norms.tolist()
+        confirmed = None
+        if r.live:  # the gradients are still the ones measured: confirm exactly
+            with torch.no_grad():
+                exact = [i for i in bad_idx if not bool(torch.isfinite(params[i].grad).all())]
+            confirmed = True
+            if not exact:  # the norm overflowed on finite gradients: an explosion, not NaN
+                self.ctx.emit("grad_norm_overflow", step=r.step, params=len(bad_idx))
+                return None
+            bad_idx = exact
+        order = r.win.order if r.win is not None else {}
+
+        def key(i: int) -> tuple:
+            owner = namer.owner(params[i])
+            return (order.get(id(owner), -1) if owner is not None else -1, i)
+
+        first = max(bad_idx, key=key)
+        p = params[first]
+        ev: dict[str, Any] = {"what": "gradient", "param": namer.param(p, f"param {first}"),
+                              "param_shape": list(p.shape),
+                              "param_dtype": str(p.dtype).replace("torch.", ""),
+                              "grad_norm": _num(norm_vals[first]),
+                              "bad_params": [namer.param(params[i], f"param {i}")
+                                             for i in sorted(bad_idx, key=key, reverse=True)[:MAX_BAD_PARAMS]],
+                              "bad_count": len(bad_idx), "params_with_grad": len(params),
+                              "order": "backward" if order else "optimizer",
+                              "confirmed": bool(confirmed)}
+        owner = namer.owner(p)
+        if owner is not None:
+            ev["module"] = namer.module(owner)
+            ev["module_class"] = type(owner).__name__
+            from torchdoctor.numerics.names import forward_source
+
+            src = forward_source(owner)
+            if src:
+                ev["forward_source"] = src
+        if r.live:
+            from torchdoctor.numerics.tensors import exact_stats
+
+            ev["grad_stats"] = exact_stats(p.grad)
+            with torch.no_grad():
+                ev["param_finite"] = bool(torch.isfinite(p).all())
+        return ev
+
+
+def _num(x: Any) -> Any:
+    """JSON-safe float: NaN/Inf as strings."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    return x

@@ -1,0 +1,112 @@
+"""Tensors inside nested outputs, and exact statistics of one tensor (for evidence).
+
+``float_tensors`` is on the hot path of the forward watch (called for every module call), so
+it handles the common shapes (a tensor, a tuple/list, a dict) without recursion into anything
+else and stops after ``limit`` tensors.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+MAX_TENSORS_PER_CALL = 8
+
+
+def float_tensors(obj: Any, limit: int = MAX_TENSORS_PER_CALL) -> list:
+    """Dense floating-point tensors in ``obj`` (a tensor, or one/two levels of tuple/list/dict)."""
+    import torch
+
+    Tensor = torch.Tensor
+    if isinstance(obj, Tensor):
+        return [obj] if _checkable(obj) else []
+    out: list = []
+    if isinstance(obj, (tuple, list)):
+        items = obj
+    elif isinstance(obj, dict):
+        items = obj.values()
+    else:
+        return out
+    for x in items:
+        if isinstance(x, Tensor):
+            if _checkable(x):
+                out.append(x)
+        elif isinstance(x, (tuple, list)):
+            out.extend(t for t in x if isinstance(t, Tensor) and _checkable(t))
+        elif isinstance(x, dict):
+            out.extend(t for t in x.values() if isinstance(t, Tensor) and _checkable(t))
+        if len(out) >= limit:
+            return out[:limit]
+    return out
+
+
+def _checkable(t: Any) -> bool:
+    return t.is_floating_point() and t.layout is _strided() and t.numel() > 0 and t.device.type != "meta"
+
+
+_STRIDED = None
+
+
+def _strided():
+    global _STRIDED
+    if _STRIDED is None:
+        import torch
+
+        _STRIDED = torch.strided
+    return _STRIDED
+
+
+def _num(x: float) -> float | str:
+    """JSON-safe number: NaN/Inf become strings ("nan", "inf", "-inf")."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    return x
+
+
+def exact_stats(t: Any) -> dict[str, Any]:
+    """Exact stats of a tensor, one device sync: shape, dtype, NaN/+Inf/-Inf counts, and the
+    min / max / mean over its finite elements (None when it has none)."""
+    import torch
+
+    with torch.no_grad():
+        x = t.detach()
+        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        nan = torch.isnan(xf)
+        posinf = torch.isposinf(xf)
+        neginf = torch.isneginf(xf)
+        fin = torch.isfinite(xf)
+        n_fin = fin.sum()
+        safe = torch.where(fin, xf, torch.zeros((), dtype=xf.dtype, device=xf.device))
+        big = torch.finfo(xf.dtype).max
+        mn = torch.where(fin, xf, torch.full((), big, dtype=xf.dtype, device=xf.device)).min()
+        mx = torch.where(fin, xf, torch.full((), -big, dtype=xf.dtype, device=xf.device)).max()
+        row = torch.stack([nan.sum().to(torch.float64), posinf.sum().to(torch.float64),
+                           neginf.sum().to(torch.float64), n_fin.to(torch.float64),
+                           mn.to(torch.float64), mx.to(torch.float64),
+                           safe.to(torch.float64).sum()]).tolist()
+    n_nan, n_pos, n_neg, n_f, mn_v, mx_v, s = row
+    out: dict[str, Any] = {"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
+                           "numel": int(t.numel()), "nan": int(n_nan), "inf": int(n_pos),
+                           "-inf": int(n_neg)}
+    if n_f > 0:
+        out.update(min=_g(mn_v), max=_g(mx_v), mean=_g(s / n_f))
+    else:
+        out.update(min=None, max=None, mean=None)
+    return out
+
+
+def _g(x: float) -> float | str:
+    """Round to 6 significant digits, JSON-safe."""
+    x = _num(float(x))
+    return float(f"{x:.6g}") if isinstance(x, float) else x
+
+
+def describe(stats: dict[str, Any] | None) -> str:
+    """One line for a console: 'float32[8, 16] NaN 12, Inf 0, finite in [-3.1, 4.2] mean 0.1'."""
+    if not stats:
+        return "?"
+    shape = ", ".join(str(s) for s in stats.get("shape", []))
+    bad = f"NaN {stats.get('nan', 0)}, +Inf {stats.get('inf', 0)}, -Inf {stats.get('-inf', 0)}"
+    rng = ("no finite values" if stats.get("min") is None
+           else f"finite in [{stats['min']}, {stats['max']}], mean {stats['mean']}")
+    return f"{stats.get('dtype', '?')}[{shape}]: {bad}; {rng}"
