@@ -1,0 +1,318 @@
+"""Gradient bookkeeping bugs: gradients never cleared, parameters that never get a gradient,
+trainable parameters no optimizer updates, modules hidden from registration.
+
+No device sync on the hot path: everything here reads Python-side metadata (``p.grad`` object
+identity, its version counter, the optimizers' param groups) at moments the step clock gives.
+
+**Gradients not cleared** (``missing-zero-grad``). After an optimizer consumed the gradients
+(its post-step hook), each parameter's ``.grad`` object and ``_version`` are remembered. At
+the next backward's start the gradient was cleared if it is ``None``, a different tensor, or
+its version moved (``zero_()``, ``fill_(0)``); ``Optimizer.zero_grad`` / ``Module.zero_grad``
+calls also clear the parameters they cover. A parameter still holding the consumed gradient
+when a backward starts is *suspect*; if it is still suspect when its optimizer steps again, that
+step used accumulated gradients. ``p.grad.data.zero_()`` bypasses the version counter, so the
+suspects' gradients are also reduced to norms on the device at that backward's start (one fused
+kernel, only when there are suspects) and read once at the end: a zero norm means cleared.
+Deliberate accumulation (several backwards, then step, then clear) never leaves a suspect:
+the clear happens before the next cycle's first backward.
+
+**Parameter audit** at steps 1, 2, 10, 100, ... and at the end: parameters of *trained* roots
+(root modules with at least one parameter in an optimizer that stepped) that require grad but
+never had a gradient at an optimizer step (``unused``), that are in no optimizer
+(``not_in_optimizer``), and modules held in plain list/tuple/dict attributes that no root
+registers (``unregistered``).
+
+Events: ``zero_grad_stale`` {step, optimizer, stale, with_grad, params, consumed_at,
+norms_ref} (a few), ``zero_grad_summary`` {judged_steps, stale_steps, suspect_norms}, and
+``params_audit`` {step, final, optimizers, trained_roots, unused, not_in_optimizer,
+unregistered}.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from typing import Any
+
+from torchdoctor.instruments import Instrument, register
+
+MAX_NAMES = 12
+MAX_STALE_EVENTS = 5
+AUDIT_STEPS = {1, 2, 10, 100, 1000, 10000}
+
+
+@register
+class TrainingGrads(Instrument):
+    name = "training_grads"
+    probes = frozenset({"nan", "checkup"})
+    priority = 55
+
+    def install(self, ctx: Any) -> None:
+        import torch
+        from torch.optim import optimizer as optim_mod
+
+        self.torch = torch
+        self.ctx = ctx
+        self.pid = os.getpid()
+        # id(p) -> [param, grad weakref, version, status ("consumed"|"stale"), consumed_at, norm]
+        self.state: dict[int, list] = {}
+        self.had_grad: set[int] = set()
+        self.opt_steps: dict[int, int] = {}  # id(opt) -> pre-steps seen
+        self.opt_index: dict[int, int] = {}
+        self.judged = 0
+        self.stale_steps = 0
+        self.stale_events = 0
+        self.first_stale: dict | None = None
+        self.norm_checks: list[tuple[Any, list[int]]] = []  # (device norms, param ids)
+        self.stale_norm_refs: list[tuple[int, int, int]] = []  # (check idx, pos, stale event idx)
+        self.hidden_seen: dict[int, dict] = {}
+        self.handles = [optim_mod.register_optimizer_step_pre_hook(self._pre_step),
+                        optim_mod.register_optimizer_step_post_hook(self._post_step)]
+        self._undo: list = []
+        self._patch_zero_grad(torch)
+
+    def _patch_zero_grad(self, torch) -> None:
+        inst = self
+        Opt = torch.optim.Optimizer
+        Mod = torch.nn.Module
+        orig_opt, orig_mod = Opt.zero_grad, Mod.zero_grad
+
+        def opt_zero_grad(opt, *a, **k):
+            try:
+                return orig_opt(opt, *a, **k)
+            finally:
+                if inst.state and os.getpid() == inst.pid:
+                    for g in opt.param_groups:
+                        for p in g["params"]:
+                            inst.state.pop(id(p), None)
+
+        def mod_zero_grad(mod, *a, **k):
+            try:
+                return orig_mod(mod, *a, **k)
+            finally:
+                if inst.state and os.getpid() == inst.pid:
+                    for p in mod.parameters():
+                        inst.state.pop(id(p), None)
+
+        opt_zero_grad.__wrapped__ = orig_opt
+        mod_zero_grad.__wrapped__ = orig_mod
+        Opt.zero_grad = opt_zero_grad
+        Mod.zero_grad = mod_zero_grad
+        self._undo += [lambda: setattr(Opt, "zero_grad", orig_opt),
+                       lambda: setattr(Mod, "zero_grad", orig_mod)]
+
+    def uninstall(self, ctx: Any) -> None:
+        for h in self.handles:
+            h.remove()
+        for u in reversed(self._undo):
+            u()
+        self._audit(final=True)
+        norms = self._read_norms()
+        ctx.emit("zero_grad_summary", judged_steps=self.judged, stale_steps=self.stale_steps,
+                 first=self.first_stale, suspect_norms=norms)
+
+    # ------------------------------------------------------------------ hooks
+    def _post_step(self, opt, args, kwargs):
+        if os.getpid() != self.pid:
+            return None
+        st = self.state
+        for g in opt.param_groups:
+            for p in g["params"]:
+                gr = p.grad
+                if gr is None:
+                    continue
+                try:
+                    st[id(p)] = [p, weakref.ref(gr), gr._version, "consumed", self.ctx.step, None]
+                except (TypeError, RuntimeError):
+                    pass
+        return None
+
+    def on_backward_begin(self, ctx: Any) -> None:
+        st = self.state
+        if not st:
+            return
+        suspects = []
+        for pid_, s in list(st.items()):
+            p = s[0]
+            gr = p.grad
+            if gr is None or gr is not s[1]():
+                del st[pid_]
+                continue
+            try:
+                ver = gr._version
+            except RuntimeError:
+                del st[pid_]
+                continue
+            if ver != s[2]:
+                del st[pid_]  # zeroed (or otherwise rewritten) in place since
+                continue
+            s[3] = "stale"
+            suspects.append(pid_)
+        if suspects:
+            torch = self.torch
+            grads = [st[i][0].grad for i in suspects]
+            try:
+                with torch.no_grad():
+                    ns = torch._foreach_norm(grads, 2, dtype=torch.float32)
+                    dev = ns[0].device
+                    norms = torch.stack([n if n.device == dev else n.to(dev) for n in ns])
+                k = len(self.norm_checks)
+                self.norm_checks.append((norms, suspects))
+                for pos, i in enumerate(suspects):
+                    st[i][5] = (k, pos)
+            except Exception:  # noqa: BLE001 - sparse grads etc.: judge on versions alone
+                pass
+
+    def on_backward_end(self, ctx: Any) -> None:
+        for s in self.state.values():
+            if s[3] == "stale":
+                gr = s[0].grad
+                if gr is not None:
+                    s[1] = weakref.ref(gr)
+                    try:
+                        s[2] = gr._version
+                    except RuntimeError:
+                        pass
+
+    def _pre_step(self, opt, args, kwargs):
+        if os.getpid() != self.pid:
+            return None
+        oid = self.opt_index.setdefault(id(opt), len(self.opt_index))
+        self.opt_steps[id(opt)] = self.opt_steps.get(id(opt), 0) + 1
+        st = self.state
+        stale, with_grad = [], 0
+        for g in opt.param_groups:
+            for p in g["params"]:
+                if p.grad is None:
+                    continue
+                with_grad += 1
+                self.had_grad.add(id(p))
+                s = st.get(id(p))
+                if s is not None and s[3] == "stale" and p.grad is s[1]():
+                    stale.append(s)
+        if self.opt_steps[id(opt)] > 1:
+            self.judged += 1
+        if stale:
+            self.stale_steps += 1
+            if self.stale_events < MAX_STALE_EVENTS:
+                self.stale_events += 1
+                self._emit_stale(oid, stale, with_grad)
+        return None
+
+    def _emit_stale(self, oid: int, stale: list, with_grad: int) -> None:
+        from torchdoctor.numerics.names import Namer
+
+        namer = Namer(self.ctx.models())
+        refs = [s[5] for s in stale if s[5] is not None]
+        ev = {"step": self.ctx.step + 1, "optimizer": oid, "stale": len(stale),
+              "with_grad": with_grad, "consumed_at": stale[0][4],
+              "params": [namer.param(s[0]) for s in stale[:MAX_NAMES]],
+              "norms_ref": refs}
+        if self.first_stale is None:
+            self.first_stale = {k: ev[k] for k in ("step", "optimizer", "stale", "with_grad",
+                                                   "consumed_at", "params")}
+        self.ctx.emit("zero_grad_stale", **ev)
+
+    def _read_norms(self) -> list[list[float]]:
+        """The suspects' gradient norms at backward start, read once (one sync) at the end."""
+        if not self.norm_checks:
+            return []
+        try:
+            torch = self.torch
+            flat = torch.cat([n.to(self.norm_checks[0][0].device) for n, _ in self.norm_checks])
+            vals = flat.tolist()
+        except Exception:  # noqa: BLE001
+            return []
+        out, pos = [], 0
+        for n, _ids in self.norm_checks:
+            k = n.numel()
+            out.append(vals[pos:pos + k])
+            pos += k
+        return out
+
+    def on_step_end(self, ctx: Any, step: int) -> None:
+        if step in AUDIT_STEPS:
+            self._audit(final=False)
+
+    # ------------------------------------------------------------------ parameter audit
+    def _audit(self, final: bool) -> None:
+        from torchdoctor.numerics.names import Namer
+
+        ctx = self.ctx
+        opts = ctx.optimizers
+        if not opts:
+            return
+        opt_params: set[int] = set()
+        for o in opts:
+            for g in o.param_groups:
+                for p in g["params"]:
+                    opt_params.add(id(p))
+        roots = [m for m in ctx.models()]
+        namer = Namer(roots)
+        trained = [m for m in roots if any(id(p) in opt_params for p in m.parameters())]
+        unused, not_in_opt = [], []
+        seen: set[int] = set()
+        for root in trained:
+            for name, p in root.named_parameters():
+                if id(p) in seen or not p.requires_grad:
+                    continue
+                seen.add(id(p))
+                pname = namer.param(p, name)
+                if id(p) not in opt_params:
+                    not_in_opt.append({"name": pname, "numel": p.numel(),
+                                       "has_grad": p.grad is not None})
+                elif id(p) not in self.had_grad:
+                    unused.append({"name": pname, "numel": p.numel()})
+        registered = {id(m) for r in roots for m in r.modules()}
+        hidden = self._hidden_modules(roots, registered, namer, opt_params)
+        min_steps = min((self.opt_steps.get(id(o), 0) for o in opts), default=0)
+        ctx.emit("params_audit", step=ctx.step, final=final, optimizers=len(opts),
+                 optimizer_steps=min_steps, trained_roots=[namer.module(m) for m in trained],
+                 trainable=len(seen),
+                 unused=unused[:50], unused_count=len(unused),
+                 not_in_optimizer=not_in_opt[:50], not_in_optimizer_count=len(not_in_opt),
+                 unregistered=hidden)
+
+    def _hidden_modules(self, roots: list, registered: set[int], namer, opt_params: set[int]) -> list:
+        torch = self.torch
+        Module = torch.nn.Module
+        out = []
+        for root in roots:
+            for m in root.modules():
+                for attr, val in list(vars(m).items()):
+                    if attr.startswith("_") and attr in ("_modules", "_parameters", "_buffers"):
+                        continue
+                    for where, sub in _modules_in(val, attr, Module):
+                        if id(sub) in registered:
+                            continue
+                        params = [p for p in sub.parameters() if p.requires_grad]
+                        if not params:
+                            continue
+                        out.append({"attribute": f"{namer.module(m)}.{where}",
+                                    "container": type(val).__name__,
+                                    "module_class": type(sub).__name__,
+                                    "params": sum(p.numel() for p in params),
+                                    "in_optimizer": any(id(p) in opt_params for p in params),
+                                    "received_grad": any(p.grad is not None for p in params)})
+                        registered.add(id(sub))
+                        if len(out) >= 20:
+                            return out
+        return out
+
+
+def _modules_in(val: Any, attr: str, Module: type, depth: int = 0):
+    """(label, module) pairs held in a plain list/tuple/dict/set (two levels deep)."""
+    if depth > 1:
+        return
+    if isinstance(val, (list, tuple, set)) and not isinstance(val, Module):
+        for i, x in enumerate(val):
+            if isinstance(x, Module):
+                yield f"{attr}[{i}]", x
+            elif isinstance(x, (list, tuple, dict)):
+                yield from _modules_in(x, f"{attr}[{i}]", Module, depth + 1)
+    elif isinstance(val, dict) and not isinstance(val, Module):
+        for k, x in val.items():
+            if isinstance(x, Module):
+                yield f"{attr}[{k!r}]", x
+            elif isinstance(x, (list, tuple, dict)):
+                yield from _modules_in(x, f"{attr}[{k!r}]", Module, depth + 1)
