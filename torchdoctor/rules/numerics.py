@@ -1,0 +1,358 @@
+"""Numerics rules: the first non-finite value, exploding gradients, float16 without scaling.
+
+Pure functions of the evidence written by ``instruments/nan_monitor.py`` (``nonfinite``,
+``numerics``, ``grad_norm_overflow``, ``nan_monitor``) and ``instruments/training_modes.py``
+(``amp``). Thresholds are documented in ``docs/findings/<code>.md``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from torchdoctor.evidence import Evidence
+from torchdoctor.findings import Finding, finding
+from torchdoctor.rules import NotApplicable, rule
+
+NAN_PROBES = {"nan", "checkup"}
+
+# gradient-explosion thresholds (see docs/findings/gradient-explosion.md)
+MIN_NORMS = 6  # finite grad norms needed to judge a trend
+GROWTH_RATIO = 1e3  # max norm / early median: "orders of magnitude"
+SPIKE_RATIO = 100.0  # one norm / median of the previous SPIKE_WINDOW norms
+SPIKE_WINDOW = 10
+SPIKE_MIN_HISTORY = 5
+
+
+# ---------------------------------------------------------------------------- helpers
+def _f(x: Any) -> float | None:
+    """A number from evidence (floats, or the strings "nan"/"inf"/"-inf"); None if absent."""
+    if x is None:
+        return None
+    if isinstance(x, (int, float)):
+        return float(x)
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def _kind(minmax: list | None) -> str:
+    """'NaN' or 'Inf' from a [min, max] pair of a non-finite tensor."""
+    vals = [_f(v) for v in (minmax or [])]
+    if any(v is not None and math.isnan(v) for v in vals):
+        return "NaN"
+    if any(v is not None and math.isinf(v) for v in vals):
+        return "Inf"
+    return "NaN/Inf"
+
+
+def _fmt(minmax: list | None) -> str:
+    if not minmax:
+        return "?"
+    return f"[{minmax[0]}, {minmax[1]}]"
+
+
+def _io_lines(items: list | None) -> list[str]:
+    return [f"#{x.get('index', i)} min/max {_fmt(x.get('minmax'))}" for i, x in enumerate(items or [])]
+
+
+def _series(ev: Evidence) -> dict[int, list[tuple[int, float | None]]]:
+    """Grad norms per optimizer index: [(step, norm or None)], in order."""
+    out: dict[int, list[tuple[int, float | None]]] = {}
+    for e in ev.of("numerics"):
+        for step, opt, gn in zip(e.get("steps", []), e.get("opt", []), e.get("grad_norm", [])):
+            if gn is None or opt is None:
+                continue
+            out.setdefault(int(opt), []).append((int(step), _f(gn)))
+    return out
+
+
+def _monitor_ran(ev: Evidence) -> None:
+    if not ev.has("nan_monitor") and not ev.has("numerics") and not ev.has("nonfinite"):
+        raise NotApplicable("the non-finite monitor did not report (the run ended before it could)")
+
+
+# ---------------------------------------------------------------------------- non-finite
+FORWARD_FIXES = [
+    "Make the op named in the evidence safe for the values it got: add an epsilon to divisors "
+    "and to log/sqrt inputs, clamp before exp, use the fused stable forms (log_softmax, "
+    "logsumexp, F.binary_cross_entropy_with_logits, F.cross_entropy on logits)",
+    "if the module's weights are already non-finite, an earlier update diverged: lower the "
+    "learning rate, add warmup and gradient clipping (torch.nn.utils.clip_grad_norm_)",
+    "under float16 autocast, prefer bfloat16 or run this op in float32 "
+    "(with torch.autocast(device, enabled=False): ...)",
+]
+INPUT_FIXES = [
+    "Check the data pipeline: find the sample (torch.isfinite(x).all() per item in the "
+    "Dataset's __getitem__) and the preprocessing that made it (division by a zero std, log of "
+    "zero, corrupt files)",
+    "filter or repair non-finite samples before they reach the model",
+]
+GRAD_FIXES = [
+    "Look for ops whose derivative is infinite where the forward is finite: sqrt/pow(x, 0.5) "
+    "at 0 (e.g. a norm of a zero vector: use torch.linalg.vector_norm or add eps inside the "
+    "sqrt), log near 0, acos/asin at ±1, division by a small value",
+    "clip gradients (torch.nn.utils.clip_grad_norm_) and lower the learning rate if the "
+    "gradient grew before turning non-finite",
+    "under float16, use a GradScaler (it skips steps whose gradients overflow)",
+]
+LOSS_FIXES = [
+    "Compute the loss in its stable form: F.cross_entropy / F.binary_cross_entropy_with_logits "
+    "on logits instead of log(softmax) or BCE on sigmoid outputs; add eps to divisions and logs",
+    "check the targets for invalid values (NaN labels, class indices out of range, zero "
+    "denominators such as an empty mask in a masked mean)",
+    "run `torchdoctor nan SCRIPT` to name the op that produced it",
+]
+
+
+def _forward_finding(nf: dict[str, Any], ev: Evidence) -> Finding:
+    step = nf.get("step")
+    mod, cls = nf.get("module", "?"), nf.get("module_class", "?")
+    evidence: dict[str, Any] = {"step": step, "module": mod, "module_class": cls}
+    if nf.get("call"):
+        evidence["call"] = f"call #{nf['call'] + 1} of this module in the step"
+    if nf.get("forward_source"):
+        evidence["forward_source"] = nf["forward_source"]
+    if not nf.get("grad_enabled", True):
+        evidence["grad_enabled"] = False
+    params = nf.get("nonfinite_params") or []
+    if params:
+        evidence["nonfinite_params"] = params
+    if nf.get("between_children"):
+        recv = nf.get("receiver") or {}
+        kind = _kind(recv.get("minmax"))
+        evidence["made_between_children"] = (
+            f"{recv.get('module')} ({recv.get('module_class')}) received a non-finite ({kind}) "
+            f"input #{recv.get('input_index', 0)} although every module output before was finite")
+        title = (f"first non-finite value ({kind}) at step {step}: made by {mod} ({cls})'s own "
+                 f"forward code, between its submodules")
+        if nf.get("inputs"):
+            evidence["inputs"] = _io_lines(nf.get("inputs"))
+    else:
+        outs = nf.get("outputs") or []
+        bad = next((o for o in outs if o.get("index") == nf.get("output_index")), outs[0] if outs else {})
+        kind = _kind(bad.get("minmax"))
+        title = (f"first non-finite value ({kind}) at step {step}: output of {mod} ({cls}) while "
+                 f"its inputs were finite")
+        evidence["outputs"] = _io_lines(outs)
+        evidence["inputs"] = _io_lines(nf.get("inputs")) or ["(no floating-point inputs)"]
+    if params:
+        title += "; its weights were already non-finite"
+    if not nf.get("grad_enabled", True):
+        title += " (in a forward without grad: evaluation?)"
+    fixes = list(FORWARD_FIXES)
+    if params:
+        fixes = [fixes[1], fixes[0], fixes[2]]
+    return finding("nonfinite-forward", title, evidence, fix="; ".join(fixes))
+
+
+def _input_finding(nf: dict[str, Any]) -> Finding:
+    step = nf.get("step")
+    recv = nf.get("receiver") or {}
+    kind = _kind(recv.get("minmax"))
+    mod, cls = nf.get("module", "?"), nf.get("module_class", "?")
+    evidence = {"step": step, "module": mod, "module_class": cls,
+                "input": f"#{recv.get('input_index', 0)} min/max {_fmt(recv.get('minmax'))}",
+                "inputs": _io_lines(nf.get("inputs"))}
+    if not nf.get("grad_enabled", True):
+        evidence["grad_enabled"] = False
+    title = (f"the input of {mod} ({cls}) already holds {kind} at step {step}: the data (or the "
+             f"code before the model), not a layer")
+    return finding("nonfinite-forward", title, evidence, fix="; ".join(INPUT_FIXES))
+
+
+def _loss_finding(nf: dict[str, Any], watched: bool) -> Finding:
+    step = nf.get("step")
+    vals = nf.get("loss") or []
+    kind = "NaN" if "nan" in vals else ("Inf" if any(v in ("inf", "-inf") for v in vals) else "NaN/Inf")
+    evidence: dict[str, Any] = {"step": step, "loss": vals[:4]}
+    if nf.get("loss_shape") is not None:
+        evidence["loss_shape"] = nf["loss_shape"]
+        evidence["loss_dtype"] = nf.get("loss_dtype")
+    mo = nf.get("model_output")
+    if mo:
+        evidence["model_output"] = f"{mo.get('module')} ({mo.get('module_class')}) min/max {_fmt(mo.get('minmax'))}"
+    if watched:
+        title = (f"loss became {kind} at step {step} while every module output was finite: "
+                 f"the loss computation made it")
+    else:
+        title = (f"loss became {kind} at step {step} (module outputs were not watched in this "
+                 f"probe: `torchdoctor nan` names the first layer or op)")
+        evidence["forward_watch"] = False
+    return finding("nonfinite-loss", title, evidence, fix="; ".join(LOSS_FIXES))
+
+
+def _grad_finding(nf: dict[str, Any]) -> Finding:
+    step = nf.get("step")
+    p = nf.get("param", "?")
+    stats = nf.get("grad_stats") or {}
+    kind = ("NaN" if stats.get("nan") else "Inf") if stats else (
+        "NaN" if nf.get("grad_norm") == "nan" else "NaN/Inf")
+    evidence: dict[str, Any] = {"step": step, "param": p, "param_shape": nf.get("param_shape"),
+                                "bad_params": f"{nf.get('bad_count')} of {nf.get('params_with_grad')}"
+                                              " parameters with a gradient",
+                                "first_in": f"{nf.get('order', 'backward')} order"}
+    if nf.get("module"):
+        evidence["module"] = f"{nf['module']} ({nf.get('module_class')})"
+    if stats:
+        from torchdoctor.numerics.tensors import describe
+
+        evidence["grad"] = describe(stats)
+    if nf.get("losses"):
+        evidence["loss"] = "finite"
+    others = [x for x in nf.get("bad_params") or [] if x != p]
+    if others:
+        evidence["also"] = others[:6]
+    title = (f"gradient of {p} is {kind} at step {step} while the loss and every module output "
+             f"were finite" if nf.get("forward_watch") else
+             f"gradient of {p} is {kind} at step {step} while the loss was finite")
+    return finding("nonfinite-gradient", title, evidence, fix="; ".join(GRAD_FIXES))
+
+
+@rule("nonfinite", probes=NAN_PROBES)
+def nonfinite(ev: Evidence) -> list[Finding]:
+    """nonfinite-forward / nonfinite-gradient / nonfinite-loss from the monitor's first event."""
+    nf = ev.last("nonfinite")
+    if nf is None:
+        _monitor_ran(ev)
+        if not ev.of("numerics"):
+            raise NotApplicable("no backward or optimizer step was seen, so no loss or gradient "
+                                "was checked")
+        return []
+    what = nf.get("what")
+    watched = bool(nf.get("forward_watch"))
+    if what == "forward":
+        return [_forward_finding(nf, ev)]
+    if what == "input":
+        return [_input_finding(nf)]
+    if what == "loss":
+        return [_loss_finding(nf, watched)]
+    if what == "gradient":
+        return [_grad_finding(nf)]
+    return []
+
+
+# ---------------------------------------------------------------------------- explosion
+def judge_explosion(norms: list[tuple[int, float | None]]) -> dict[str, Any] | None:
+    """Evidence of an exploding gradient norm in ``[(step, norm)]``, or None.
+
+    Only finite norms before the first non-finite one count. Growth: the largest norm after
+    the first ``k`` (k = max(3, n // 5)) is ≥ ``GROWTH_RATIO`` × the median of those first k.
+    Spike: one norm ≥ ``SPIKE_RATIO`` × the median of the ``SPIKE_WINDOW`` norms before it.
+    """
+    finite: list[tuple[int, float]] = []
+    first_bad = None
+    for step, n in norms:
+        if n is None:
+            continue
+        if not math.isfinite(n):
+            first_bad = step
+            break
+        finite.append((step, n))
+    if len(finite) < MIN_NORMS:
+        return None
+    vals = [n for _s, n in finite]
+    k = max(3, len(vals) // 5)
+    base = statistics.median(vals[:k])
+    floor = max(base, 1e-12)
+    imax = max(range(k, len(vals)), key=lambda i: vals[i])
+    growth = vals[imax] / floor
+    spike = None
+    for i in range(SPIKE_MIN_HISTORY, len(vals)):
+        prev = vals[max(0, i - SPIKE_WINDOW):i]
+        med = max(statistics.median(prev), 1e-12)
+        if vals[i] / med >= SPIKE_RATIO:
+            spike = (finite[i][0], vals[i], vals[i] / med)
+            break
+    if growth < GROWTH_RATIO and spike is None:
+        return None
+    onset = next((finite[i][0] for i in range(k, len(vals)) if vals[i] >= 10 * floor), None)
+    out: dict[str, Any] = {
+        "early_median_norm": _g(base), "early_steps": f"{finite[0][0]}-{finite[k - 1][0]}",
+        "max_norm": _g(vals[imax]), "max_step": finite[imax][0], "growth": f"{growth:.3g}x",
+        "above_10x_from_step": onset,
+        "last_norms": [f"step {s}: {_g(n)}" for s, n in finite[-6:]],
+    }
+    if spike is not None:
+        out["spike"] = f"step {spike[0]}: {_g(spike[1])} = {spike[2]:.3g}x the median of the steps before"
+    if first_bad is not None:
+        out["nonfinite_from_step"] = first_bad
+    return out
+
+
+def _g(x: float) -> float:
+    return float(f"{x:.4g}")
+
+
+@rule("gradient-explosion", probes=NAN_PROBES)
+def gradient_explosion(ev: Evidence) -> list[Finding]:
+    series = _series(ev)
+    overflow = ev.of("grad_norm_overflow")
+    if not series and not overflow:
+        _monitor_ran(ev)
+        raise NotApplicable("no gradient norm was measured (no optimizer step with gradients)")
+    if all(len([n for _s, n in s if n is not None and math.isfinite(n)]) < MIN_NORMS
+           for s in series.values()) and not overflow:
+        raise NotApplicable(f"fewer than {MIN_NORMS} steps with gradients: no trend to judge")
+    out = []
+    for opt, norms in sorted(series.items()):
+        evd = judge_explosion(norms)
+        if evd is None:
+            continue
+        if len(series) > 1:
+            evd = {"optimizer": opt, **evd}
+        growth = evd["growth"]
+        where = (f"from step {evd['above_10x_from_step']}" if evd.get("above_10x_from_step")
+                 else f"at step {evd['max_step']}")
+        title = (f"gradient norm exploded {where}: {evd['early_median_norm']:.3g} early, "
+                 f"{evd['max_norm']:.3g} at step {evd['max_step']} ({growth})")
+        if "spike" in evd and float(growth.rstrip("x")) < GROWTH_RATIO:
+            title = f"gradient norm spiked at {evd['spike']}"
+        if evd.get("nonfinite_from_step"):
+            title += f", then non-finite at step {evd['nonfinite_from_step']}"
+        out.append(finding("gradient-explosion", title, evd, fix=(
+            "Clip the gradient norm (torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0) "
+            "between backward and step); lower the learning rate or add warmup; check for a "
+            "loss scale that grows (unnormalised sums instead of means), and for missing "
+            "normalisation layers in deep stacks")))
+    if not out and overflow:
+        o = overflow[0]
+        out.append(finding("gradient-explosion",
+                           f"gradient norm overflowed float32 at step {o.get('step')} although "
+                           f"every gradient element was finite",
+                           {"step": o.get("step"), "params": o.get("params")},
+                           fix="Clip the gradient norm and lower the learning rate"))
+    return out
+
+
+# ---------------------------------------------------------------------------- float16
+@rule("fp16-without-scaler", probes=NAN_PROBES)
+def fp16_without_scaler(ev: Evidence) -> list[Finding]:
+    amp = ev.last("amp")
+    if amp is None:
+        raise NotApplicable("the mixed-precision watch did not report")
+    fp16 = int(amp.get("fp16_backwards") or 0)
+    params16 = bool(amp.get("fp16_params"))
+    if not fp16 and not params16:
+        raise NotApplicable("no float16 autocast region before a backward, no float16 parameters")
+    unscaled = int(amp.get("unscaled_fp16_backwards") or 0)
+    scaled = int(amp.get("scaled_backwards") or 0)
+    if not ((fp16 and unscaled and not scaled) or (params16 and not scaled)):
+        return []
+    evidence: dict[str, Any] = {"fp16_backwards": fp16, "unscaled_backwards": unscaled,
+                                "first_step": amp.get("first_unscaled_step"),
+                                "autocast_devices": amp.get("devices")}
+    if params16:
+        evidence["fp16_params"] = True
+    if amp.get("scaler_disabled"):
+        evidence["grad_scaler"] = "created with enabled=False"
+    what = "float16 autocast" if fp16 else "float16 parameters"
+    n = unscaled if fp16 else "every"
+    title = (f"{what} trained without loss scaling: {n} backward pass(es) from step "
+             f"{amp.get('first_unscaled_step')} ran without a GradScaler")
+    return [finding("fp16-without-scaler", title, evidence, fix=(
+        "Use torch.amp.GradScaler: scaler.scale(loss).backward(); scaler.step(optimizer); "
+        "scaler.update() (small gradients underflow to zero in float16 without it); or train "
+        "in bfloat16 (torch.autocast(device, dtype=torch.bfloat16)), which needs no scaler"))]
