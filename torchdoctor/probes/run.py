@@ -126,7 +126,8 @@ def _followups(report: Report, ev: Evidence, relaunch) -> None:
                                       "traceback": traceback.format_exc(limit=6)}))
                 continue
             if extra:
-                f = dataclasses.replace(f, evidence={**f.evidence, **extra})
+                skill = extra.pop("_skill", None)  # a follow-up may re-route the finding's skill
+                f = dataclasses.replace(f, evidence={**f.evidence, **extra}, skill=skill or f.skill)
                 report.findings[i] = f
 
 

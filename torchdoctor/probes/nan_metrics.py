@@ -1,0 +1,54 @@
+"""``report.metrics["nan"]``: the loss and gradient-norm series and what the monitor did.
+
+Series are thinned to at most ``MAX_POINTS`` points (the first non-finite step always kept).
+Non-finite values are the strings "nan" / "inf" / "-inf" (JSON has no NaN).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchdoctor.evidence import Evidence
+from torchdoctor.probes.registry import metrics_provider
+
+MAX_POINTS = 200
+
+
+def _thin(points: list[list], keep: int | None) -> list[list]:
+    if len(points) <= MAX_POINTS:
+        return points
+    stride = -(-len(points) // MAX_POINTS)
+    out = [p for i, p in enumerate(points) if i % stride == 0 or p[0] == keep or i == len(points) - 1]
+    return out
+
+
+@metrics_provider("nan")
+def nan_metrics(ev: Evidence) -> dict[str, Any] | None:
+    mon = ev.last("nan_monitor")
+    rows = ev.of("numerics")
+    if mon is None and not rows:
+        return None
+    nf = ev.last("nonfinite")
+    first = nf.get("step") if nf else None
+    points: list[list] = []
+    for e in rows:
+        for step, opt, loss, gn in zip(e.get("steps", []), e.get("opt", []), e.get("loss", []),
+                                       e.get("grad_norm", [])):
+            points.append([step, opt, loss, gn])
+    out: dict[str, Any] = {
+        "forward_watch": bool((mon or {}).get("forward_watch")),
+        "check_every": (mon or {}).get("check_every"),
+        "checked_steps": len(points),
+        "series_columns": ["step", "optimizer", "loss", "grad_norm"],
+        "series": _thin(points, first),
+    }
+    if mon and mon.get("rows"):
+        out["records_per_step"] = round(mon.get("records", 0) / max(1, mon["rows"]), 1)
+    if nf:
+        out["first_nonfinite"] = {"step": first, "what": nf.get("what"),
+                                  "where": nf.get("module") or nf.get("param")}
+    cap = ev.last("nan_capture")
+    if cap:
+        out["rerun"] = {"reproduced": cap.get("reproduced"),
+                        "op": (cap.get("op") or {}).get("op")}
+    return out
