@@ -45,6 +45,15 @@ def unreadable_report(path: str, e: Unreadable) -> Report:
             "that it is a torch.save / safetensors / DCP checkpoint.",
     ))
     rep.metrics["checkpoint"] = {"path": path, "format": "unreadable", "problem": e.what}
+    if e.pickles:  # what was scanned before the failure is still judged for safety
+        from torchdoctor.checkpoint.roles import Roles
+        from torchdoctor.checkpoint.rules import Evidence, Judgment, rule_unsafe_pickle
+        from torchdoctor.checkpoint.values import Contents
+
+        j = Judgment()
+        rule_unsafe_pickle(Evidence(Contents(path, "unreadable", pickles=e.pickles), Roles()), j)
+        for f in j.findings:
+            rep.add(f)
     return rep
 
 

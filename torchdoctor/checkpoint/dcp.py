@@ -45,13 +45,19 @@ def read_dcp(path: str, contents: Contents) -> Any:
         raw = f.read()
     try:
         pinfo, _ = scan_pickle(raw, mpath)
+    except PickleScanError as e:
+        raise Unreadable("corrupt DCP metadata", f"{os.path.basename(mpath)}: {e}", mpath) from None
+    try:
         md = stub_load(raw)
-    except (PickleScanError, Exception) as e:  # noqa: BLE001
-        raise Unreadable("corrupt DCP metadata", f"{os.path.basename(mpath)}: {type(e).__name__}: {e}", mpath) from None
+    except Exception as e:  # noqa: BLE001
+        raise Unreadable("corrupt DCP metadata", f"{os.path.basename(mpath)}: {type(e).__name__}: {e}", mpath,
+                         pickles=[pinfo]) from None
     contents.pickles.append(pinfo)
     sd_meta = _attr(md, "state_dict_metadata")
-    if not isinstance(sd_meta, dict):
-        raise Unreadable("corrupt DCP metadata", "no state_dict_metadata in .metadata", mpath)
+    if not isinstance(md, Opaque) or not md.cls.endswith("Metadata") or not isinstance(sd_meta, dict):
+        raise Unreadable("corrupt DCP metadata", f"{os.path.basename(mpath)} holds a "
+                         f"{md.cls if isinstance(md, Opaque) else type(md).__name__}, not a DCP Metadata",
+                         mpath, pickles=[pinfo])
     planner = _attr(md, "planner_data") or {}
     where: dict[str, list] = {}
     for idx, sinfo in (_attr(md, "storage_data") or {}).items():

@@ -81,7 +81,24 @@ def _sniff(path: str) -> tuple[str, bytes, int]:
         return "pickle", head, size
     if head.lstrip()[:1] == b"{":
         return "json", head, size
+    if size <= _MAX_PLAIN_PICKLE and _parses_as_pickle(path, size):
+        return "pickle", head, size  # protocol 0/1 pickles have no PROTO opcode to sniff
     return "unknown", head, size
+
+
+_MAX_PLAIN_PICKLE = 64 << 20
+
+
+def _parses_as_pickle(path: str, size: int) -> bool:
+    from torchdoctor.checkpoint.pickle_scan import PickleScanError, scan_pickle
+
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        info, end = scan_pickle(raw, path)
+    except PickleScanError:
+        return False
+    return end >= size - 2
 
 
 def _is_tar(path: str) -> bool:

@@ -10,11 +10,12 @@ class Unreadable(Exception):
     ``random bytes`` …) and ``detail`` says what was seen; ``path`` is the file concerned.
     """
 
-    def __init__(self, what: str, detail: str, path: str = ""):
+    def __init__(self, what: str, detail: str, path: str = "", pickles: list | None = None):
         super().__init__(f"{what}: {detail}")
         self.what = what
         self.detail = detail
         self.path = path
+        self.pickles = list(pickles or [])  # opcode scans made before the failure (still judged for safety)
 
 
 def strip_ansi(text: str) -> str:

@@ -28,7 +28,7 @@ class PickleScanError(ValueError):
 
 
 def _fix_name(module: str, name: str, proto: int | None) -> str:
-    if proto is not None and proto < 3:
+    if proto is None or proto < 3:
         if (module, name) in NAME_MAPPING:
             module, name = NAME_MAPPING[(module, name)]
         elif module in IMPORT_MAPPING:

@@ -112,9 +112,11 @@ def _is_module(v: Any) -> bool:
     return isinstance(a.get("_parameters"), dict) and isinstance(a.get("_modules"), dict)
 
 
-def _state_dict_like(v: Any) -> bool:
+def _state_dict_like(path: str, v: Any) -> bool:
     if not isinstance(v, dict) or not v:
         return False
+    if any(_rng_kind(join(path, str(k)), x) for k, x in v.items()):
+        return False  # a dict of RNG states ({"torch": uint8[5056], ...}), not weights
     n_t = sum(1 for x in v.values() if isinstance(x, TensorInfo))
     return n_t >= 1 and all(isinstance(k, str) for k in v) and n_t >= 0.9 * len(v)
 
@@ -179,6 +181,8 @@ def _optimizer(path: str, v: dict) -> OptimizerRole:
     for g in groups:
         if isinstance(g, dict) and isinstance(g.get("params"), (list, tuple)):
             ids.extend(g["params"])
+    if ids and all(isinstance(i, int) for i in ids) and all(isinstance(k, str) and k.isdigit() for k in state):
+        state = {int(k): x for k, x in state.items()}  # DCP flattening turns int keys into strings
     return OptimizerRole(path, state, [g for g in groups if isinstance(g, dict)], ids)
 
 
@@ -236,7 +240,7 @@ def _classify(path: str, v: Any, r: Roles, candidates: list[ModelRole]) -> str |
     if kind is not None:
         r.rng.setdefault(kind, path)
         return f"rng ({kind})"
-    if _state_dict_like(v):
+    if _state_dict_like(path, v):
         candidates.append(ModelRole(path, {str(k): t for k, t in v.items() if isinstance(t, TensorInfo)}))
         return "weights"
     if _is_config(path, v):

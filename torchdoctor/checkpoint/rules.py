@@ -109,12 +109,15 @@ def _calls(root: Any, names: set[str]) -> list[str]:
     """What the pickle would have called, as recorded by the stub unpickler (never run)."""
     out = []
     for _path, v, _d in iter_nodes(root, max_depth=12):
-        if isinstance(v, Opaque) and v.cls in names and v.args:
+        if isinstance(v, Opaque) and v.cls.split("(", 1)[0] in names and v.args:
             args = ", ".join(repr(a)[:120] for a in v.args[:3])
             out.append(f"{v.cls}({args})")
         if len(out) >= 5:
             break
     return out
+
+
+AUX_PICKLES = ("training_args.bin",)  # Hugging Face Trainer config: pickled by design, never loaded to resume
 
 
 def rule_unsafe_pickle(ev: Evidence, j: Judgment) -> None:
@@ -124,62 +127,82 @@ def rule_unsafe_pickle(ev: Evidence, j: Judgment) -> None:
         return
     unsafe: dict[str, list[str]] = {}
     numpy_only: dict[str, list[str]] = {}
+    aux: dict[str, list[str]] = {}
     ops: dict[str, list[str]] = {}
     module_records = []
     for p in c.pickles:
         dcp = c.format == "dcp"
+        is_aux = any(a in p.name for a in AUX_PICKLES)
         for g in p.globals:
             if is_weights_only_global(g) or (dcp and g.startswith(DCP_EXPECTED_PREFIXES)):
                 continue
-            (numpy_only if is_numpy_array_global(g) else unsafe).setdefault(g, []).append(p.name)
-        if p.unsupported_ops and not dcp:
+            target = numpy_only if is_numpy_array_global(g) else aux if is_aux else unsafe
+            target.setdefault(g, []).append(p.name)
+        if p.unsupported_ops and not dcp and not is_aux:
             ops[p.name] = p.unsupported_ops
         if "module" in p.persistent_kinds:
             module_records.append(p.name)
-    where = sorted({w for ws in list(unsafe.values()) + list(numpy_only.values()) for w in ws} | set(ops))
     if unsafe or ops or module_records:
-        bad = [g for g in unsafe if _dangerous(g)]
-        calls = _calls(ev.stub_root if ev.stub_root is not None else c.root, set(bad))
-        ev_ = {"globals": _short(list(unsafe)), "pickles": _short(where, 4)}
-        if bad:
-            ev_["code_it_would_run"] = calls or _short(bad)
-        if ops:
-            ev_["unsupported_opcodes"] = sorted({o for v in ops.values() for o in v})
+        _unsafe_finding(ev, j, unsafe, ops, module_records, numpy_only)
+    elif numpy_only or aux:
+        ev_: dict[str, Any] = {}
+        parts = []
         if numpy_only:
             ev_["numpy_globals"] = list(numpy_only)
-        ev_["executed"] = "nothing (read from the opcodes; objects kept as inert stand-ins)"
-        if bad:
-            title = (f"unpickling this file runs code: it imports {', '.join(bad[:3])}"
-                     f"{' …' if len(bad) > 3 else ''} (not executed here)")
-            fix = ("Do not load it with weights_only=False or pickle: it would run the call shown. Get the weights "
-                   "from a trusted source, preferably as safetensors.")
-        elif unsafe:
-            title = (f"torch.load(weights_only=True) refuses it: {len(unsafe)} global"
-                     f"{'s' if len(unsafe) != 1 else ''} outside the allowlist ({', '.join(list(unsafe)[:3])}"
-                     f"{' …' if len(unsafe) > 3 else ''})")
-            fix = ("Save only tensors and plain containers (e.g. vars(args) instead of an argparse.Namespace, "
-                   "model.state_dict() instead of the model). For files you trust you can allowlist the classes: "
-                   "torch.serialization.add_safe_globals([...]); never weights_only=False for files from others.")
-        elif module_records:
-            title = "torch.load(weights_only=True) refuses it: legacy format with a pickled nn.Module class"
-            fix = "Re-save model.state_dict() with a current torch.save."
-        else:
-            title = (f"torch.load(weights_only=True) refuses it: pickle opcodes it does not support "
-                     f"({', '.join(sorted({o for v in ops.values() for o in v})[:4])}); the globals are safe")
-            fix = ("Re-save with torch.save defaults (pickle protocol 2); a plain pickle.dump or a custom "
-                   "pickle_protocol produces opcodes the weights-only unpickler rejects.")
-        j.findings.append(finding("ckpt-unsafe-pickle", title, ev_, fix=fix))
-    elif numpy_only:
+            parts.append("numpy's array globals (a pickled numpy array, e.g. np.random.get_state())")
+        if aux:
+            ev_["config_pickles"] = sorted({w for ws in aux.values() for w in ws})
+            ev_["config_globals"] = _short(list(aux))
+            parts.append("the classes of training_args.bin (a pickled config that Trainer never loads to resume)")
+        ev_["pickles"] = _short(sorted({w for ws in list(numpy_only.values()) + list(aux.values()) for w in ws}), 4)
         j.findings.append(finding(
             "ckpt-unsafe-pickle",
-            "loads with weights_only=True only after allowlisting numpy's array globals (a numpy array, "
-            "e.g. np.random.get_state(), is pickled)",
-            {"numpy_globals": list(numpy_only), "pickles": _short(where, 4)},
-            fix="Load inside `with torch.serialization.safe_globals([np._core.multiarray._reconstruct, np.ndarray, "
-                "np.dtype, np.dtypes.UInt32DType]):`, or save the state as tensors/lists "
-                "(torch.from_numpy(state[1])) so no allowlist is needed.",
+            "loads with weights_only=True only after allowlisting " + " and ".join(parts),
+            ev_,
+            fix="For the numpy RNG state: load inside `with torch.serialization.safe_globals([np._core.multiarray."
+                "_reconstruct, np.ndarray, np.dtype, np.dtypes.UInt32DType]):`, or save it as tensors/lists "
+                "(torch.from_numpy(state[1])) so no allowlist is needed. Never use weights_only=False for files "
+                "from others.",
             severity="info",
         ))
+
+
+def _unsafe_finding(ev: Evidence, j: Judgment, unsafe: dict, ops: dict, module_records: list,
+                    numpy_only: dict) -> None:
+    c = ev.contents
+    where = sorted({w for ws in unsafe.values() for w in ws} | set(ops) | set(module_records))
+    bad = [g for g in unsafe if _dangerous(g)]
+    calls = _calls(ev.stub_root if ev.stub_root is not None else c.root, set(bad))
+    ev_: dict[str, Any] = {"globals": _short(list(unsafe)) or "none outside the allowlist",
+                           "pickles": _short(where, 4)}
+    if bad:
+        ev_["code_it_would_run"] = calls or _short(bad)
+    if ops:
+        ev_["unsupported_opcodes"] = sorted({o for v in ops.values() for o in v})
+    if numpy_only:
+        ev_["numpy_globals"] = list(numpy_only)
+    ev_["executed"] = "nothing (read from the opcodes; objects kept as inert stand-ins)"
+    if bad:
+        title = (f"unpickling this file runs code: it imports {', '.join(bad[:3])}"
+                 f"{' …' if len(bad) > 3 else ''} (not executed here)")
+        fix = ("Do not load it with weights_only=False or pickle: it would run the call shown. Get the weights "
+               "from a trusted source, preferably as safetensors.")
+    elif unsafe:
+        title = (f"torch.load(weights_only=True) refuses it: {len(unsafe)} global"
+                 f"{'s' if len(unsafe) != 1 else ''} outside the allowlist ({', '.join(list(unsafe)[:3])}"
+                 f"{' …' if len(unsafe) > 3 else ''})")
+        fix = ("Save only tensors and plain containers (e.g. vars(args) instead of an argparse.Namespace, "
+               "model.state_dict() instead of the model). For files you trust you can allowlist the classes: "
+               "torch.serialization.add_safe_globals([...]); never weights_only=False for files from others.")
+    elif module_records:
+        title = "torch.load(weights_only=True) refuses it: legacy format with a pickled nn.Module class"
+        fix = "Re-save model.state_dict() with a current torch.save."
+    else:
+        title = (f"torch.load(weights_only=True) refuses it: pickle opcodes it does not support "
+                 f"({', '.join(sorted({o for v in ops.values() for o in v})[:4])}); the globals are safe")
+        fix = ("Re-save with torch.save defaults (pickle protocol 2); a plain pickle.dump or a custom "
+               "pickle_protocol produces opcodes the weights-only unpickler rejects.")
+    j.findings.append(finding("ckpt-unsafe-pickle", title, ev_, fix=fix))
 
 
 def rule_full_model_pickle(ev: Evidence, j: Judgment) -> None:

@@ -39,7 +39,9 @@ def read_torch_legacy(path: str) -> ZipRead:
             main_info, main_end = scan_pickle(f, path)
             keys_info, data_start = scan_pickle(f, f"{path}#keys")
         except PickleScanError as e:
-            raise Unreadable("corrupt legacy checkpoint", f"pickle stream broken: {e}", path) from None
+            short = "not enough data" in str(e) or "STOP" in str(e)
+            raise Unreadable("truncated legacy checkpoint" if short else "corrupt legacy checkpoint",
+                             f"pickle stream broken: {e}", path) from None
         f.seek(0)
         try:
             magic = stub_load(f)

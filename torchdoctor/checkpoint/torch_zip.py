@@ -108,5 +108,7 @@ def read_torch_zip(path: str, base: int = 0, length: int | None = None, label: s
             except Unreadable:
                 raise
             except Exception as e:  # noqa: BLE001 - any malformed pickle is unreadable input
-                raise Unreadable("corrupt pickle", f"{pkl_name}: {type(e).__name__}: {e}", path) from None
+                names = ", ".join(pinfo.globals[:6]) or "none"
+                raise Unreadable("corrupt pickle", f"{pkl_name}: {type(e).__name__}: {e} (globals it names: {names})",
+                                 path, pickles=[pinfo]) from None
             return out

@@ -115,6 +115,10 @@ class Opaque:
     def __setstate__(self, state: Any) -> None:
         self.state = state
 
+    def __call__(self, *args: Any, **kwargs: Any) -> "Opaque":
+        """Calling a stand-in (``getattr(...)(...)`` chains) only records the call."""
+        return opaque_type(f"{self.cls}()")(*args, **kwargs)
+
     def __setitem__(self, key: Any, value: Any) -> None:
         self.items[key] = value
 
