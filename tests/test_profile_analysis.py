@@ -1,0 +1,253 @@
+"""The profiler-window analysis on synthetic flats and on real H100 flats (no torch, no GPU).
+
+The H100 flats under tests/fixtures/scripts/profile/flats/ were recorded by `torchdoctor profile`
+on an H100 (torch 2.11.0+cu130) from the gpu_*.py fixture scripts beside them, then shrunk
+(Kineto nodes placed in the tree and library leaf C calls dropped); the *.events.json files hold
+the step-clock events of the same runs.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from torchdoctor.evidence import Evidence
+from torchdoctor.findings import Report
+from torchdoctor.instruments._profile_analysis import Sources, Window, analyze, syncs
+from torchdoctor.rules import run_rules
+
+HERE = Path(__file__).resolve().parent
+SCRIPTS = HERE / "fixtures" / "scripts" / "profile"
+FLATS = SCRIPTS / "flats"
+
+SRC = Sources(is_user=lambda f: f.startswith("train"), show=lambda f: f,
+              code=lambda f, n: f"line {n}", is_tool=lambda f: f.startswith("torchdoctor/"))
+US = 1000  # ns
+
+
+class Flat:
+    """Build a flat by hand: nodes in depth-first order, times in µs."""
+
+    def __init__(self):
+        self.nodes, self.device, self.runtime = [], [], []
+        self._corr = 100
+
+    def node(self, parent, tag, name, start, end, tid=1, **extra):
+        idx = len(self.nodes)
+        self.nodes.append([idx, -1 if parent is None else parent, tag, name, tid, start * US, end * US, extra])
+        return idx
+
+    def op(self, parent, name, start, end, user=False, inputs=None, tf32=None):
+        self._corr += 1
+        extra = {"corr": self._corr, "user": user, "in": inputs or []}
+        if tf32 is not None:
+            extra["tf32"] = tf32
+        return self.node(parent, "op", name, start, end, **extra), self._corr
+
+    def py(self, parent, callee, start, end, file, line, tag="py"):
+        return self.node(parent, tag, callee, start, end, file=file, line=line, func="f")
+
+    def step(self, n, start, end):
+        return self.op(None, f"ProfilerStep#{n}", start, end, user=True)[0]
+
+    def kernel(self, name, start, end, link, kind="kernel", nbytes=None):
+        self.device.append([name, kind, start * US, end * US, 0, link, 7, nbytes])
+
+    def rt(self, name, start, end, link):
+        self.runtime.append([name, start * US, end * US, 0, link, 1])
+
+    def flat(self):
+        return {"version": 1, "nodes": self.nodes, "device": self.device, "runtime": self.runtime}
+
+
+def _three_steps(f: Flat) -> list[int]:
+    return [f.step(n, 1000 * n, 1000 * n + 1000) for n in (6, 7, 8)]
+
+
+def test_window_numbers_steps_as_the_step_clock_does():
+    f = Flat()
+    _three_steps(f)
+    w = Window(f.flat())
+    assert [s[0] for s in w.steps] == [6, 7, 8]
+    out = analyze(f.flat(), SRC)
+    assert out["profile_window"]["steps"] == [7, 8, 9]  # ProfilerStep#N covers step N + 1
+    assert out["profile_window"]["active_steps"] == 3
+
+
+def test_d2h_sync_is_counted_per_step_with_the_user_line():
+    f = Flat()
+    for s in _three_steps(f):
+        start = f.nodes[s][5] // US
+        py = f.py(s, "train.py(1): <module>", start + 10, start + 900, "train.py", 1)
+        item = f.py(py, "<built-in method item>", start + 100, start + 200, "train.py", 21, tag="pyc")
+        op, corr = f.op(item, "aten::_local_scalar_dense", start + 110, start + 190)
+        f.rt("cudaMemcpyAsync", start + 120, start + 130, corr)
+        f.kernel("Memcpy DtoH (Device -> Pinned)", start + 125, start + 126, corr, kind="memcpy")
+        f.rt("cudaStreamSynchronize", start + 131, start + 180, corr)
+    out = syncs(Window(f.flat()), SRC)
+    assert out["per_step"] == [1, 1, 1]
+    assert out["sites"][0]["site"] == "train.py:21"
+    assert out["sites"][0]["ops"] == ["aten::_local_scalar_dense"]
+    assert out["sites"][0]["code"] == "line 21"
+    assert out["wait_ms"] == pytest.approx(0.049)
+
+
+def test_blocking_h2d_copy_scaler_and_own_syncs_are_not_counted():
+    f = Flat()
+    s = _three_steps(f)[0]
+    py = f.py(s, "train.py(1): <module>", 6010, 6900, "train.py", 1)
+    # x.to(dev): pageable H2D copy + the stream sync of a blocking copy
+    op, corr = f.op(py, "aten::copy_", 6100, 6200)
+    f.kernel("Memcpy HtoD (Pageable -> Device)", 6110, 6150, corr, kind="memcpy")
+    f.rt("cudaStreamSynchronize", 6150, 6190, corr)
+    # GradScaler's inf check: .item() inside torch/amp/grad_scaler.py
+    gs = f.py(py, "torch/amp/grad_scaler.py(300): step", 6300, 6400, "train.py", 30)
+    gi = f.py(gs, "<built-in method item>", 6310, 6390, "torch/amp/grad_scaler.py", 350, tag="pyc")
+    op2, corr2 = f.op(gi, "aten::_local_scalar_dense", 6311, 6389)
+    f.rt("cudaStreamSynchronize", 6320, 6380, corr2)
+    # torchdoctor's own sync (no torch op): attributed by time to its Python frame
+    td = f.py(py, "torchdoctor/x.py(1): flush", 6500, 6600, "torchdoctor/x.py", 9)
+    f.rt("cudaDeviceSynchronize", 6510, 6590, 0)
+    # a sync outside any recorded step is ignored
+    f.rt("cudaDeviceSynchronize", 100, 200, 0)
+    assert td and op and op2
+    out = syncs(Window(f.flat()), SRC)
+    assert out["per_step"] == [0, 0, 0]
+    assert out["excluded"] == {"h2d_copy": 1, "grad_scaler": 1, "tool": 1}
+
+
+def test_explicit_synchronize_without_op_is_attributed_by_time():
+    f = Flat()
+    for s in _three_steps(f):
+        start = f.nodes[s][5] // US
+        py = f.py(s, "train.py(1): <module>", start + 10, start + 900, "train.py", 1)
+        cs = f.py(py, "torch/cuda/__init__.py(1080): synchronize", start + 100, start + 300, "train.py", 44)
+        f.py(cs, "<built-in function _cuda_synchronize>", start + 110, start + 290, "torch/cuda/__init__.py", 1085,
+             tag="pyc")
+        f.rt("cudaDeviceSynchronize", start + 120, start + 280, 0)
+    out = syncs(Window(f.flat()), SRC)
+    assert out["per_step"] == [1, 1, 1]
+    assert out["sites"][0]["site"] == "train.py:44"
+    assert out["sites"][0]["via"] == "torch/cuda/__init__.py:1085"
+
+
+def test_pageable_copies_bytes_from_op_shapes_and_site():
+    f = Flat()
+    for s in _three_steps(f):
+        start = f.nodes[s][5] // US
+        py = f.py(s, "train.py(1): <module>", start + 10, start + 900, "train.py", 1)
+        op, corr = f.op(py, "aten::copy_", start + 100, start + 400,
+                        inputs=[["float32", 1 << 20], ["float32", 1 << 20], None])
+        f.kernel("Memcpy HtoD (Pageable -> Device)", start + 110, start + 390, corr, kind="memcpy")
+        op2, corr2 = f.op(py, "aten::copy_", start + 500, start + 520)
+        f.kernel("Memcpy HtoD (Pinned -> Device)", start + 505, start + 510, corr2, kind="memcpy", nbytes=4096)
+    out = analyze(f.flat(), SRC)["profile_copies"]
+    assert out["pageable_h2d_per_step"] == [1, 1, 1]
+    assert out["pageable_h2d_bytes_per_step"] == [4 << 20] * 3
+    assert out["pageable_sites"][0]["site"] == "train.py:1"
+    kinds = {k["kind"]: k for k in out["kinds"]}
+    assert kinds["Memcpy HtoD (Pinned -> Device)"]["bytes_per_step"] == 4096
+
+
+def test_gemm_share_counts_only_plain_float32():
+    f = Flat()
+    s = _three_steps(f)
+    _, c1 = f.op(s[0], "aten::mm", 6100, 6200, inputs=[["float32", 10], ["float32", 10]], tf32=False)
+    f.kernel("sm80_xmma_gemm_f32f32_f32f32_f32_nn", 6100, 6700, c1)
+    _, c2 = f.op(s[0], "aten::mm", 6300, 6400, inputs=[["float32", 10]], tf32=True)
+    f.kernel("sm80_xmma_gemm_tf32f32", 6700, 6800, c2)
+    _, c3 = f.op(s[1], "aten::addmm", 7100, 7200, inputs=[["bfloat16", 10]])
+    f.kernel("nvjet_sm90_tst_128x64", 7100, 7300, c3)
+    _, c4 = f.op(s[1], "aten::cudnn_convolution", 7400, 7500, inputs=[["float32", 10]])
+    f.kernel("conv_kernel", 7400, 7600, c4)
+    _, c5 = f.op(s[2], "aten::add_", 8100, 8200)
+    f.kernel("elementwise", 8100, 8400, c5)
+    out = analyze(f.flat(), SRC, {"cudnn_allow_tf32": False})["profile_gemm"]
+    assert out["kernel_ms"] == pytest.approx(1.4 / 3, abs=1e-4)
+    assert out["fp32_plain_ms"] == pytest.approx(0.8 / 3, abs=1e-4)  # fp32 mm + the conv (cudnn TF32 off)
+    assert out["mm_conv_by_dtype_ms"]["bfloat16"] == pytest.approx(0.2 / 3, abs=1e-4)
+    out = analyze(f.flat(), SRC, {"cudnn_allow_tf32": True})["profile_gemm"]
+    assert out["fp32_plain_ms"] == pytest.approx(0.6 / 3, abs=1e-4)
+
+
+def test_device_mirrors_of_annotations_are_not_gpu_work():
+    f = Flat()
+    s = _three_steps(f)
+    f.op(s[0], "Optimizer.step#SGD.step", 6100, 6200, user=True)
+    _, c = f.op(s[0], "aten::add_", 6300, 6310)
+    f.kernel("elementwise", 6300, 6310, c)
+    f.kernel("ProfilerStep#6", 6000, 9000, 0)  # torch 2.11: annotations show up as device events
+    f.kernel("Optimizer.step#SGD.step", 6100, 6200, 0)
+    dev = analyze(f.flat(), SRC)["profile_device"]
+    assert dev["device_events"] == 1
+    assert dev["gpu_busy_ms"] == pytest.approx(0.01 / 3, abs=1e-4)
+
+
+def test_host_split_and_python_hotspots():
+    f = Flat()
+    for s in _three_steps(f):
+        start = f.nodes[s][5] // US
+        mod = f.py(s, "train.py(1): <module>", start, start + 1000, "train.py", 1)
+        feat = f.py(mod, "train.py(12): make_features", start + 10, start + 710, "train.py", 30)
+        f.py(feat, "<built-in function sin>", start + 20, start + 120, "train.py", 14, tag="pyc")
+        dl = f.op(mod, "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", start + 720, start + 800,
+                  user=True)[0]
+        f.py(dl, "train.py(40): __getitem__", start + 730, start + 790, "train.py", 5)
+        f.op(mod, "aten::addmm", start + 800, start + 900)
+    out = analyze(f.flat(), SRC)
+    assert out["profile_host"]["ops_ms"] == pytest.approx(0.1)
+    assert out["profile_host"]["python_ms"] == pytest.approx(0.9)
+    hot = {h["def"]: h for h in out["profile_python"]["functions"]}
+    assert hot["train.py:12"]["self_ms"] == pytest.approx(0.6)  # 700 µs minus the 100 µs builtin call
+    assert hot["train.py:40"]["in_data"] is True
+
+
+# --------------------------------------------------------------------------- real H100 flats
+
+def _h100(name: str):
+    from torchdoctor.instruments.profiler_window import make_sources
+
+    flat = json.load(gzip.open(FLATS / f"h100_{name}.flat.json.gz", "rt"))
+    events = json.loads((FLATS / f"h100_{name}.events.json").read_text())
+    window = next(e for e in events if e["kind"] == "profile_window")
+    payloads = analyze(flat, make_sources((str(SCRIPTS),)), window.get("flags"))
+    w = payloads.pop("profile_window")
+    merged = [e for e in events if e["kind"] != "profile_window"]
+    merged.append({**window, **w})
+    merged += [{"kind": k, **v} for k, v in payloads.items()]
+    return Evidence.from_events(merged), payloads
+
+
+H100_EXPECTED = {
+    "gpu_sync": {"host-sync-in-loop", "launch-bound"},
+    "gpu_healthy": set(),
+    "gpu_pageable": {"pageable-h2d-copy"},
+    "gpu_fp32": {"fp32-compute-bound"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(H100_EXPECTED))
+def test_h100_flats_raise_exactly_the_planted_codes(name):
+    ev, _ = _h100(name)
+    report = Report("profile")
+    run_rules("profile", ev, report)
+    assert {f.code for f in report.findings} == H100_EXPECTED[name]
+    assert not any(s.rule in H100_EXPECTED[name] for s in report.skipped)
+
+
+def test_h100_sync_and_copy_sites_name_the_planted_lines():
+    _, sync = _h100("gpu_sync")
+    site = sync["profile_syncs"]["sites"][0]
+    assert site["site"].endswith("gpu_sync.py:21") and "loss.item()" in site["code"]
+    assert sync["profile_syncs"]["per_step"] == [1, 1, 1]
+    _, page = _h100("gpu_pageable")
+    site = page["profile_copies"]["pageable_sites"][0]
+    assert site["site"].endswith("gpu_pageable.py:17") and ".to(dev)" in site["code"]
+    assert site["bytes_per_step"] == 16 << 20
+    _, fp32 = _h100("gpu_fp32")
+    g = fp32["profile_gemm"]
+    assert g["fp32_plain_ms"] / fp32["profile_device"]["gpu_busy_ms"] > 0.5
+    assert any(k["name"].startswith("sm80_xmma_gemm_f32f32") for k in g["fp32_kernels"])

@@ -1,0 +1,298 @@
+"""Performance rules of the ``profile`` probe: judgment on the profiler window's evidence.
+
+Inputs: the ``profile_*`` events of :mod:`torchdoctor.instruments.profiler_window` and the step
+clock's ``step`` events. Device figures are judged against the *un-profiled* step time (median
+wall time of the steps the window did not touch), because the profiler's Python tracer slows the
+host during the recorded steps but not the device. Thresholds are documented in
+``docs/findings/<code>.md``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from torchdoctor.evidence import Evidence
+from torchdoctor.findings import Finding, finding
+from torchdoctor.rules import NotApplicable, rule
+
+PROBES = {"profile"}
+LAUNCH_BUSY_MAX = 0.5  # launch-bound: GPU busy below this share of the step ...
+DATA_SHARE_MAX = 0.3  # ... while the data wait stays below the dataloader-bound threshold
+PAGEABLE_MIN_BYTES = 256 * 1024  # pageable H2D per step worth a warning ...
+PAGEABLE_MIN_SHARE = 0.02  # ... or this share of the step spent in pageable copies
+FP32_SHARE_MIN = 0.5  # fp32-compute-bound: plain-float32 GEMM/conv share of GPU busy time ...
+FP32_BUSY_MIN = 0.5  # ... on a GPU busy at least this share of the step
+PYTHON_SHARE_MIN = 0.5  # slow-python-loop: Python outside torch ops, share of the step
+
+
+# --------------------------------------------------------------------------- shared evidence
+
+def window(ev: Evidence) -> dict[str, Any]:
+    """The profiler window's summary, or NotApplicable saying why there is none."""
+    w = ev.last("profile_window")
+    if w is None:
+        raise NotApplicable("the profiler window did not run")
+    status = w.get("status")
+    if status == "not-reached":
+        raise NotApplicable(f"the run made {w.get('steps_seen', 0)} optimizer steps; the profiler "
+                            f"window needs {w.get('steps_needed')} (lower --skip or raise --steps)")
+    if status in ("unavailable", "failed"):
+        raise NotApplicable(f"profiler {status}: {w.get('reason') or w.get('error')}")
+    if not w.get("active_steps"):
+        raise NotApplicable("the profiler window recorded no complete step")
+    return w
+
+
+def touched_steps(w: dict[str, Any]) -> set[int]:
+    """Steps whose wall time the profiler changed: warm-up, active, and the one after."""
+    first = int(w.get("first_step") or 1)
+    return set(range(first - int(w.get("warmup", 1)), first + int(w.get("active", 1)) + 1))
+
+
+def bare_clock(ev: Evidence, w: dict[str, Any]) -> dict[str, Any]:
+    """Median step time (ms) and data-wait share of the un-profiled steps (step 1 left out).
+
+    Falls back to the profiled steps when the run had no other step (``source``: "profiled").
+    """
+    steps = ev.of("step")
+    skip = touched_steps(w)
+    bare = [s for s in steps if s.get("step") != 1 and s.get("step") not in skip]
+    source = "bare"
+    if not bare:
+        bare = [s for s in steps if s.get("step") in skip] or steps
+        source = "profiled"
+    if not bare:
+        raise NotApplicable("no step time was measured")
+    walls = [float(s.get("wall_s", 0.0)) for s in bare]
+    total = sum(walls) or 1e-12
+    data = sum(float(s.get("data_s", 0.0)) for s in bare)
+    return {"step_ms": round(statistics.median(walls) * 1e3, 4), "data_share": round(data / total, 4),
+            "data_ms": round(data / len(bare) * 1e3, 4), "steps": len(bare), "source": source}
+
+
+def gpu_window(ev: Evidence) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(window, device payload) for GPU rules; NotApplicable without CUDA work in the window."""
+    w = window(ev)
+    if not w.get("cuda"):
+        raise NotApplicable("needs CUDA")
+    dev = ev.last("profile_device")
+    if not dev or not dev.get("device_events"):
+        raise NotApplicable("no GPU work in the profiled steps")
+    return w, dev
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def _mib(b: float) -> str:
+    return f"{b / 2**20:.1f} MiB" if b >= 2**20 else f"{b / 1024:.0f} KiB"
+
+
+def _site_line(s: dict[str, Any], extra: str = "") -> str:
+    out = s.get("site", "unknown")
+    if s.get("code"):
+        out += f"  {s['code']}"
+    if extra:
+        out += f"  ({extra})"
+    return out
+
+
+# --------------------------------------------------------------------------- the rules
+
+@rule("profiler-window", probes=PROBES)
+def profiler_window_failed(ev: Evidence) -> list[Finding]:
+    """A window that broke is torchdoctor's failure: say so instead of a quiet skip."""
+    w = ev.last("profile_window")
+    if not w or w.get("status") != "failed":
+        return []
+    return [finding("internal-error", f"the profiler window failed: {w.get('error')}",
+                    {"traceback": w.get("traceback", "")},
+                    fix="This is a torchdoctor bug; please report it with this evidence. The "
+                        "step-clock findings still stand.")]
+
+
+@rule("host-sync-in-loop", probes=PROBES)
+def host_sync_in_loop(ev: Evidence) -> list[Finding]:
+    w, _dev = gpu_window(ev)
+    sy = ev.last("profile_syncs")
+    if sy is None:
+        raise NotApplicable("no CUDA runtime calls were recorded")
+    per_step = sy.get("per_step") or []
+    if not per_step or min(per_step) < 1:
+        return []
+    sites = sy.get("sites") or []
+    n = sum(per_step) / len(per_step)
+    top = sites[0] if sites else {"site": "unknown"}
+    title = (f"the host waits for the GPU {n:g}x per step"
+             + (f" at {top['site']}" if top.get("site") else "")
+             + (f" ({top['code']})" if top.get("code") else ""))
+    clock = bare_clock(ev, w)
+    evidence = {
+        "syncs_per_step": n,
+        "sync_wait_ms_per_step": sy.get("wait_ms"),
+        "step_ms": clock["step_ms"],
+        "call_sites": [_site_line(s, f"{s.get('per_step')}/step via {', '.join(s.get('ops') or s.get('calls') or [])}")
+                       for s in sites[:5]],
+        "profiled_steps": w.get("steps"),
+    }
+    if sy.get("excluded"):
+        evidence["not_counted"] = sy["excluded"]
+    return [finding(
+        "host-sync-in-loop", title, evidence,
+        fix="Keep per-step values on the GPU: accumulate `loss.detach()` and call `.item()` / "
+            "`.cpu()` / `print()` only every N steps or after the epoch; avoid "
+            "`torch.cuda.synchronize()` and data-dependent shapes (`nonzero`, boolean indexing) "
+            "inside the loop; `torch.cuda.set_sync_debug_mode('warn')` points at every "
+            "remaining sync.")]
+
+
+@rule("launch-bound", probes=PROBES)
+def launch_bound(ev: Evidence) -> list[Finding]:
+    w, dev = gpu_window(ev)
+    clock = bare_clock(ev, w)
+    if not dev.get("kernels_per_step"):
+        raise NotApplicable("no CUDA kernels in the profiled steps")
+    step_ms = clock["step_ms"]
+    busy_ms = float(dev.get("gpu_busy_ms") or 0.0)
+    share = min(1.0, busy_ms / step_ms) if step_ms > 0 else 1.0
+    if share >= LAUNCH_BUSY_MAX or clock["data_share"] >= DATA_SHARE_MAX:
+        return []
+    title = (f"the GPU is busy only {_pct(share)} of the step: {dev['kernels_per_step']:g} kernels "
+             f"per step, median {dev.get('median_kernel_us', 0):g} µs each")
+    evidence = {
+        "gpu_busy_share": round(share, 4),
+        "gpu_busy_ms_per_step": busy_ms,
+        "step_ms": step_ms,
+        "kernels_per_step": dev.get("kernels_per_step"),
+        "median_kernel_us": dev.get("median_kernel_us"),
+        "data_wait_share": clock["data_share"],
+        "step_time_from": f"{clock['steps']} un-profiled steps" if clock["source"] == "bare"
+        else "the profiled steps",
+    }
+    ops = (ev.last("profile_ops") or {}).get("by_self_cpu") or []
+    if ops:
+        evidence["top_host_ops"] = [f"{o['name']} {o['self_cpu_ms']:g} ms, {o['calls']:g} calls"
+                                    for o in ops[:3]]
+    return [finding(
+        "launch-bound", title, evidence,
+        fix="Give the GPU bigger pieces of work: raise the batch size (scale the LR), fuse the "
+            "small ops with `torch.compile(model)` (mode=\"reduce-overhead\" adds CUDA graphs), "
+            "use fused/foreach optimizers, and remove per-step host syncs so the CPU can queue "
+            "work ahead.")]
+
+
+@rule("pageable-h2d-copy", probes=PROBES)
+def pageable_h2d_copy(ev: Evidence) -> list[Finding]:
+    w, _dev = gpu_window(ev)
+    cp = ev.last("profile_copies")
+    if cp is None:
+        raise NotApplicable("no copies were recorded")
+    per_step = cp.get("pageable_h2d_per_step") or []
+    if not per_step or min(per_step) < 1:
+        return []
+    bytes_step = cp.get("pageable_h2d_bytes_per_step") or [0]
+    mean_bytes = sum(bytes_step) / len(bytes_step)
+    clock = bare_clock(ev, w)
+    copy_ms = float(cp.get("pageable_h2d_ms") or 0.0)
+    share = copy_ms / clock["step_ms"] if clock["step_ms"] > 0 else 0.0
+    if mean_bytes < PAGEABLE_MIN_BYTES and share < PAGEABLE_MIN_SHARE:
+        return []
+    sites = cp.get("pageable_sites") or []
+    top = sites[0] if sites else {}
+    title = (f"{_mib(mean_bytes)} per step copied host→device from pageable memory"
+             + (f" at {top['site']}" if top.get("site") else ""))
+    evidence = {
+        "copies_per_step": sum(per_step) / len(per_step),
+        "bytes_per_step": int(mean_bytes),
+        "copy_ms_per_step": copy_ms,
+        "step_ms": clock["step_ms"],
+        "call_sites": [_site_line(s, f"{_mib(s.get('bytes_per_step', 0))}/step") for s in sites[:5]],
+    }
+    loaders = ev.of("dataloader")
+    if loaders:
+        evidence["dataloader_pin_memory"] = [bool(d.get("pin_memory")) for d in loaders]
+    return [finding(
+        "pageable-h2d-copy", title, evidence,
+        fix="Copy from pinned memory without blocking: `DataLoader(..., pin_memory=True)` and "
+            "`x.to(device, non_blocking=True)`; for tensors built by hand, allocate a pinned "
+            "buffer once (`torch.empty(..., pin_memory=True)`) and copy into it; create "
+            "constant tensors directly on the GPU (`torch.tensor(..., device='cuda')`) outside "
+            "the loop.")]
+
+
+@rule("fp32-compute-bound", probes=PROBES)
+def fp32_compute_bound(ev: Evidence) -> list[Finding]:
+    w, dev = gpu_window(ev)
+    info = w.get("device") or {}
+    cap = info.get("capability") or (ev.last("device") or {}).get("capability")
+    if not cap:
+        raise NotApplicable("the GPU's compute capability is unknown")
+    if tuple(cap) < (8, 0):
+        raise NotApplicable(f"needs a GPU with bf16 tensor cores (compute capability {cap[0]}.{cap[1]} < 8.0)")
+    g = ev.last("profile_gemm")
+    if g is None:
+        raise NotApplicable("no kernels were recorded")
+    busy_ms = float(dev.get("gpu_busy_ms") or 0.0)
+    clock = bare_clock(ev, w)
+    busy_share = min(1.0, busy_ms / clock["step_ms"]) if clock["step_ms"] > 0 else 0.0
+    fp32_ms = float(g.get("fp32_plain_ms") or 0.0)
+    share = fp32_ms / busy_ms if busy_ms > 0 else 0.0
+    if share < FP32_SHARE_MIN or busy_share < FP32_BUSY_MIN:
+        return []
+    title = (f"float32 matmul/conv kernels take {_pct(share)} of GPU time with neither TF32 nor "
+             f"autocast, on a GPU with bf16 tensor cores")
+    flags = w.get("flags") or {}
+    evidence = {
+        "fp32_gemm_share_of_gpu_time": round(share, 4),
+        "fp32_gemm_ms_per_step": fp32_ms,
+        "gpu_busy_ms_per_step": busy_ms,
+        "gpu_busy_share": round(busy_share, 4),
+        "gemm_time_by_dtype_ms": g.get("mm_conv_by_dtype_ms"),
+        "ops": [_site_line(o, f"{o['op']}, {o['device_ms']:g} ms/step") for o in (g.get("fp32_ops") or [])[:4]],
+        "kernels": [k["name"] for k in (g.get("fp32_kernels") or [])[:3]],
+        "gpu": info.get("name"),
+        "tf32": {k: flags[k] for k in ("matmul_allow_tf32", "cudnn_allow_tf32", "float32_matmul_precision")
+                 if k in flags},
+    }
+    return [finding(
+        "fp32-compute-bound", title, evidence,
+        fix="Run forward and loss under `torch.autocast('cuda', dtype=torch.bfloat16)` (bf16 needs "
+            "no GradScaler); or at least let float32 GEMMs use TF32: "
+            "`torch.set_float32_matmul_precision('high')` (and `torch.backends.cudnn.allow_tf32 = "
+            "True` for convolutions). Check the loss curve once after switching.")]
+
+
+@rule("slow-python-loop", probes=PROBES)
+def slow_python_loop(ev: Evidence) -> list[Finding]:
+    w = window(ev)
+    if w.get("cuda") and (ev.last("profile_device") or {}).get("device_events"):
+        raise NotApplicable("GPU run: host-side time is judged by launch-bound")
+    host = ev.last("profile_host")
+    if not host:
+        raise NotApplicable("no host-side profile")
+    clock = bare_clock(ev, w)
+    step_ms = clock["step_ms"]
+    ops_ms = float(host.get("ops_ms") or 0.0)
+    py_ms = max(0.0, step_ms - ops_ms - clock["data_ms"])
+    share = py_ms / step_ms if step_ms > 0 else 0.0
+    if share < PYTHON_SHARE_MIN:
+        return []
+    hot = [f for f in (ev.last("profile_python") or {}).get("functions", []) if f.get("self_ms", 0) > 0]
+    title = (f"Python outside torch ops takes {_pct(share)} of the step ({py_ms:.3g} of {step_ms:.3g} ms)"
+             + (f"; hottest: {hot[0]['func']} at {hot[0]['def']}" if hot else ""))
+    evidence = {
+        "python_share": round(share, 4),
+        "step_ms": step_ms,
+        "torch_ops_ms": ops_ms,
+        "data_wait_ms": clock["data_ms"],
+        "python_hotspots": [f"{f['def']} {f['func']}: {f['self_ms']:g} ms/step self"
+                            + (" (in the DataLoader)" if f.get("in_data") else "") for f in hot[:5]],
+    }
+    return [finding(
+        "slow-python-loop", title, evidence,
+        fix="Vectorise the per-element Python work (tensor or numpy ops instead of loops over "
+            "values); move input preparation into a Dataset served by DataLoader workers "
+            "(num_workers > 0) so it overlaps with training; cache what does not change between "
+            "steps; for model code, torch.compile removes most of the Python overhead.")]
