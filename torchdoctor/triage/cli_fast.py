@@ -1,0 +1,151 @@
+"""`torchdoctor ask`, dispatched before typer loads (``torchdoctor.main.FAST_PATHS``).
+
+    torchdoctor ask SYMPTOM... [--json]
+    torchdoctor ask - [--json]                       # a log or traceback on stdin
+    torchdoctor ask SYMPTOM... [--json] --run SCRIPT [ARGS]...
+
+Everything after ``--run SCRIPT`` belongs to the script, untouched. Imports: json (for --json),
+rich (console only); never torch, psutil, pynvml or typer. Exit codes: 0 answered (a route or a
+clarifying question), 2 bad usage, 3 internal error; with --run, the probe's own exit code.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+
+from torchdoctor.errors import EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, ISSUES_URL, DoctorError
+
+USAGE = ("usage: torchdoctor ask SYMPTOM... [--json] [--run SCRIPT [ARGS]...]\n"
+         "       torchdoctor ask - [--json]   (reads a log or traceback from stdin)")
+OPTIONS = ("--json", "--run", "--")
+
+
+@dataclass
+class Args:
+    words: list[str] = field(default_factory=list)
+    stdin: bool = False
+    as_json: bool = False
+    run: list[str] | None = None  # SCRIPT ARGS... (or PATH for checkpoint-audit)
+
+
+def parse(argv: list[str]) -> Args:
+    """Exact parser: options before --run; after --run SCRIPT everything is the script's."""
+    a = Args()
+    i = 0
+    only_words = False
+    while i < len(argv):
+        tok = argv[i]
+        if only_words:
+            a.words.append(tok)
+        elif tok == "--run":
+            if i + 1 >= len(argv):
+                raise DoctorError("--run needs a SCRIPT", hint="torchdoctor ask \"loss is nan\" --run train.py")
+            a.run = argv[i + 1:]
+            break
+        elif tok == "--json":
+            a.as_json = True
+        elif tok == "--":
+            only_words = True
+        elif tok == "-":
+            a.stdin = True
+        elif tok.startswith("--"):
+            import difflib
+
+            near = difflib.get_close_matches(tok, OPTIONS, n=1, cutoff=0.6)
+            raise DoctorError(f"unknown option {tok!r} for ask",
+                              hint=f"did you mean {near[0]}?" if near else USAGE.splitlines()[0])
+        else:
+            a.words.append(tok)  # "-inf", "-1" and other words stay words
+        i += 1
+    if a.stdin and a.words:
+        raise DoctorError("give either SYMPTOM words or '-' (read stdin), not both", hint=USAGE.splitlines()[1])
+    if not a.stdin and not " ".join(a.words).strip():
+        raise DoctorError("missing SYMPTOM: describe what you see, or pipe a log into `torchdoctor ask -`",
+                          hint="e.g. torchdoctor ask \"loss becomes NaN after epoch 3\"")
+    return a
+
+
+def read_stdin() -> str:
+    if sys.stdin is None:
+        raise DoctorError("'-' reads stdin, but there is no stdin")
+    if sys.stdin.isatty():
+        print("torchdoctor ask: reading a log from stdin (end with Ctrl-D)", file=sys.stderr, flush=True)
+    data = sys.stdin.buffer.read()
+    text = data.decode("utf-8", errors="replace")
+    if not text.strip():
+        raise DoctorError("nothing on stdin", hint="torchdoctor ask - < train.log")
+    return text
+
+
+def _emit(answer, as_json: bool, to_stderr: bool = False) -> None:
+    stream = sys.stderr if to_stderr else sys.stdout
+    if as_json:
+        import json
+
+        stream.write(json.dumps(answer.to_dict(), indent=2, ensure_ascii=False) + "\n")
+        stream.flush()
+    else:
+        from torchdoctor.triage.render import make_console, render
+
+        render(answer, make_console(stderr=to_stderr))
+
+
+def run(argv: list[str]) -> int:
+    a = parse(argv)
+    from torchdoctor.triage.matcher import triage
+
+    text = read_stdin() if a.stdin else " ".join(a.words)
+    answer = triage(text, source="stdin" if a.stdin else "args")
+    if a.run is None:
+        _emit(answer, a.as_json)
+        return EXIT_OK
+    answer.script = a.run[0] if a.run[0] != "-m" or len(a.run) < 2 else f"-m {a.run[1]}"
+    _emit(answer, False, to_stderr=True)  # the routing goes to stderr; stdout carries the probe's report
+    if not answer.routes:
+        raise DoctorError("no route to run yet: answer the question above first",
+                          hint="describe the symptom, e.g. torchdoctor ask \"training is slow\" --run train.py")
+    from torchdoctor.triage.handoff import run_probe_for_route
+
+    return run_probe_for_route(answer.routes[0].skill, a.run, a.as_json)
+
+
+def _silence_stdout() -> None:
+    """The reader went away (`| head`): send the rest of stdout, and the final flush, nowhere."""
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of FAST_PATHS: returns the exit code, never raises (except SystemExit)."""
+    try:
+        code = run(argv)
+        sys.stdout.flush()
+        return code
+    except DoctorError as e:
+        print(f"torchdoctor: error: {e.message}", file=sys.stderr)
+        if e.hint:
+            print(f"  hint: {e.hint}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("torchdoctor: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `torchdoctor ask ... | head`
+        _silence_stdout()
+        return EXIT_OK
+    except Exception as e:  # noqa: BLE001 - the one place ask's internal errors are caught
+        if os.environ.get("TORCHDOCTOR_DEBUG", "") not in ("", "0"):
+            import traceback
+
+            traceback.print_exc()
+        print(f"torchdoctor: internal error: {type(e).__name__}: {e}", file=sys.stderr)
+        print(f"  This is a bug in torchdoctor, not in your code. Please report it at {ISSUES_URL}",
+              file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+__all__ = ["main", "parse", "run", "USAGE", "EXIT_USAGE"]

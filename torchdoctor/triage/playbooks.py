@@ -1,0 +1,203 @@
+"""Per skill: the probe to run next and the steps an expert takes, in order, measuring first.
+
+Each step names what performs it: a torchdoctor probe (``torchdoctor memory SCRIPT``) or
+``by hand`` (a change to make, or a torch tool to call yourself). The steps cover what the
+baseline answers missed (seeds/001): the memory workflow and its fixes in order, DDP launch and
+init, sampler/seeds/eval pitfalls and bucket sizes, profiling before guessing, locating the first
+non-finite value, and complete checkpoints with RNG state and determinism flags.
+``SCRIPT`` and ``PATH`` are placeholders for the user's training script and checkpoint file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torchdoctor.triage.symptoms import AG, CKPT, DBG, DIST, MEM, MOD, MP, PERF
+
+BY_HAND = "by hand"
+
+
+@dataclass(frozen=True)
+class Step:
+    text: str
+    by: str  # the torchdoctor probe that performs it, or BY_HAND
+
+    def render(self) -> str:
+        return f"{self.text} [{self.by}]"
+
+
+@dataclass(frozen=True)
+class Playbook:
+    skill: str
+    probe: str  # the command to run next
+    summary: str  # what this skill is about, one line
+    steps: tuple[Step, ...]
+
+
+def _pb(skill: str, probe: str, summary: str, *steps: tuple[str, str]) -> Playbook:
+    return Playbook(skill, probe, summary, tuple(Step(t, by) for t, by in steps))
+
+
+PROBE_MEM = "torchdoctor memory SCRIPT"
+PROBE_PERF = "torchdoctor profile SCRIPT"
+PROBE_NAN = "torchdoctor nan SCRIPT"
+PROBE_DIST = "torchdoctor dist [SCRIPT]"
+PROBE_CKPT = "torchdoctor checkpoint-audit PATH"
+PROBE_CHECKUP = "torchdoctor checkup SCRIPT"
+
+PLAYBOOKS: dict[str, Playbook] = {p.skill: p for p in (
+    _pb(MEM, PROBE_MEM, "tensor lifetimes, memory budget, OOM and leaks",
+        ("Measure before changing anything: memory timeline per step, peak broken down into parameters / "
+         "gradients / optimizer state / activations, growth per step, and on OOM the bytes requested vs "
+         "capacity, allocated and reserved", PROBE_MEM),
+        ("If memory grows step over step, find what keeps tensors alive across steps: `total += loss` "
+         "instead of `loss.item()`, outputs or losses appended to a list, evaluation without "
+         "`torch.no_grad()` (findings memory-growth, grad-in-eval name the sites)", PROBE_MEM),
+        ("If it fails at the first step, do the budget: model size and input dimensions decide it; fp32 "
+         "Adam needs 16 bytes per parameter (weights, gradients, two moments) before activations, which "
+         "grow with batch x sequence length / image size", PROBE_MEM),
+        ("Fix the biggest term first: activations -> mixed precision (bf16/fp16 autocast), then activation "
+         "checkpointing (`torch.utils.checkpoint`) on the largest blocks, then a smaller micro-batch with "
+         "gradient accumulation to keep the effective batch; optimizer state -> a sharded optimizer or "
+         "FSDP", BY_HAND),
+        ("If reserved is much larger than allocated (fragmentation), set "
+         "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`; `torch.cuda.empty_cache()` does not make "
+         "more memory available to PyTorch", BY_HAND),
+        ("Verify: run the memory probe again and compare the peak and the per-step growth", PROBE_MEM),
+        ),
+    _pb(MOD, PROBE_CHECKUP, "nn.Module structure, registration, initialization",
+        ("Measure: one bounded run that checks submodules held in plain lists/dicts (unregistered), "
+         "parameters missing from the optimizer, parameters that never get a gradient, device mismatches, "
+         "training in eval mode", PROBE_CHECKUP),
+        ("Structure: create submodules in `__init__` as attributes, `nn.ModuleList`/`nn.ModuleDict` for "
+         "collections, `nn.Parameter` for learnables, `register_buffer` for state that must move with "
+         "`.to()` and be saved but not trained; no tensors created on a fixed device inside `forward`",
+         BY_HAND),
+        ("Initialization: override `reset_parameters()` or apply `nn.init` functions with "
+         "`model.apply(init_fn)`; check the defaults before replacing them", BY_HAND),
+        ("A slow custom layer: vectorise (no Python loops over the batch or elements, no `.item()` in "
+         "`forward`), use fused built-ins (`F.scaled_dot_product_attention`, `nn.functional` ops), then "
+         "profile it", PROBE_PERF),
+        ("Needs a gradient autograd cannot derive? Write a `torch.autograd.Function` (custom autograd "
+         "route)", BY_HAND),
+        ("Verify: run the checkup again; the model's `state_dict()` keys should be what you expect",
+         PROBE_CHECKUP),
+        ),
+    _pb(DIST, PROBE_DIST, "DDP/FSDP setup, launch, synchronisation, hangs",
+        ("Measure the environment first: RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT, "
+         "backend (NCCL for GPUs, gloo for CPU), GPU visibility per rank, a collective's bandwidth",
+         PROBE_DIST),
+        ("Launch with `torchrun --nproc-per-node=N train.py` (`python -m torch.distributed.launch` is "
+         "deprecated); multi-node: `--nnodes`, `--node-rank` or `--rdzv-backend=c10d "
+         "--rdzv-endpoint=HOST:PORT` on every node", BY_HAND),
+        ("Init: `torch.cuda.set_device(local_rank)` first, then `dist.init_process_group(\"nccl\")` "
+         "with the default `init_method=\"env://\"` (torchrun sets the variables); `tcp://host:port` or "
+         "`file:///shared/path` only without torchrun; pass `timeout=` to bound hangs", BY_HAND),
+        ("Wrap: `DDP(model.to(local_rank), device_ids=[local_rank])`; `SyncBatchNorm` when the per-GPU "
+         "batch is small; `find_unused_parameters=True` only if some parameters get no gradient (it costs "
+         "a graph walk per step; the checkup reports unused parameters), `static_graph=True` when the "
+         "graph never changes", PROBE_CHECKUP),
+        ("Data and seeds: `DistributedSampler(dataset, shuffle=True)` with `sampler.set_epoch(epoch)` "
+         "every epoch (else every epoch repeats the same order) and no `shuffle=True` on the DataLoader; "
+         "the same model seed on every rank, data-augmentation seeds offset by rank", BY_HAND),
+        ("Gradient synchronisation: DDP all-reduces gradients in buckets during backward "
+         "(`bucket_cap_mb`, default 25 MiB; larger buckets for big models on fast links); wrap "
+         "gradient-accumulation micro-steps in `model.no_sync()`; scale the learning rate with the "
+         "global batch", BY_HAND),
+        ("Pitfalls: every rank must call every collective in the same order (logging, eval or early exit on "
+         "rank 0 only must not skip one); `model.eval()` on all ranks and `all_reduce` the metrics; save "
+         "from rank 0 only and `dist.barrier()` before others load", BY_HAND),
+        ("A hang or mismatch: re-run with `TORCH_DISTRIBUTED_DEBUG=DETAIL` and `NCCL_DEBUG=INFO` under "
+         "the probe, which launches through torchrun and reports where each rank was stuck",
+         "torchdoctor dist --nproc-per-node N SCRIPT"),
+        ),
+    _pb(PERF, PROBE_PERF, "where the step time goes, before any optimisation",
+        ("Measure first: split each step into data wait / forward / backward / optimizer, then a short "
+         "torch.profiler window for the top ops and a trace (Perfetto); note GPU model, batch size, "
+         "num_workers, AMP on/off", PROBE_PERF),
+        ("Data-bound (the loop waits on the next batch): `num_workers` up to the cores you have, "
+         "`pin_memory=True`, `persistent_workers=True`, cheaper decoding/augmentation - before touching "
+         "the model", PROBE_PERF),
+        ("GPU stalls: device-to-host syncs every step (`.item()`, `.cpu()`, printing CUDA tensors), many "
+         "tiny kernels (launch-bound: bigger batch, `torch.compile`, CUDA graphs), pageable host-to-device "
+         "copies (`pin_memory` + `non_blocking=True`), CPU threads oversubscribed", PROBE_PERF),
+        ("Compute-bound in float32 on a GPU with tensor cores: then the mixed-precision route (bf16 "
+         "autocast, TF32); memory-bound: the memory route; one GPU saturated: the distributed route",
+         BY_HAND),
+        ("Time correctly when you measure yourself: CUDA is asynchronous, so synchronise (or use CUDA "
+         "events) before reading a clock; warm up before timing", BY_HAND),
+        ("Verify: profile again and compare steps per second", PROBE_PERF),
+        ),
+    _pb(MP, PROBE_PERF, "AMP, fp16/bf16, gradient scaling, TF32",
+        ("Measure first: is the step compute-bound in float32 at all? If it waits on data, syncs or "
+         "kernel launches, mixed precision will not help", PROBE_PERF),
+        ("Pick the dtype: bf16 on Ampere or newer (A100/H100: no GradScaler needed); fp16 on V100/T4 "
+         "with `torch.amp.GradScaler(\"cuda\")`; TF32 for the remaining fp32 matmuls "
+         "(`torch.set_float32_matmul_precision(\"high\")`)", BY_HAND),
+        ("Autocast the forward pass and the loss only: `with torch.autocast(\"cuda\", "
+         "dtype=torch.bfloat16):`; call backward outside it; do not `.half()` the model", BY_HAND),
+        ("fp16 scaler order: `scaler.scale(loss).backward()`, `scaler.unscale_(opt)` before gradient "
+         "clipping, `scaler.step(opt)`, `scaler.update()`; save `scaler.state_dict()` in checkpoints",
+         BY_HAND),
+        ("Ops unsafe in fp16: `BCELoss` -> `BCEWithLogitsLoss`; custom Functions need "
+         "`torch.amp.custom_fwd`/`custom_bwd`", BY_HAND),
+        ("Verify numerics, then speed: watch for the first non-finite value with AMP on, compare the loss "
+         "curve with fp32 over a few hundred steps, profile again", PROBE_NAN),
+        ),
+    _pb(DBG, PROBE_NAN, "NaN/Inf, divergence and training bugs, located systematically",
+        ("Locate before fixing: for a crash, the decisive error line and the frame of your code; for "
+         "NaN/Inf or divergence, watch every module output and gradient: the probe names the first module "
+         "(path, class, op) and step whose output becomes NaN/Inf while its inputs are finite, or the "
+         "first non-finite gradient", PROBE_NAN),
+        ("Check the gradient norm per step: a climb of orders of magnitude before the NaN means divergence "
+         "(learning rate, warmup, clipping), a sudden NaN at one op means a numerical hazard", PROBE_NAN),
+        ("Check the data: NaN/Inf in inputs or labels, labels outside the class range, a batch that is "
+         "all padding", BY_HAND),
+        ("Look at the op it names: log/sqrt/division of 0 or negatives, `exp` overflow, softmax over an "
+         "all-masked row, fp16 overflow above 65504; use eps, clamping, `log_softmax`/`logsumexp`, "
+         "`BCEWithLogitsLoss`", BY_HAND),
+        ("Replay only the failing window with `torch.autograd.set_detect_anomaly(True)` (about 2.5x "
+         "slower) to get the backward node and the forward line", BY_HAND),
+        ("Then fix the cause: missing `optimizer.zero_grad()`, lower learning rate or warmup, "
+         "`clip_grad_norm_`; with AMP, the mixed-precision route", PROBE_CHECKUP),
+        ),
+    _pb(CKPT, PROBE_CKPT, "complete checkpoints, exact resume, reproducibility",
+        ("Audit what a checkpoint holds and lacks (model, optimizer, scheduler, GradScaler, RNG states, "
+         "epoch/step), loaded safely without running pickled code", PROBE_CKPT),
+        ("Save one dict: `model.state_dict()` (unwrapped from DDP `.module` / `torch.compile` "
+         "`_orig_mod`), `optimizer.state_dict()`, `scheduler.state_dict()`, `scaler.state_dict()`, epoch and "
+         "global step, and RNG states: `torch.get_rng_state()`, `torch.cuda.get_rng_state_all()`, "
+         "`numpy.random.get_state()`, `random.getstate()`", BY_HAND),
+        ("Write atomically (save to a temporary file, then `os.replace`), keep the last few, save from "
+         "rank 0 only under DDP", BY_HAND),
+        ("Resume: build model and optimizer as before, `load_state_dict` each, restore the RNG states, "
+         "continue from the saved step + 1 (and the sampler's epoch); `map_location` for another device",
+         BY_HAND),
+        ("Reproducibility: seed `torch.manual_seed`, `numpy.random.seed`, `random.seed`; seed DataLoader "
+         "workers (`generator=`, `worker_init_fn`); `torch.use_deterministic_algorithms(True)`, "
+         "`torch.backends.cudnn.benchmark = False`, `CUBLAS_WORKSPACE_CONFIG=:4096:8` for CUDA "
+         "determinism (slower: only when you need bit-exact runs)", BY_HAND),
+        ("Verify: resume from a checkpoint and compare the next steps' losses with an uninterrupted run; "
+         "audit the checkpoint again", PROBE_CKPT),
+        ),
+    _pb(AG, PROBE_CHECKUP, "torch.autograd.Function: custom forward/backward, verified",
+        ("Measure the model as it is: a bounded run reports parameters that never get a gradient, "
+         "non-finite gradients and in-place modification errors with the forward line", PROBE_CHECKUP),
+        ("Write `class F(torch.autograd.Function)` with `@staticmethod forward(ctx, ...)` and "
+         "`backward(ctx, *grad_outputs)`; `ctx.save_for_backward(...)` for tensors, plain attributes for "
+         "the rest; return one gradient per forward input (None where not differentiable); call `F.apply`",
+         BY_HAND),
+        ("Use `ctx.needs_input_grad` to skip unneeded work, `ctx.mark_non_differentiable` for integer "
+         "outputs, `ctx.mark_dirty` if forward modifies an input in place", BY_HAND),
+        ("Check the gradient numerically: `torch.autograd.gradcheck(F.apply, inputs)` with float64 inputs "
+         "(and `gradgradcheck` for double backward); a gradcheck probe is planned in torchdoctor, not "
+         "built yet", BY_HAND),
+        ("Under AMP decorate with `torch.amp.custom_fwd(device_type=\"cuda\")` / `custom_bwd`; prefer "
+         "composing existing ops (autograd derives the backward) unless memory or speed needs more, then "
+         "profile", PROBE_PERF),
+        ),
+)}
+
+
+def playbook(skill: str) -> Playbook:
+    return PLAYBOOKS[skill]
