@@ -10,7 +10,9 @@ import importlib
 import sys
 
 # command name -> "module:function" taking argv (list[str]) and returning an exit code
-FAST_PATHS: dict[str, str] = {}
+FAST_PATHS: dict[str, str] = {
+    "ask": "torchdoctor.triage.cli_fast:main",
+}
 
 
 def main(argv: list[str] | None = None) -> None:
