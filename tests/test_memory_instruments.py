@@ -1,0 +1,310 @@
+"""Memory measurement in-process (CPU): counters, saved-tensor hooks, site tracking, the
+instruments driven by a tiny training loop with a fake harness context."""
+
+from __future__ import annotations
+
+import weakref
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+from torchdoctor.memory import session  # noqa: E402
+from torchdoctor.memory.breakdown import live_breakdown  # noqa: E402
+from torchdoctor.memory.host import HeapCounter, rss_bytes  # noqa: E402
+from torchdoctor.memory.saved import SavedTensors  # noqa: E402
+from torchdoctor.memory.sites import (DispatchTracker, Survivor, active_blocks, group_sites,  # noqa: E402
+                                      sites_of_blocks, survivors_from_snapshots)
+
+MiB = 1 << 20
+HERE = Path(__file__).name
+
+
+class FakeCtx:
+    def __init__(self, probe="memory", options=None, out_dir=None):
+        self.events: list[dict] = []
+        self.step = 0
+        self.phase = "other"
+        self.probe = probe
+        self.options = dict(options or {})
+        self.run_dir = Path(".")
+        self.out_dir = out_dir
+        self._models: list = []
+        self.optimizers: list = []
+
+    def emit(self, kind, **data):
+        self.events.append({"kind": kind, **data})
+
+    def in_owner_process(self):
+        return True
+
+    def models(self):
+        return list(self._models)
+
+    def of(self, kind):
+        return [e for e in self.events if e["kind"] == kind]
+
+
+def _loop(instruments, ctx, steps, keep=None, model=None, opt=None, out_features=1024):
+    torch.manual_seed(0)
+    model = model or nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, out_features))
+    opt = opt or torch.optim.SGD(model.parameters(), lr=1e-3)
+    ctx._models, ctx.optimizers = [model], [opt]
+    for i in instruments:
+        i.install(ctx)
+    try:
+        for _ in range(steps):
+            out = model(torch.randn(256, 16))  # 256 x 1024 floats = 1 MiB
+            loss = out.pow(2).mean()
+            opt.zero_grad()
+            for i in instruments:
+                if i.overrides("on_backward_begin"):
+                    i.on_backward_begin(ctx)
+            loss.backward()
+            opt.step()
+            ctx.step += 1
+            if keep is not None:
+                keep.append(out)
+            for i in instruments:
+                if i.overrides("on_step_end"):
+                    i.on_step_end(ctx, ctx.step)
+    finally:
+        for i in reversed(instruments):
+            i.uninstall(ctx)
+    return model, opt
+
+
+@pytest.fixture(autouse=True)
+def fresh_session():
+    session.reset()
+    yield
+    session.reset()
+
+
+# ---- counters --------------------------------------------------------------------------------
+
+def test_heap_counter_sees_a_cpu_tensor_exactly():
+    h = HeapCounter()
+    if not h.available:
+        pytest.skip("not glibc malloc")
+    before = h.read()
+    t = torch.empty(4 * MiB, dtype=torch.uint8)
+    grown = h.read() - before
+    del t
+    assert 4 * MiB <= grown < 4 * MiB + 64 * 1024
+    assert rss_bytes() > 0
+
+
+def test_saved_tensors_counts_activations_and_frees_them_after_backward():
+    s = SavedTensors()
+    assert s.install()
+    try:
+        model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8))
+        x = torch.randn(512, 64)
+        loss = model(x).sum()
+        act, act32 = s.live_bytes(False, [(p.untyped_storage().data_ptr(), False)
+                                         for p in model.parameters()])
+        # x (128 KiB) + the ReLU output (512 KiB; the 2nd Linear's input is the same storage)
+        assert act == 512 * 64 * 4 + 512 * 256 * 4
+        assert act32 == act
+        loss.backward()
+        del loss
+        assert s.live_bytes(False)[0] == 0
+        # torch.func refuses to run under saved-tensor hooks: ours step aside there
+        g = torch.func.grad(lambda t: t.sin().sum())(torch.zeros(3))
+        assert torch.allclose(g, torch.ones(3))
+    finally:
+        s.uninstall()
+    import torch.autograd.graph as graph
+
+    assert graph.disable_saved_tensors_hooks.__module__ == "torch.autograd.graph"
+
+
+# ---- site tracking -----------------------------------------------------------------------------
+
+def test_dispatch_tracker_names_the_leaking_line_and_ignores_parameters_and_views():
+    model = nn.Linear(16, 1024)
+    kept = []
+    tr = DispatchTracker()
+    assert tr.start(step=0)
+    try:
+        for step in range(1, 5):
+            out = model(torch.randn(256, 16))  # leak site
+            view = model.weight.t()  # a view of a parameter: not a new allocation
+            kept.append(out.detach())
+            tr.boundary(step)
+    finally:
+        tr.stop()
+    surv = tr.survivors(last_step=4)
+    assert {s.step for s in surv} == {1, 2, 3}
+    assert all(s.nbytes == MiB for s in surv)
+    [site] = group_sites(surv, n_steps=3)
+    assert site["site"].endswith(f"{HERE}:{_line_of('leak site')}")
+    assert site["bytes_per_step"] == MiB and site["count"] == 3
+    del view
+
+
+def test_dispatch_tracker_sees_the_growing_graph_of_a_kept_loss():
+    model = nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    total = 0.0
+    tr = DispatchTracker()
+    tr.start(0)
+    try:
+        for step in range(1, 6):
+            loss = model(torch.randn(4, 8)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            total = total + loss  # graph leak site
+            tr.boundary(step)
+    finally:
+        tr.stop()
+    assert tr.survivors(5) == []
+    [g] = tr.graph_growth()
+    assert g["site"].endswith(f"{HERE}:{_line_of('graph leak site')}")
+    assert g["nodes_per_step"] > 0
+
+
+def test_snapshot_survivors_need_to_persist_from_before_the_last_step():
+    fr = [{"filename": "/tmp/user/train.py", "line": 21, "name": "forward"}]
+
+    def snap(*blocks):
+        return active_blocks([{"blocks": [{"address": a, "size": s, "state": "active_allocated",
+                                           "frames": fr} for a, s in blocks]}])
+
+    params = (0x1000, 4 * MiB)
+    snaps = [snap(params), snap(params, (0x9000, MiB)), snap(params, (0x9000, MiB), (0xA000, MiB)),
+             snap(params, (0x9000, MiB), (0xA000, MiB), (0xC000, MiB))]
+    surv = survivors_from_snapshots(snaps, first_step=5)
+    assert sorted(s.step for s in surv) == [5, 6]  # 0xC000 was made in the last step
+    [site] = group_sites(surv, n_steps=2)
+    assert site["site"].endswith("train.py:21") and site["bytes_per_step"] == MiB
+    top = sites_of_blocks([{"blocks": [{"address": 0x1000, "size": 4 * MiB, "state": "active_allocated",
+                                        "frames": fr}]}], exclude={0x1000})
+    assert top == []
+
+
+def test_group_sites_biggest_first():
+    f1 = (("/u/a.py", 1, "f"),)
+    f2 = (("/u/b.py", 2, "g"), ("/u/main.py", 9, "<module>"))
+    out = group_sites([Survivor(10, 1, f1), Survivor(100, 1, f2), Survivor(100, 2, f2)], n_steps=2)
+    assert [o["count"] for o in out] == [2, 1]
+    assert out[0]["called_from"][0].endswith("main.py:9")
+
+
+# ---- breakdown ----------------------------------------------------------------------------------
+
+def test_live_breakdown_counts_each_part_once():
+    s = SavedTensors()
+    s.install()
+    try:
+        model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256))
+        opt = torch.optim.Adam(model.parameters())
+        model(torch.randn(8, 256)).sum().backward()
+        opt.step()  # creates Adam state: 2 x parameters
+        keep = torch.zeros(1024, 1024)  # 4 MiB of "other"
+        loss = model(torch.randn(1024, 256)).sum()  # activations alive now
+        b = live_breakdown([model], [opt], s, on_cuda=False)
+    finally:
+        s.uninstall()
+    p = sum(t.numel() * 4 for t in model.parameters())
+    parts = b["parts"]
+    assert parts["parameters"] == p and parts["gradients"] == p
+    assert parts["optimizer_state"] >= 2 * p
+    assert parts["activations"] == 1024 * 256 * 4 * 2  # input x and the ReLU output
+    assert parts["other"] >= 4 * MiB
+    assert b["total"] == sum(parts.values())
+    del keep, loss
+
+
+# ---- instruments ------------------------------------------------------------------------------
+
+def test_sampler_samples_every_step_and_names_the_leak_in_its_window():
+    from torchdoctor.instruments.memory_detail import MemoryDetail
+    from torchdoctor.instruments.memory_sampler import MemorySampler
+
+    ctx = FakeCtx(options={"steps": 16})
+    keep: list = []
+    _loop([MemoryDetail(), MemorySampler()], ctx, steps=16, keep=keep)
+    mems = ctx.of("mem")
+    assert [m["step"] for m in mems] == list(range(1, 17))
+    assert all("bwd" in m and m["bwd"]["act"] > 0 for m in mems)
+    h = [m["heap"] for m in mems]
+    assert h[-1] - h[5] >= 10 * MiB  # ~1 MiB kept per step
+    [w] = ctx.of("mem_sites")
+    top = w["tensor_sites"][0]
+    assert top["site"].endswith(f"{HERE}:{_line_of('256 x 1024 floats')}")
+    assert top["bytes_per_step"] == MiB
+    [b] = ctx.of("mem_breakdown")
+    assert b["step"] == 2 and b["parts"]["activations"] > 0
+    assert ctx.of("mem_end")
+
+
+def test_sampler_stays_quiet_on_a_healthy_loop():
+    from torchdoctor.instruments.memory_sampler import MemorySampler
+
+    ctx = FakeCtx(probe="checkup")
+    _loop([MemorySampler()], ctx, steps=14)
+    assert not ctx.of("mem_sites")
+    h = [m["heap"] for m in ctx.of("mem")][3:]
+    assert max(h) - min(h) < 256 * 1024
+
+
+def test_sampler_oom_context_on_the_cpu():
+    from torchdoctor.instruments.memory_sampler import MemorySampler
+
+    ctx = FakeCtx()
+    s = MemorySampler()
+    _loop([s], ctx, steps=2)
+    s.install(ctx)
+    try:
+        try:
+            torch.empty(2 ** 50, dtype=torch.uint8)
+        except RuntimeError as e:
+            s.on_crash(ctx, e)
+    finally:
+        s.uninstall(ctx)
+    [c] = ctx.of("crash_context")
+    assert c["evidence"]["requested_bytes"] == 2 ** 50
+    assert c["evidence"]["device"] == "cpu"
+    assert c["fixes"][0].startswith("One request of 1 PiB") or c["fixes"][0].startswith("One request of 1024 TiB")
+
+
+def test_grad_in_eval_counts_graphs_never_backpropagated():
+    from torchdoctor.instruments.memory_grad_eval import GradInEval
+
+    ctx = FakeCtx()
+    g = GradInEval()
+    model, _ = _loop([g], ctx, steps=3, out_features=4)
+    g.install(ctx)
+    g.on_step_end(ctx, ctx.step)  # hooks the roots
+    model.eval()
+    for _ in range(4):
+        model(torch.randn(8, 16)).argmax(1)  # no torch.no_grad(): a graph per call
+    with torch.no_grad():
+        model(torch.randn(8, 16))
+    g.uninstall(ctx)
+    last = ctx.of("grad_eval")[-1]
+    assert last["dropped"] == 4 and last["graph_forwards"] == 4 and last["in_eval_mode"] == 4
+    [ex] = last["examples"]
+    assert ex["site"].endswith(f"{HERE}:{_line_of('no torch.no_grad(): a graph per call')}")
+
+
+def _line_of(marker: str) -> int:
+    for i, line in enumerate(Path(__file__).read_text().splitlines(), 1):
+        if marker in line and "_line_of" not in line:
+            return i
+    raise AssertionError(marker)
+
+
+def test_weakref_holder_keeps_nothing_alive():
+    tr = DispatchTracker()
+    tr.start(0)
+    t = torch.randn(1000)
+    r = weakref.ref(t.untyped_storage())
+    tr.stop()
+    del t
+    assert r() is None

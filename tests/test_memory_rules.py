@@ -1,0 +1,208 @@
+"""Memory judgment on synthetic evidence: trend fit, the four memory rules, OOM fix ranking.
+
+Pure and fast: no torch, no child process.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from torchdoctor.evidence import Evidence
+from torchdoctor.memory.oom import fix_lines, rank_fixes
+from torchdoctor.memory.trend import fit_trend, rising, theil_sen
+from torchdoctor.rules import NotApplicable
+from torchdoctor.rules.memory import (activation_dominated, grad_in_eval, memory_fragmentation,
+                                      memory_growth)
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def mem_events(values, key="heap", start=1, extra=None):
+    evs = []
+    for i, v in enumerate(values):
+        e = {"kind": "mem", "step": start + i, "rss": 300 * MiB}
+        if key == "heap":
+            e["heap"] = v
+        else:
+            e["cuda"] = {"0": [v, v + 64 * MiB, v + 32 * MiB, v + 96 * MiB]}
+            e["heap"] = 100 * MiB
+        evs.append(e)
+    return evs + list(extra or [])
+
+
+# ---- trend ----------------------------------------------------------------------------------
+
+def test_theil_sen_ignores_a_single_outlier():
+    xs = list(range(20))
+    ys = [10.0 * x for x in xs]
+    ys[7] = 1e9
+    slope, intercept = theil_sen(xs, ys)
+    assert slope == pytest.approx(10.0)
+    assert intercept == pytest.approx(0.0)
+
+
+def test_fit_trend_leak_plateau_and_too_short():
+    steps = list(range(1, 31))
+    leak = fit_trend(steps, [100 * MiB + s * MiB for s in steps])
+    assert leak.slope == pytest.approx(MiB) and leak.r2 > 0.99
+    assert leak.late_slope == pytest.approx(MiB)
+    assert leak.warmup == 3 and leak.first_step == 4
+    # rises 1 MiB a step for 12 steps, then flat: the late half has no slope
+    plateau = fit_trend(steps, [min(s, 12) * MiB for s in steps])
+    assert plateau.late_slope == 0
+    assert fit_trend(list(range(1, 11)), [s * MiB for s in range(1, 11)]) is None
+
+
+def test_rising_needs_mostly_increases_and_a_mean_rise():
+    assert rising([0, 5, 10, 15, 20, 25], 4)
+    assert not rising([0, 5, 10, 15, 20, 25], 6)
+    assert not rising([0, 10, 0, 10, 0, 10], 1)
+
+
+# ---- memory-growth --------------------------------------------------------------------------
+
+def test_growth_on_cuda_names_series_site_and_is_an_error():
+    sites = {"kind": "mem_sites", "steps": [10, 13], "cuda_sites": [
+        {"site": "train.py:21", "function": "forward", "bytes": 3 * MiB, "count": 3,
+         "bytes_per_step": MiB, "called_from": ["train.py:40"]}]}
+    dev = {"kind": "mem_device", "index": 0, "name": "H100", "capacity": 80 * GiB}
+    ev = Evidence.from_events(mem_events([GiB + s * MiB for s in range(30)], key="cuda",
+                                         extra=[sites, dev]))
+    [f] = memory_growth(ev)
+    assert f.code == "memory-growth" and f.severity == "error"
+    assert "cuda:0" in f.title and "train.py:21" in f.title
+    assert f.evidence["bytes_per_step"] == pytest.approx(MiB, rel=0.01)
+    assert f.evidence["growing_sites"][0].startswith("train.py:21 in forward: +1 MiB/step")
+    assert f.evidence["steps_until_full"] > 1000
+    assert "train.py:21" in f.fix
+
+
+def test_growth_small_slope_is_a_warning_and_graph_growth_changes_the_fix():
+    w = {"kind": "mem_sites", "steps": [10, 13], "tensor_sites": [], "graph_growth": [
+        {"site": "train.py:20", "function": "<module>", "graph_nodes": 138, "nodes_per_step": 11.0}]}
+    ev = Evidence.from_events(mem_events([100 * MiB + s * 8 * 1024 for s in range(50)], extra=[w]))
+    [f] = memory_growth(ev)
+    assert f.severity == "warning"
+    assert "loss.item()" in f.fix
+    assert "11 nodes per step" in f.evidence["graph_growth"][0]
+
+
+@pytest.mark.parametrize("values", [
+    [100 * MiB] * 40,  # flat
+    [100 * MiB + min(s, 12) * MiB for s in range(40)],  # warm-up then plateau
+    [100 * MiB + (s % 5) * MiB for s in range(40)],  # sawtooth (per-epoch lists cleared)
+    [100 * MiB + (s * 37 % 11) * 100 * 1024 for s in range(40)],  # noise, no trend
+    [100 * MiB + s * 1024 for s in range(40)],  # 1 KiB/step: below the floor
+])
+def test_no_growth_on_healthy_shapes(values):
+    assert memory_growth(Evidence.from_events(mem_events(values))) == []
+
+
+def test_growth_not_applicable_without_samples_or_with_too_few():
+    with pytest.raises(NotApplicable):
+        memory_growth(Evidence.from_events([]))
+    with pytest.raises(NotApplicable, match="needs 8 steps"):
+        memory_growth(Evidence.from_events(mem_events([s * MiB for s in range(6)])))
+
+
+def test_growth_rss_fallback_needs_a_large_slope():
+    evs = [{"kind": "mem", "step": s, "rss": 300 * MiB + s * 200 * 1024} for s in range(1, 41)]
+    assert memory_growth(Evidence.from_events(evs)) == []
+    evs = [{"kind": "mem", "step": s, "rss": 300 * MiB + s * 2 * MiB} for s in range(1, 41)]
+    [f] = memory_growth(Evidence.from_events(evs))
+    assert "RSS" in f.title
+
+
+# ---- memory-fragmentation ---------------------------------------------------------------------
+
+def _end(peak_alloc, peak_res, retries=0):
+    return {"kind": "mem_end", "cuda": {"0": {"allocated": GiB, "reserved": peak_res,
+                                              "peak_allocated": peak_alloc, "peak_reserved": peak_res,
+                                              "alloc_retries": retries, "inactive_split": 0}}}
+
+
+def test_fragmentation_fires_on_a_large_unusable_reserve():
+    [f] = memory_fragmentation(Evidence.from_events([_end(2 * GiB, 12 * GiB, retries=3)]))
+    assert f.code == "memory-fragmentation" and "cuda:0" in f.title
+    assert "expandable_segments:True" in f.fix
+    assert f.evidence["alloc_retries"] == 3
+
+
+def test_fragmentation_quiet_on_normal_caching_and_small_gaps():
+    assert memory_fragmentation(Evidence.from_events([_end(10 * GiB, 11 * GiB)])) == []
+    assert memory_fragmentation(Evidence.from_events([_end(100 * MiB, 300 * MiB)])) == []
+
+
+def test_fragmentation_knows_expandable_segments_is_already_on():
+    info = {"kind": "mem_info", "alloc_conf": "expandable_segments:True"}
+    [f] = memory_fragmentation(Evidence.from_events([info, _end(2 * GiB, 12 * GiB)]))
+    assert "already on" in f.fix
+
+
+def test_fragmentation_after_oom_and_not_applicable_on_cpu():
+    oom = {"kind": "mem_oom", "device": 0, "reserved_bytes": 70 * GiB, "allocated_bytes": 60 * GiB}
+    [f] = memory_fragmentation(Evidence.from_events([oom]))
+    assert "ran out of memory" in f.title
+    with pytest.raises(NotApplicable, match="needs CUDA"):
+        memory_fragmentation(Evidence.from_events(mem_events([MiB] * 10)))
+
+
+# ---- grad-in-eval ----------------------------------------------------------------------------
+
+def _ge(dropped, kept=0, in_eval=0):
+    return {"kind": "grad_eval", "roots_hooked": 1, "graph_forwards": 20 + dropped,
+            "backpropagated": 20, "dropped": dropped, "kept_alive": kept, "in_eval_mode": in_eval,
+            "examples": [{"module": "Net", "mode": "eval", "site": "train.py:33", "outputs": "dropped",
+                          "count": dropped, "first_step": 8, "last_step": 8}]}
+
+
+def test_grad_in_eval_fires_from_three_unbackpropagated_forwards():
+    [f] = grad_in_eval(Evidence.from_events([_ge(12, in_eval=12)]))
+    assert f.severity == "warning" and "12 forward passes of Net" in f.title
+    assert "train.py:33" in f.fix and "no_grad" in f.fix
+    assert grad_in_eval(Evidence.from_events([_ge(2)])) == []
+    with pytest.raises(NotApplicable):
+        grad_in_eval(Evidence.from_events([]))
+
+
+# ---- activation-dominated -------------------------------------------------------------------
+
+def _bd(act, total):
+    return {"kind": "mem_breakdown", "step": 2, "device": "cuda", "total": total,
+            "parts": {"parameters": 10 * MiB, "gradients": 0, "optimizer_state": 20 * MiB,
+                      "activations": act, "other": total - act - 30 * MiB},
+            "activations_fp32": act, "n_blocks": 12}
+
+
+def test_activation_dominated_info_with_ranked_savings():
+    [f] = activation_dominated(Evidence.from_events([_bd(800 * MiB, 1000 * MiB)]))
+    assert f.severity == "info" and "80%" in f.title
+    assert f.fix.startswith("Wrap each of the 12 blocks")  # checkpointing saves most here
+    assert activation_dominated(Evidence.from_events([_bd(300 * MiB, 1000 * MiB)])) == []
+    assert activation_dominated(Evidence.from_events([_bd(8 * MiB, 10 * MiB + 30 * MiB)])) == []
+    with pytest.raises(NotApplicable):
+        activation_dominated(Evidence.from_events([]))
+
+
+# ---- OOM fixes --------------------------------------------------------------------------------
+
+def test_rank_fixes_orders_by_savings_and_drops_the_negligible():
+    parts = {"parameters": GiB, "gradients": GiB, "optimizer_state": 2 * GiB, "activations": 40 * GiB}
+    fixes = rank_fixes(parts, {"activations_fp32": 40 * GiB, "n_blocks": 12,
+                               "gradients_at_forward": GiB, "cached_free": 0,
+                               "requested": 8 * GiB, "free": 1 * GiB, "capacity": 80 * GiB})
+    keys = [f["fix"] for f in fixes]
+    assert keys[0] == "activation-checkpointing"
+    assert set(keys[1:3]) == {"bf16-autocast", "smaller-micro-batch"}
+    assert "zero-grad-set-to-none" in keys and "lighter-optimizer-state" in keys
+    assert all(f["covers_shortfall"] for f in fixes[:3])
+    small = rank_fixes({"optimizer_state": 100 * 1024}, {"requested": 8 * GiB, "free": GiB})
+    assert small == []
+
+
+def test_rank_fixes_single_request_larger_than_capacity_comes_first():
+    fixes = rank_fixes({"activations": MiB}, {"requested": 4 << 40, "free": 20 * GiB,
+                                              "capacity": 24 * GiB, "where": "train.py:11"})
+    assert fixes[0]["fix"] == "shrink-the-allocation"
+    assert fix_lines(fixes)[0].startswith("One request of 4 TiB at train.py:11")

@@ -1,0 +1,324 @@
+"""The per-step memory sampler (probes ``memory`` and ``checkup``): cheap, every step.
+
+At each step boundary it writes one ``mem`` event: the C heap in use and RSS of the host,
+and per CUDA device the allocator's allocated / reserved bytes and their peaks; at the start
+of backward it samples the same counters (the activation peak of the step). Cost per step:
+one ``mallinfo2`` call (~0.4 us), one read of /proc/self/statm, one allocator-stats read
+per device (host-side, no device sync). Peaks are never reset (the script may read them).
+
+When a series keeps rising after warm-up (:func:`torchdoctor.memory.trend.rising` over
+:data:`SUSPECT_SAMPLES` boundaries), it arms a short *site window* of :data:`WINDOW_STEPS`
+steps that records which lines allocate the memory that survives (``mem_sites`` event):
+a dispatch-mode tracker (CPU and CUDA) and, on CUDA, allocator snapshots with Python
+stacks. Outside that window nothing else runs.
+
+On an out-of-memory crash it adds the breakdown of what was live, the top allocation sites
+and ranked fixes to the crash finding (``crash_context``); on CUDA the numbers come from the
+allocator's OOM observer, called before the stack unwinds, which also writes the memory_viz
+snapshot when memory history is on (``memory`` probe).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from torchdoctor.instruments import Instrument, register
+from torchdoctor.memory import cuda, session
+from torchdoctor.memory.host import host_memory, rss_bytes
+from torchdoctor.memory.units import KiB, human_bytes
+
+WARMUP_STEPS = 3  # boundaries ignored by the online suspicion test
+SUSPECT_SAMPLES = 5  # consecutive post-warm-up samples that must rise to arm the site window
+SUSPECT_MIN_RISE = 4 * KiB  # mean rise per step (bytes) that arms it
+WINDOW_STEPS = 4  # steps recorded by the site window
+MAX_WINDOWS = 1
+DEVICE_RECHECK = 50  # re-list CUDA devices in use every N steps
+
+
+class SiteWindow:
+    """Allocation-site recording over WINDOW_STEPS steps (see module docstring)."""
+
+    def __init__(self, start_step: int, use_cuda: bool, history_on: bool):
+        from torchdoctor.memory.sites import DispatchTracker, active_blocks
+
+        self.start = start_step
+        self._active_blocks = active_blocks
+        self.tracker = DispatchTracker()
+        self.tracker_ok = self.tracker.start(start_step)
+        self.started_history = False
+        self.snaps: list[dict] | None = None
+        if use_cuda:
+            if not history_on:
+                self.started_history = cuda.start_history("state")
+            if history_on or self.started_history:
+                self.snaps = [self._snap()]
+
+    def _snap(self) -> dict:
+        return self._active_blocks(cuda.segments() or [])
+
+    def boundary(self, step: int) -> bool:
+        """Record a step end; True when the window is complete."""
+        if self.tracker_ok:
+            self.tracker.boundary(step)
+        if self.snaps is not None:
+            self.snaps.append(self._snap())
+        return step - self.start >= WINDOW_STEPS
+
+    def finish(self, last_step: int) -> dict[str, Any]:
+        from torchdoctor.memory.sites import group_sites, survivors_from_snapshots
+
+        self.tracker.stop()
+        if self.started_history:
+            cuda.stop_history()
+        n = max(1, last_step - self.start - 1)
+        out: dict[str, Any] = {"steps": [self.start + 1, last_step]}
+        if self.tracker_ok:
+            surv = self.tracker.survivors(last_step)
+            out["tensor_sites"] = group_sites(surv, n)
+            out["tensor_survivor_bytes"] = sum(s.nbytes for s in surv)
+            out["graph_growth"] = self.tracker.graph_growth()
+        if self.snaps is not None and len(self.snaps) >= 3:
+            surv = survivors_from_snapshots(self.snaps, self.start + 1)
+            out["cuda_sites"] = group_sites(surv, n)
+            out["cuda_survivor_bytes"] = sum(s.nbytes for s in surv)
+        return out
+
+
+@register
+class MemorySampler(Instrument):
+    name = "memory_sampler"
+    # "memory-sampler": a probe with nothing else armed, for bench/memory_overhead.py
+    probes = frozenset({"memory", "checkup", "memory-sampler"})
+    priority = 60
+
+    def install(self, ctx: Any) -> None:
+        self.ctx = ctx
+        self.sess = session.current()
+        self.heap = self.sess.heap_counter()
+        self.devs: list[int] = []
+        self.devices_reported: set[int] = set()
+        self._bwd: list | None = None
+        self.recent: dict[str, deque] = {}
+        self.window: SiteWindow | None = None
+        self.windows = 0
+        self.oom: dict[str, Any] | None = None
+        ctx.emit("mem_info", heap_counter=self.heap.name if self.heap.available else None,
+                 baseline_heap=self.sess.base_heap, baseline_rss=self.sess.base_rss,
+                 host=host_memory(), cuda_available=cuda.available(), alloc_conf=cuda.alloc_conf())
+        cuda.on_init(lambda: cuda.attach_oom_observer(self._on_oom))
+
+    # ---- sampling ------------------------------------------------------------------------
+    def _cuda_alloc(self) -> int | None:
+        if not self.devs:
+            return None
+        total = 0
+        for d in self.devs:
+            s = cuda.stats(d)
+            if s:
+                total += s["allocated"]
+        return total
+
+    def on_backward_begin(self, ctx: Any) -> None:
+        h = self.heap.read()
+        a = self._cuda_alloc()
+        act = None
+        saved = self.sess.saved
+        if saved is not None:
+            keys = self.sess.refresh_param_keys(ctx.models())
+            act = saved.live_bytes(bool(self.devs), keys)[0]
+        b = self._bwd
+        if b is None:
+            self._bwd = [h, a, act]
+        else:
+            self._bwd = [max(x, y) if x is not None and y is not None else (x if y is None else y)
+                         for x, y in zip(b, (h, a, act))]
+
+    def _refresh_devices(self, step: int) -> None:
+        if (not self.devs or step % DEVICE_RECHECK == 0) and cuda.initialized():
+            self.devs = cuda.devices_in_use()
+            for d in self.devs:
+                if d not in self.devices_reported:
+                    self.devices_reported.add(d)
+                    info = cuda.device_info(d)
+                    if info:
+                        self.ctx.emit("mem_device", **info)
+
+    def on_step_end(self, ctx: Any, step: int) -> None:
+        self._refresh_devices(step)
+        rec: dict[str, Any] = {"step": step, "heap": self.heap.read(), "rss": rss_bytes()}
+        alloc_total = None
+        if self.devs:
+            per = {}
+            alloc_total = 0
+            for d in self.devs:
+                s = cuda.stats(d)
+                if s:
+                    per[str(d)] = [s["allocated"], s["reserved"], s["peak_allocated"], s["peak_reserved"]]
+                    alloc_total += s["allocated"]
+            rec["cuda"] = per
+        if self.sess.saved is not None:
+            rec["saved"] = self.sess.saved.live_bytes(bool(self.devs))[0]
+        if self._bwd is not None:
+            h, a, act = self._bwd
+            rec["bwd"] = {"heap": h, "cuda": a, "act": act}
+            self._bwd = None
+        ctx.emit("mem", **rec)
+        self._window_tick(step, {"heap": rec["heap"], "cuda": alloc_total})
+
+    # ---- allocation-site window --------------------------------------------------------
+    def _window_tick(self, step: int, values: dict[str, int | None]) -> None:
+        from torchdoctor.memory.trend import rising
+
+        if self.window is not None:
+            if self.window.boundary(step):
+                self._finish_window(step)
+            return
+        if self.windows >= MAX_WINDOWS or step <= WARMUP_STEPS:
+            return
+        armed = None
+        for key, v in values.items():
+            if v is None:
+                continue
+            q = self.recent.setdefault(key, deque(maxlen=SUSPECT_SAMPLES + 1))
+            q.append(v)
+            if len(q) == q.maxlen and rising(list(q), SUSPECT_MIN_RISE):
+                armed = key
+        if armed:
+            self.windows += 1
+            self.window = SiteWindow(step, use_cuda=bool(self.devs), history_on=self.sess.history)
+            self.window_reason = armed
+
+    def _finish_window(self, step: int) -> None:
+        w, self.window = self.window, None
+        out = w.finish(step)
+        self.ctx.emit("mem_sites", reason=self.window_reason, **out)
+
+    # ---- out of memory -------------------------------------------------------------------
+    def _live(self, on_cuda: bool, allocated: int | None, reserved: int | None) -> dict[str, Any]:
+        from torchdoctor.memory.breakdown import live_breakdown
+
+        live = live_breakdown(self.ctx.models(), self.ctx.optimizers, self.sess.saved, on_cuda,
+                              allocated)
+        if reserved is not None and allocated is not None:
+            live["parts"]["cached_free"] = max(0, reserved - allocated)
+        return live
+
+    def _on_oom(self, device: int, requested: int, capacity: int, device_free: int) -> None:
+        """The CUDA allocator is about to raise OutOfMemoryError (the stack has not unwound)."""
+        if self.oom is not None:
+            self.oom["count"] += 1
+            return
+        try:
+            self._record_oom(device, requested, capacity, device_free)
+        except Exception as e:  # noqa: BLE001 - never turn an OOM into another error
+            self.oom = {"count": 1, "error": f"{type(e).__name__}: {e}"}
+
+    def _record_oom(self, device: int, requested: int, capacity: int, device_free: int) -> None:
+        from torchdoctor.memory.sites import sites_of_blocks
+
+        st = cuda.stats(device) or {}
+        live = self._live(True, st.get("allocated"), st.get("reserved"))
+        rec: dict[str, Any] = {"count": 1, "device": device, "requested_bytes": int(requested),
+                               "capacity_bytes": int(capacity), "free_bytes": int(device_free),
+                               "allocated_bytes": st.get("allocated"),
+                               "reserved_bytes": st.get("reserved"), "live": live}
+        snap = cuda.snapshot() if self.sess.history else None
+        exclude = set(live.pop("addresses", {}))
+        if snap and snap.get("segments"):  # block stacks exist only with memory history on
+            rec["top_sites"] = sites_of_blocks(snap["segments"], exclude=exclude)
+        where = self.ctx.out_dir
+        if snap is not None and where is not None:
+            path = where / "memory_snapshot_oom.pickle"
+            where.mkdir(parents=True, exist_ok=True)
+            if cuda.dump_snapshot(path, snap):
+                rec["snapshot"] = str(path)
+                self.ctx.emit("artifact", name="memory_snapshot", path=str(path))
+        self.oom = rec
+        self.ctx.emit("mem_oom", **{k: v for k, v in rec.items() if k != "live"},
+                      breakdown=live["parts"])
+
+    def _oom_from_observer(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        o = self.oom or {}
+        ev = {k: o[k] for k in ("requested_bytes", "capacity_bytes", "free_bytes",
+                                "allocated_bytes", "reserved_bytes") if o.get(k) is not None}
+        ev["device"] = f"cuda:{o.get('device', 0)}"
+        if o.get("top_sites"):
+            ev["top_sites"] = [f"{s['site']}: {human_bytes(s['bytes'])} in {s['count']} blocks"
+                               + (f" (called from {', '.join(s['called_from'])})" if s.get("called_from") else "")
+                               for s in o["top_sites"]]
+        if o.get("snapshot"):
+            ev["memory_snapshot"] = o["snapshot"] + " (open in https://pytorch.org/memory_viz)"
+        elif self.sess.history:
+            ev["memory_snapshot"] = "re-run with --out DIR to keep a memory_viz snapshot"
+        return ev, o["live"]
+
+    def _oom_now(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Breakdown measured at the crash (no observer data: host OOM, or CUDA without it)."""
+        st = cuda.stats(self.devs[0]) if self.devs else None
+        if st:
+            live = self._live(True, st["allocated"], st["reserved"])
+            ev = {"allocated_bytes": st["allocated"], "reserved_bytes": st["reserved"],
+                  "device": f"cuda:{self.devs[0]}"}
+        else:
+            live = self._live(False, None, None)
+            h, base = self.heap.read(), self.sess.base_heap
+            ev = {"device": "cpu", "rss": human_bytes(rss_bytes())}
+            if h is not None and base is not None:
+                ev["heap_in_use"] = human_bytes(h - base)
+            hm = host_memory()
+            if hm:
+                ev["capacity_bytes"] = hm["total"]
+                ev["free_bytes"] = hm["available"]
+        live.pop("addresses", None)
+        return ev, live
+
+    def on_crash(self, ctx: Any, exc: BaseException) -> None:
+        from torchdoctor.rules.crash import classify, oom_details, phase_of
+        from torchdoctor.runner.frames import frames_of, short_path
+
+        msg = str(exc)
+        if classify({"type": type(exc).__name__, "message": msg}) != "out-of-memory":
+            return
+        from torchdoctor.memory.oom import fix_lines, rank_fixes
+
+        ev, live = self._oom_from_observer() if self.oom and "live" in self.oom else self._oom_now()
+        parsed = oom_details(msg)
+        ev.setdefault("requested_bytes", parsed.get("requested_bytes"))
+        parts = live["parts"]
+        ev["breakdown"] = " · ".join(f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in parts.items())
+        ev["breakdown_bytes"] = parts
+        frames = frames_of(exc.__traceback__)
+        user = [f for f in frames if f[3]]
+        fixes = rank_fixes(parts, {
+            "activations_fp32": live.get("activations_fp32", 0), "n_blocks": live.get("n_blocks", 0),
+            # gradients alive while the forward runs are what set_to_none would free
+            "gradients_at_forward": parts.get("gradients", 0) if phase_of(frames) == "forward" else 0,
+            "cached_free": parts.get("cached_free", 0), "requested": ev.get("requested_bytes"),
+            "free": ev.get("free_bytes"), "capacity": ev.get("capacity_bytes"),
+            "where": short_path(f"{user[-1][0]}:{user[-1][1]}") if user else None})
+        if fixes:
+            ev["estimated_savings"] = {f["fix"]: human_bytes(f["saves"]) for f in fixes}
+        ctx.emit("crash_context", source=self.name, evidence={k: v for k, v in ev.items() if v is not None},
+                 fixes=fix_lines(fixes))
+
+    # ---- end -----------------------------------------------------------------------------
+    def uninstall(self, ctx: Any) -> None:
+        if self.window is not None:
+            w, self.window = self.window, None
+            step = ctx.step
+            if step - w.start >= 3:
+                ctx.emit("mem_sites", reason=self.window_reason, partial=True, **w.finish(step))
+            else:
+                w.tracker.stop()
+                if w.started_history:
+                    cuda.stop_history()
+        end: dict[str, Any] = {"heap": self.heap.read(), "rss": rss_bytes()}
+        per = {}
+        for d in self.devs:
+            s = cuda.stats(d)
+            if s:
+                per[str(d)] = s
+        if per:
+            end["cuda"] = per
+        ctx.emit("mem_end", **end)

@@ -1,0 +1,159 @@
+"""Live bytes of tensors saved for backward (activations), counted by saved-tensor hooks.
+
+A ``torch.autograd.graph.saved_tensors_hooks`` pair stays pushed for the whole run: pack
+wraps each saved tensor in a small holder that adds its storage's bytes to a per-storage
+table, and the holder's ``__del__`` (the graph released it: after backward, or when the
+graph is dropped) takes them off. Storages are counted once however often they are saved.
+So at the start of backward the table holds the activations of the step; at a step
+boundary it is 0 unless a graph is being kept alive. Measured cost on the CPU MLP fixture:
+within noise (< 4 %); about 2 us per saved tensor.
+
+Side effect, handled: ``torch.func.grad``/``vjp`` refuse to run while saved-tensor hooks are
+pushed ("don't yet support saved tensor hooks"); :meth:`SavedTensors.install` wraps
+``torch.autograd.graph.disable_saved_tensors_hooks`` so our hooks step aside inside them
+(those regions are then not counted).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterable
+
+
+class _Held:
+    __slots__ = ("t", "key", "owner")
+
+    def __init__(self, t: Any, key: tuple, owner: "SavedTensors"):
+        self.t = t
+        self.key = key
+        self.owner = owner
+
+    def __del__(self):
+        try:
+            self.owner._release(self.key)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+class SavedTensors:
+    """Counter of live saved-tensor bytes (see module docstring)."""
+
+    def __init__(self) -> None:
+        self.table: dict[tuple, list] = {}  # (data_ptr, is_cuda) -> [refs, nbytes, is_fp32]
+        self.bytes = [0, 0]  # live bytes [cpu, cuda]
+        self.fp32_bytes = [0, 0]
+        self._ctx = None
+        self._orig_disable = None
+        self._f32 = None
+
+    # hooks -------------------------------------------------------------------------------
+    def _pack(self, t: Any) -> Any:
+        st = t.untyped_storage()
+        key = (st.data_ptr(), t.is_cuda)
+        rec = self.table.get(key)
+        if rec is None:
+            n = st.nbytes()
+            f32 = t.dtype is self._f32
+            self.table[key] = [1, n, f32]
+            dev = 1 if key[1] else 0
+            self.bytes[dev] += n
+            if f32:
+                self.fp32_bytes[dev] += n
+        else:
+            rec[0] += 1
+        return _Held(t, key, self)
+
+    @staticmethod
+    def _unpack(h: Any) -> Any:
+        return h.t
+
+    def _release(self, key: tuple) -> None:
+        rec = self.table.get(key)
+        if rec is None:
+            return
+        rec[0] -= 1
+        if rec[0] <= 0:
+            del self.table[key]
+            dev = 1 if key[1] else 0
+            self.bytes[dev] -= rec[1]
+            if rec[2]:
+                self.fp32_bytes[dev] -= rec[1]
+
+    # lifecycle ---------------------------------------------------------------------------
+    def install(self) -> bool:
+        try:
+            import torch
+
+            self._f32 = torch.float32
+            self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+            self._ctx.__enter__()
+        except Exception:  # noqa: BLE001
+            self._ctx = None
+            return False
+        self._wrap_disable()
+        return True
+
+    def uninstall(self) -> None:
+        if self._ctx is not None:
+            try:
+                self._ctx.__exit__(None, None, None)
+            except Exception:  # noqa: BLE001
+                pass
+            self._ctx = None
+        if self._orig_disable is not None:
+            import torch.autograd.graph as g
+
+            g.disable_saved_tensors_hooks = self._orig_disable
+            self._orig_disable = None
+
+    def _wrap_disable(self) -> None:
+        import torch.autograd.graph as g
+
+        orig = g.disable_saved_tensors_hooks
+        owner = self
+
+        @contextlib.contextmanager
+        def disable_saved_tensors_hooks(error_message: str):
+            ctx = owner._ctx
+            if ctx is None or not owner._on_top():
+                with orig(error_message):
+                    yield
+                return
+            ctx.__exit__(None, None, None)  # step aside (ours is on top when called from user code)
+            try:
+                with orig(error_message):
+                    yield
+            finally:
+                ctx.__enter__()
+
+        self._orig_disable = orig
+        g.disable_saved_tensors_hooks = disable_saved_tensors_hooks
+
+    def _on_top(self) -> bool:
+        try:
+            import torch
+
+            top = torch._C._autograd._top_saved_tensors_default_hooks(True)
+            return bool(top) and top[0] == self._pack
+        except Exception:  # noqa: BLE001
+            return False
+
+    # readout -----------------------------------------------------------------------------
+    def live_bytes(self, cuda: bool, exclude: Iterable[tuple] = ()) -> tuple[int, int]:
+        """(bytes, float32 bytes) of live saved storages on CUDA (``cuda``) or the CPU, minus
+        those whose key is in ``exclude`` (parameter storages: counted as parameters)."""
+        dev = 1 if cuda else 0
+        b, f = self.bytes[dev], self.fp32_bytes[dev]
+        for key in exclude:
+            if key[1] != cuda:
+                continue
+            rec = self.table.get(key)
+            if rec is not None:
+                b -= rec[1]
+                if rec[2]:
+                    f -= rec[1]
+        return b, f
+
+    def keys(self) -> set[tuple]:
+        """Storage keys (data_ptr, is_cuda) of the live saved tensors."""
+        return set(self.table)

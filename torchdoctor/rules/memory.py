@@ -1,0 +1,236 @@
+"""Memory rules: memory-growth, memory-fragmentation, grad-in-eval, activation-dominated.
+
+(``out-of-memory`` is raised by the crash rule; the memory sampler adds its breakdown,
+sites and ranked fixes through a ``crash_context``.)
+
+Thresholds (why: docs/findings/<code>.md, "How it is measured"):
+* memory-growth: after warm-up, Theil-Sen slope >= GROWTH_MIN_SLOPE bytes/step with
+  R^2 >= GROWTH_MIN_R2, still growing over the last half (late slope >= GROWTH_LATE_RATIO x
+  slope) and a fitted rise >= GROWTH_MIN_RISE; error from GROWTH_ERROR_SLOPE per step, warning
+  below. RSS (only when the heap counter is unavailable) needs NOISY_MIN_SLOPE.
+* memory-fragmentation: at peak, reserved - allocated >= FRAG_MIN_GAP and >= FRAG_RATIO of
+  reserved; or after an OOM, reserved-but-unallocated >= FRAG_MIN_GAP and >= FRAG_OOM_RATIO.
+* grad-in-eval: >= GRAD_EVAL_MIN graph-building forwards never backpropagated.
+* activation-dominated: activations >= ACT_SHARE of memory at the start of backward and
+  >= ACT_MIN_BYTES.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchdoctor.evidence import Evidence
+from torchdoctor.findings import Finding, finding
+from torchdoctor.memory.oom import fix_lines, rank_fixes
+from torchdoctor.memory.series import capacity_of, cuda_end_stats, memory_series
+from torchdoctor.memory.trend import MIN_POINTS, fit_trend, warmup_count
+from torchdoctor.memory.units import KiB, MiB, human_bytes
+from torchdoctor.rules import NotApplicable, rule
+
+GROWTH_MIN_SLOPE = 4 * KiB
+GROWTH_ERROR_SLOPE = 64 * KiB
+GROWTH_MIN_R2 = 0.8
+GROWTH_LATE_RATIO = 0.5
+GROWTH_MIN_RISE = 128 * KiB
+NOISY_MIN_SLOPE = 1 * MiB
+
+FRAG_MIN_GAP = 256 * MiB
+FRAG_RATIO = 0.30
+FRAG_OOM_RATIO = 0.10
+
+GRAD_EVAL_MIN = 3
+
+ACT_SHARE = 0.5
+ACT_MIN_BYTES = 16 * MiB
+
+
+# ---- memory-growth ------------------------------------------------------------------------
+
+def _growing(fit, noisy: bool) -> bool:
+    min_slope = NOISY_MIN_SLOPE if noisy else GROWTH_MIN_SLOPE
+    return (fit.slope >= min_slope and fit.r2 >= GROWTH_MIN_R2
+            and fit.late_slope >= GROWTH_LATE_RATIO * fit.slope and fit.rise >= GROWTH_MIN_RISE)
+
+
+def _site_lines(sites: list[dict[str, Any]], limit: int = 3) -> list[str]:
+    out = []
+    for s in sites[:limit]:
+        fn = f" in {s['function']}" if s.get("function") else ""
+        via = f" (called from {', '.join(s['called_from'])})" if s.get("called_from") else ""
+        out.append(f"{s['site']}{fn}: {human_bytes(s['bytes_per_step'], signed=True)}/step, "
+                   f"{s['count']} allocations kept{via}")
+    return out
+
+
+def _sites_for(ev: Evidence, key: str) -> tuple[list[str], list[str], str | None]:
+    """(site lines, graph-growth lines, first site) from the allocation-site window."""
+    w = ev.last("mem_sites")
+    if not w:
+        return [], [], None
+    sites = (w.get("cuda_sites") or w.get("tensor_sites") or []) if key.startswith("cuda") \
+        else (w.get("tensor_sites") or [])
+    sites = [s for s in sites if s.get("site") != "(no user frame)" or len(sites) == 1]
+    graph = [f"{g['site']}{' in ' + g['function'] if g.get('function') else ''}: a tensor made "
+             f"here holds an autograd graph growing by {g['nodes_per_step']:g} nodes per step "
+             f"({g['graph_nodes']} now)" for g in (w.get("graph_growth") or [])]
+    first = sites[0]["site"] if sites else ((w.get("graph_growth") or [{}])[0].get("site"))
+    return _site_lines(sites), graph, first
+
+
+@rule("memory-growth", probes={"memory", "checkup"})
+def memory_growth(ev: Evidence) -> list[Finding]:
+    series = memory_series(ev)
+    if not series:
+        raise NotApplicable("no memory sample at a step boundary (no optimizer step seen)")
+    fits = [(s, fit_trend(s.steps, s.values)) for s in series]
+    fitted = [(s, f) for s, f in fits if f is not None]
+    if not fitted:
+        n = max(len(s.steps) for s in series)
+        raise NotApplicable(f"needs {MIN_POINTS} steps after the {warmup_count(n)}-step warm-up, "
+                            f"saw {n} steps")
+    growing = [(s, f) for s, f in fitted if _growing(f, s.noisy)]
+    if not growing:
+        return []
+    s, fit = max(growing, key=lambda sf: sf[1].slope)
+    sites, graph, first = _sites_for(ev, s.key)
+    ev_out: dict[str, Any] = {
+        "series": s.label,
+        "growth_per_step": human_bytes(fit.slope, signed=True),
+        "bytes_per_step": round(fit.slope),
+        "fit_r2": round(fit.r2, 3),
+        "steps_fitted": f"{fit.first_step}-{fit.last_step} (first {fit.warmup} left out as warm-up)",
+        "grown_over_fit": human_bytes(fit.rise, signed=True),
+    }
+    cap, avail = capacity_of(ev, s.key)
+    now = s.values[-1]
+    room = (avail if avail is not None else (cap - now if cap else None))
+    if room and fit.slope > 0:
+        ev_out["steps_until_full"] = int(room / fit.slope)
+    if sites:
+        ev_out["growing_sites"] = sites
+    if graph:
+        ev_out["graph_growth"] = graph
+    others = [f"{o.label}: {human_bytes(f.slope, signed=True)}/step" for o, f in growing if o is not s]
+    if others:
+        ev_out["also_growing"] = others
+    if not sites and not graph:
+        w = ev.last("mem_sites")
+        ev_out["sites"] = ("no allocation outlived its step in the recorded window" if w
+                           else "not recorded (the growth was not steady early enough to arm the "
+                                "site window)")
+    where = f"; growing site: {first}" if first else ""
+    title = (f"{s.label} grows {human_bytes(fit.slope, signed=True)} per step "
+             f"(R² {fit.r2:.2f}, steps {fit.first_step}-{fit.last_step}){where}")
+    if graph:
+        fix = ("Accumulate plain numbers, not tensors that require grad: `total += loss.item()` "
+               "(or `loss.detach()`); a kept loss tensor holds every step's autograd graph")
+    else:
+        fix = ("Do not keep tensors across steps: log `loss.item()` / `x.detach().cpu()` instead of "
+               "live tensors, clear lists of outputs every epoch, and run evaluation under "
+               "`torch.no_grad()`")
+    if first:
+        fix += f"; start at {first}"
+    sev = "error" if fit.slope >= GROWTH_ERROR_SLOPE else "warning"
+    return [finding("memory-growth", title, ev_out, fix=fix, severity=sev)]
+
+
+# ---- memory-fragmentation -----------------------------------------------------------------
+
+@rule("memory-fragmentation", probes={"memory"})
+def memory_fragmentation(ev: Evidence) -> list[Finding]:
+    stats = cuda_end_stats(ev)
+    oom = ev.last("mem_oom")
+    if not stats and not oom:
+        raise NotApplicable("needs CUDA (the caching allocator's reserved vs allocated bytes)")
+    conf = (ev.last("mem_info") or {}).get("alloc_conf") or ""
+    expandable = "expandable_segments:true" in conf.replace(" ", "").lower()
+    for d, s in sorted(stats.items()):
+        pr, pa = int(s.get("peak_reserved", 0)), int(s.get("peak_allocated", 0))
+        gap = pr - pa
+        if pr and gap >= FRAG_MIN_GAP and gap >= FRAG_RATIO * pr:
+            return [_frag(f"cuda:{d}", "at peak", pr, pa, s, expandable)]
+    if oom and oom.get("reserved_bytes") and oom.get("allocated_bytes") is not None:
+        r, a = int(oom["reserved_bytes"]), int(oom["allocated_bytes"])
+        if r - a >= FRAG_MIN_GAP and r - a >= FRAG_OOM_RATIO * r:
+            return [_frag(f"cuda:{oom.get('device', 0)}", "when it ran out of memory", r, a,
+                          {}, expandable)]
+    return []
+
+
+def _frag(dev: str, when: str, reserved: int, allocated: int, s: dict[str, Any],
+          expandable: bool) -> Finding:
+    gap = reserved - allocated
+    ev = {"device": dev, "reserved": human_bytes(reserved), "allocated": human_bytes(allocated),
+          "reserved_unused": f"{human_bytes(gap)} ({gap / reserved:.0%} of reserved)",
+          "reserved_unused_bytes": gap}
+    if s.get("alloc_retries"):
+        ev["alloc_retries"] = s["alloc_retries"]
+    if s.get("inactive_split"):
+        ev["inactive_split_at_end"] = human_bytes(s["inactive_split"])
+    title = (f"{human_bytes(gap)} of reserved CUDA memory ({gap / reserved:.0%}) was not usable "
+             f"{when} on {dev}: fragmentation of the caching allocator")
+    if expandable:
+        fix = ("expandable_segments is already on: make tensor sizes regular (pad or bucket "
+               "variable sequence lengths) and avoid keeping small tensors between large ones")
+    else:
+        fix = ("Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (segments grow in place "
+               "instead of new blocks of every size); pad or bucket variable shapes")
+    return finding("memory-fragmentation", title, ev, fix=fix)
+
+
+# ---- grad-in-eval ---------------------------------------------------------------------------
+
+@rule("grad-in-eval", probes={"memory", "checkup"})
+def grad_in_eval(ev: Evidence) -> list[Finding]:
+    g = ev.last("grad_eval")
+    if not g or not g.get("roots_hooked"):
+        raise NotApplicable("no model forward was observed after the first training steps")
+    never = int(g.get("dropped", 0)) + int(g.get("kept_alive", 0))
+    if never < GRAD_EVAL_MIN:
+        return []
+    ex = g.get("examples") or []
+    where = next((e["site"] for e in ex if e.get("site")), None)
+    mod = ex[0]["module"] if ex else "the model"
+    evid: dict[str, Any] = {
+        "graph_building_forwards": g.get("graph_forwards"),
+        "backpropagated": g.get("backpropagated"),
+        "never_backpropagated": never,
+        "where": [f"{e['count']}x {e['module']} in {e['mode']} mode called at {e['site']} "
+                  f"(steps {e['first_step']}-{e['last_step']}), graph {e['outputs']}" for e in ex],
+    }
+    in_eval = int(g.get("in_eval_mode") or 0)
+    mode = f" ({in_eval} with the model in eval mode)" if in_eval else ""
+    title = (f"{never} forward passes of {mod} built autograd graphs that were never "
+             f"backpropagated{mode}" + (f", at {where}" if where else ""))
+    fix = ("Run evaluation and inference under `with torch.no_grad():` (or "
+           "`torch.inference_mode()`)" + (f" around {where}" if where else "")
+           + ": no graph is built and activations are freed as soon as they are used")
+    return [finding("grad-in-eval", title, evid, fix=fix)]
+
+
+# ---- activation-dominated ------------------------------------------------------------------
+
+@rule("activation-dominated", probes={"memory"})
+def activation_dominated(ev: Evidence) -> list[Finding]:
+    b = ev.last("mem_breakdown")
+    if not b:
+        raise NotApplicable("no memory breakdown (the run ended before the backward of step 2)")
+    parts = b.get("parts") or {}
+    total = b.get("total")
+    act = parts.get("activations")
+    if act is None or not total:
+        raise NotApplicable("activations or the allocated total were not measured")
+    share = act / total
+    if share < ACT_SHARE or act < ACT_MIN_BYTES:
+        return []
+    fixes = [f for f in rank_fixes({"activations": act},
+                                   {"activations_fp32": b.get("activations_fp32", 0),
+                                    "n_blocks": b.get("n_blocks", 0)})]
+    ev_out = {"at": f"start of backward, step {b.get('step')} ({b.get('device')})",
+              "activations": human_bytes(act), "total": human_bytes(total),
+              "share": f"{share:.0%}",
+              "breakdown": " · ".join(f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in parts.items()),
+              "estimated_savings": {f["fix"]: human_bytes(f["saves"]) for f in fixes}}
+    title = (f"activations are {share:.0%} of memory at the start of backward "
+             f"({human_bytes(act)} of {human_bytes(total)})")
+    return [finding("activation-dominated", title, ev_out, fix="; ".join(fix_lines(fixes, 3)))]
