@@ -1,10 +1,11 @@
 """NaN/Inf scan of saved tensors, streamed from disk in bounded memory.
 
-Storages are visited in file order and read with ``preadv`` into one reused buffer of
-``CHUNK`` bytes (resident memory stays ≈ the buffer, however big the checkpoint; an mmap
-would count every touched page in RSS). The kernel is asked to read ahead the next
-window (``POSIX_FADV_WILLNEED``) while the current one is checked, so the scan runs at
-about the speed of ``cat FILE > /dev/null`` (bench/checkpoint_audit.py).
+Storages are visited in file order through windows of ``CHUNK`` bytes, each mapped,
+checked and unmapped in turn: no copy (an mmap reads the page cache in place, ≈ 2× faster
+than ``preadv`` into a buffer here) and resident memory bounded by one window whatever
+the checkpoint's size (keeping a whole-file mapping would count every page in RSS). The
+kernel is asked to read ``AHEAD`` bytes ahead of the check (``POSIX_FADV_WILLNEED``), so
+on a cold cache the disk works while numpy checks (bench/checkpoint_audit.py).
 
 The check per window is one vectorised numpy pass: ``isfinite`` for float32/float64,
 and for 16/8-bit floats (which numpy cannot compute with, or only slowly) a bit test —
@@ -14,14 +15,16 @@ Only storages that fail are counted again element by element, per tensor.
 
 from __future__ import annotations
 
+import mmap
 import os
 import time
 from dataclasses import dataclass, field
 
 from torchdoctor.checkpoint.values import FLOAT_DTYPES, Storage, TensorInfo
 
-CHUNK = 16 << 20  # bytes per read
-MAX_GAP = 1 << 16  # storages closer than this are read in one go
+CHUNK = 32 << 20  # bytes per window
+AHEAD = 256 << 20  # how far ahead of the check the kernel is asked to read (POSIX_FADV_WILLNEED)
+MAX_GAP = 1 << 16  # storages closer than this are checked in one window
 
 # dtype -> (numpy uint type code, exponent mask, mantissa mask, rule)
 #   ieee: NaN/Inf iff exponent all ones; fn: NaN iff all bits but sign set (no Inf); fnuz: NaN iff == 0x80
@@ -166,31 +169,45 @@ def _scan_storages(np, storages: list[Storage], res: ScanResult) -> list[str]:
     by_path: dict[str, list[Storage]] = {}
     for s in on_disk:
         by_path.setdefault(s.path, []).append(s)
-    buf = bytearray(CHUNK)
     for path, group in by_path.items():
         fd = os.open(path, os.O_RDONLY)
         try:
+            size = os.fstat(fd).st_size
             _advise(fd, 0, 0, "SEQUENTIAL")
-            for win_off, win_len, pieces in _windows(group):
-                _advise(fd, win_off + win_len, CHUNK, "WILLNEED")
-                mv = memoryview(buf)[:win_len]
-                got = os.preadv(fd, [mv], win_off)
-                if got < win_len:
-                    res.not_scanned.append(f"{path}: file shorter than expected at byte {win_off + got}")
+            windows = list(_windows(group))
+            if windows:
+                _advise(fd, windows[0][0], AHEAD, "WILLNEED")
+            for win_off, win_len, pieces in windows:
+                _advise(fd, win_off + AHEAD, CHUNK, "WILLNEED")  # keep the disk busy ahead of the check
+                if win_off + win_len > size:
+                    res.not_scanned.append(f"{path}: file ends at byte {size}, data expected up to "
+                                           f"{win_off + win_len}")
                     break
-                for st, p_off, p_len in pieces:
-                    if st.key in bad:
-                        continue
-                    rel = st.offset + p_off - win_off
-                    arr = _view(np, mv[rel:rel + p_len], st.dtype, st.byteorder)
-                    if _bad(np, arr, st.dtype):
-                        bad.append(st.key)
-                    if p_off + p_len >= st.nbytes:
-                        res.storages_scanned += 1
+                _check_window(np, fd, win_off, win_len, pieces, bad, res)
                 res.bytes_scanned += win_len
         finally:
             os.close(fd)
     return bad
+
+
+def _check_window(np, fd: int, win_off: int, win_len: int, pieces: list, bad: list, res: ScanResult) -> None:
+    """Map one window (page-aligned), check its pieces, unmap: resident memory stays ≤ one window."""
+    base = win_off - win_off % mmap.ALLOCATIONGRANULARITY
+    m = mmap.mmap(fd, win_off + win_len - base, prot=mmap.PROT_READ, offset=base)
+    try:
+        mv = memoryview(m)
+        for st, p_off, p_len in pieces:
+            if st.key not in bad:
+                rel = st.offset + p_off - base
+                arr = _view(np, mv[rel:rel + p_len], st.dtype, st.byteorder)
+                if _bad(np, arr, st.dtype):
+                    bad.append(st.key)
+                del arr
+            if p_off + p_len >= st.nbytes:
+                res.storages_scanned += 1
+        mv.release()
+    finally:
+        m.close()
 
 
 def _advise(fd: int, off: int, length: int, what: str) -> None:
