@@ -38,6 +38,7 @@ from torchdoctor.instruments import Instrument, register
 
 FORCE_ROW_RECORDS = 50_000  # a window this long (eval loop without steps) is reduced early
 MAX_BAD_PARAMS = 10
+EMIT_EVERY = 32  # rows per ``numerics`` event
 
 
 class _Window:
@@ -67,13 +68,14 @@ class _Window:
 
 class _Row:
     __slots__ = ("step", "opt", "row", "win", "params", "norms", "stacks", "loss_vec", "live",
-                 "has_loss")
+                 "layout", "gnorm64")
 
-    def __init__(self, step, opt, row, win, params, norms, stacks, loss_vec, has_loss):
+    def __init__(self, step, opt, row, win, params, norms, stacks, loss_vec, layout):
         self.step, self.opt, self.row, self.win = step, opt, row, win
         self.params, self.norms, self.stacks, self.loss_vec = params, norms, stacks, loss_vec
-        self.has_loss = has_loss
+        self.layout = layout  # names of the row's entries
         self.live = True
+        self.gnorm64: float | None = None  # float64 norm when the float32 one overflowed
 
 
 @register
@@ -101,30 +103,64 @@ class NanMonitor(Instrument):
         self.tid = threading.get_ident()
         self.win = _Window()
         self.pending: list[_Row] = []
+        self.series: tuple[list, list, list, list] = ([], [], [], [])
         self.found = False
         self.rows = 0
         self.reads = 0
         self.records = 0
         self.pre_steps_this_step = 0
+        self.pre_steps_total = 0
         self.opt_ids: dict[int, int] = {}
         self.handles = [optim_mod.register_optimizer_step_pre_hook(self._pre_step)]
         if self.watch:
             self.handles.append(mod_mod.register_module_forward_pre_hook(self._fwd_pre))
             self.handles.append(mod_mod.register_module_forward_hook(self._fwd_post, always_call=True))
+        self._undo: list = []
+        self.scaler_skips = 0
+        self._patch_scaler(torch)
         try:
             self._compiling = torch.compiler.is_compiling
         except AttributeError:  # pragma: no cover - older torch
             self._compiling = lambda: False
 
+    def _patch_scaler(self, torch) -> None:
+        """A GradScaler skips ``optimizer.step()`` when the (float16) gradients overflow, which
+        is expected; the forward and the loss of that iteration are still judged here."""
+        from torch.amp import grad_scaler
+
+        GS = grad_scaler.GradScaler
+        orig = GS.step
+        inst = self
+
+        def step(gs, optimizer, *a, **k):
+            before = inst.pre_steps_total
+            try:
+                return orig(gs, optimizer, *a, **k)
+            finally:
+                if inst.pre_steps_total == before and inst._owner() and not inst.win.empty():
+                    inst.scaler_skips += 1
+                    inst._close_row(None, [], step=inst.ctx.step + 1)
+                    if len(inst.pending) >= inst.every:
+                        inst._read()
+
+        step.__wrapped__ = orig
+        GS.step = step
+        self._undo.append(lambda: setattr(GS, "step", orig))
+
     def uninstall(self, ctx: Any) -> None:
         for h in self.handles:
             h.remove()
         self.handles = []
+        for u in reversed(self._undo):
+            u()
+        self._undo = []
         if not self.win.empty():
             self._close_row(None, [], step=ctx.step + 1)
         self._read()
+        self._emit_series()
         ctx.emit("nan_monitor", forward_watch=self.watch, check_every=self.every, rows=self.rows,
-                 reads=self.reads, records=self.records, found=self.found)
+                 reads=self.reads, records=self.records, found=self.found,
+                 scaler_skips=self.scaler_skips)
 
     # ------------------------------------------------------------------ forward watch
     def _owner(self) -> bool:
@@ -178,7 +214,7 @@ class NanMonitor(Instrument):
         step = self.ctx.step
         for i, t in enumerate(ts):
             seq = len(w.recs)
-            if role == "in" and t is w.last_out:
+            if t is w.last_out:  # the tensor checked just before, unmodified: no new reduction
                 try:
                     same = t._version == w.last_ver
                 except RuntimeError:  # inference tensors have no version counter
@@ -196,14 +232,14 @@ class NanMonitor(Instrument):
             g[0].append(mx)
             g[1].append(seq)
             w.recs.append((role, module, cid, step, i, -1))
-            if role == "out":
-                w.order[id(module)] = seq
-                w.last_out = t
-                w.last_seq = seq
-                try:
-                    w.last_ver = t._version
-                except RuntimeError:
-                    w.last_out = None
+            w.last_out = t
+            w.last_seq = seq
+            try:
+                w.last_ver = t._version
+            except RuntimeError:
+                w.last_out = None
+        if role == "out":
+            w.order[id(module)] = len(w.recs) - 1
         if len(w.recs) > FORCE_ROW_RECORDS:
             self._close_row(None, [], step=self.ctx.step + 1)
             self._read()
@@ -236,6 +272,7 @@ class NanMonitor(Instrument):
         if not self._owner():
             return None
         self.pre_steps_this_step += 1
+        self.pre_steps_total += 1
         oid = self.opt_ids.setdefault(id(opt), len(self.opt_ids))
         params = [p for g in opt.param_groups for p in g["params"]]
         self._close_row(oid, params, step=self.ctx.step + 1)
@@ -260,54 +297,66 @@ class NanMonitor(Instrument):
         self._read()
 
     def _close_row(self, opt: int | None, params: list, step: int) -> None:
-        """Reduce the current window on the device into a row; start a new window."""
+        """Reduce the current window on the device into a short row; start a new window.
+
+        The row holds, as present: ``fwd`` (0, or NaN when any watched tensor was non-finite:
+        ``(stacked min/max * 0).sum()``), ``lossflag`` (same for the losses), ``loss`` (the last
+        scalar loss) and ``gnorm`` (global L2 norm of the gradients: NaN/Inf when one is).
+        """
         torch = self.torch
         w = self.win
         self.win = _Window()
         self.records += len(w.recs)
         gp = [p for p in params if p.grad is not None and p.grad.layout == torch.strided]
-        norms = None
-        dev = None
+        norms = loss_vec = None
+        parts: list = []
+        layout: list[str] = []
+        stacks = {}
         with torch.no_grad():
             if gp:
                 ns = torch._foreach_norm([p.grad for p in gp], 2, dtype=torch.float32)
                 dev = ns[0].device
                 norms = torch.stack([n if n.device == dev else n.to(dev) for n in ns])
-            stacks = {}
-            oks = []
+            flags = []
             for key, (vals, _seqs) in w.groups.items():
-                s = torch.stack(vals)
-                stacks[key] = s
-                oks.append(torch.isfinite(s).all())
-            loss_vec = torch.cat([v if dev is None or v.device == dev else v.to(dev)
-                                  for v in w.losses]) if w.losses else None
-            if dev is None:
-                dev = (loss_vec.device if loss_vec is not None
-                       else (oks[0].device if oks else torch.device("cpu")))
-            one = torch.ones((), device=dev)
-            nan = torch.full((), float("nan"), device=dev)
-            fwd_ok = (torch.stack([o.to(dev) for o in oks]).all().float() if oks else one)
-            loss_ok = torch.isfinite(loss_vec).all().float() if loss_vec is not None else one
-            scal = [i for i, info in enumerate(w.loss_info) if info["scalar"]]
-            loss_val = self._last_scalar(loss_vec, w) if scal else nan
-            grads_ok = torch.isfinite(norms).all().float() if norms is not None else one
-            gnorm = torch.linalg.vector_norm(norms) if norms is not None else nan
-            row = torch.stack([fwd_ok, loss_ok, grads_ok, loss_val.to(dev), gnorm])
+                st = torch.stack(vals)
+                stacks[key] = st
+                flags.append(st.mul(0).sum(dtype=torch.float32))
+            if flags:
+                dev0 = flags[0].device
+                parts.append(flags[0] if len(flags) == 1 else
+                             torch.stack([f.to(dev0) for f in flags]).sum())
+                layout.append("fwd")
+            if w.losses:
+                loss_vec = torch.cat([v.to(w.losses[0].device) for v in w.losses])
+                parts.append(loss_vec.mul(0).sum())
+                layout.append("lossflag")
+                last = self._last_scalar(w)
+                if last is not None:
+                    parts.append(loss_vec[last])
+                    layout.append("loss")
+            if norms is not None:
+                parts.append(torch.linalg.vector_norm(norms))
+                layout.append("gnorm")
+            if not parts:
+                return
+            dev = parts[-1].device
+            row = torch.stack([x if x.device == dev else x.to(dev) for x in parts])
         for r in self.pending:
             r.live = False  # gradients / tensors of older rows may have changed since
-        self.pending.append(_Row(step, opt, row, w, gp, norms, stacks, loss_vec, bool(scal)))
+        self.pending.append(_Row(step, opt, row, w, gp, norms, stacks, loss_vec, layout))
         self.rows += 1
 
     @staticmethod
-    def _last_scalar(loss_vec, w: _Window):
-        # position of the last scalar loss in the concatenated vector
+    def _last_scalar(w: _Window) -> int | None:
+        """Index of the last scalar loss in the concatenated loss vector."""
         pos = 0
         last = None
         for info in w.loss_info:
             if info["scalar"]:
                 last = pos
             pos += 1 if info["scalar"] else 2
-        return loss_vec[last]
+        return last
 
     def _read(self) -> None:
         """Read every pending row with one sync; localize the first non-finite one."""
@@ -317,20 +366,38 @@ class NanMonitor(Instrument):
         rows, self.pending = self.pending, []
         self.reads += 1
         dev = rows[-1].row.device
-        vals = torch.stack([r.row if r.row.device == dev else r.row.to(dev) for r in rows]).tolist()
+        flat = torch.cat([r.row if r.row.device == dev else r.row.to(dev) for r in rows]).tolist()
         steps, opts, losses, norms = [], [], [], []
-        for r, (fwd_ok, loss_ok, grads_ok, loss_v, gnorm) in zip(rows, vals):
+        pos = 0
+        for r in rows:
+            vals = dict(zip(r.layout, flat[pos:pos + len(r.layout)]))
+            pos += len(r.layout)
             steps.append(r.step)
             opts.append(r.opt)
-            losses.append(_num(loss_v) if r.has_loss else None)
-            norms.append(_num(gnorm) if r.norms is not None else None)
+            losses.append(_num(vals["loss"]) if "loss" in vals else None)
+            norms.append(_num(vals["gnorm"]) if "gnorm" in vals else None)
+            fwd_ok = math.isfinite(vals.get("fwd", 0.0))
+            loss_ok = math.isfinite(vals.get("lossflag", 0.0))
+            grads_ok = math.isfinite(vals.get("gnorm", 0.0))
             if self.found or (fwd_ok and loss_ok and grads_ok):
                 continue
             try:
-                self._localize(r, bool(fwd_ok), bool(loss_ok), bool(grads_ok))
+                self._localize(r, fwd_ok, loss_ok, grads_ok)
             finally:
                 r.win = None
-        self.ctx.emit("numerics", steps=steps, opt=opts, loss=losses, grad_norm=norms)
+            if r.gnorm64 is not None:
+                norms[-1] = r.gnorm64
+        se = self.series
+        for lst, new in zip(se, (steps, opts, losses, norms)):
+            lst.extend(new)
+        if len(se[0]) >= EMIT_EVERY or self.found:
+            self._emit_series()
+
+    def _emit_series(self) -> None:
+        se = self.series
+        if se[0]:
+            self.ctx.emit("numerics", steps=se[0], opt=se[1], loss=se[2], grad_norm=se[3])
+        self.series = ([], [], [], [])
 
     # ------------------------------------------------------------------ localization
     def _localize(self, r: _Row, fwd_ok: bool, loss_ok: bool, grads_ok: bool) -> None:
@@ -480,8 +547,6 @@ class NanMonitor(Instrument):
         if r.norms is None:
             return None
         bad_idx = [int(i) for i in (~torch.isfinite(r.norms)).nonzero().flatten().tolist()]
-        if not bad_idx:
-            return None
         params = r.params
         norm_vals = r.norms.tolist()
         confirmed = None
@@ -489,10 +554,14 @@ class NanMonitor(Instrument):
             with torch.no_grad():
                 exact = [i for i in bad_idx if not bool(torch.isfinite(params[i].grad).all())]
             confirmed = True
-            if not exact:  # the norm overflowed on finite gradients: an explosion, not NaN
-                self.ctx.emit("grad_norm_overflow", step=r.step, params=len(bad_idx))
-                return None
             bad_idx = exact
+        if not bad_idx:  # finite gradients whose float32 norm overflowed: an explosion, not NaN
+            if r.live:
+                with torch.no_grad():
+                    n64 = torch._foreach_norm([p.grad for p in params], 2, dtype=torch.float64)
+                    r.gnorm64 = float(torch.linalg.vector_norm(torch.stack([n.cpu() for n in n64])))
+            self.ctx.emit("grad_norm_overflow", step=r.step, norm=r.gnorm64)
+            return None
         order = r.win.order if r.win is not None else {}
 
         def key(i: int) -> tuple:

@@ -15,11 +15,9 @@ MAX_TENSORS_PER_CALL = 8
 
 def float_tensors(obj: Any, limit: int = MAX_TENSORS_PER_CALL) -> list:
     """Dense floating-point tensors in ``obj`` (a tensor, or one/two levels of tuple/list/dict)."""
-    import torch
-
-    Tensor = torch.Tensor
+    Tensor, ok = _kit()
     if isinstance(obj, Tensor):
-        return [obj] if _checkable(obj) else []
+        return [obj] if ok(obj) else []
     out: list = []
     if isinstance(obj, (tuple, list)):
         items = obj
@@ -29,31 +27,33 @@ def float_tensors(obj: Any, limit: int = MAX_TENSORS_PER_CALL) -> list:
         return out
     for x in items:
         if isinstance(x, Tensor):
-            if _checkable(x):
+            if ok(x):
                 out.append(x)
         elif isinstance(x, (tuple, list)):
-            out.extend(t for t in x if isinstance(t, Tensor) and _checkable(t))
+            out.extend(t for t in x if isinstance(t, Tensor) and ok(t))
         elif isinstance(x, dict):
-            out.extend(t for t in x.values() if isinstance(t, Tensor) and _checkable(t))
+            out.extend(t for t in x.values() if isinstance(t, Tensor) and ok(t))
         if len(out) >= limit:
             return out[:limit]
     return out
 
 
-def _checkable(t: Any) -> bool:
-    return t.is_floating_point() and t.layout is _strided() and t.numel() > 0 and t.device.type != "meta"
+_KIT = None
 
 
-_STRIDED = None
-
-
-def _strided():
-    global _STRIDED
-    if _STRIDED is None:
+def _kit():
+    """(Tensor class, predicate) bound once: torch is imported on first use, in the child."""
+    global _KIT
+    if _KIT is None:
         import torch
 
-        _STRIDED = torch.strided
-    return _STRIDED
+        strided = torch.strided
+
+        def ok(t) -> bool:
+            return t.is_floating_point() and t.layout == strided and not t.is_meta and t.numel() > 0
+
+        _KIT = (torch.Tensor, ok)
+    return _KIT
 
 
 def _num(x: float) -> float | str:

@@ -319,10 +319,11 @@ def gradient_explosion(ev: Evidence) -> list[Finding]:
             "normalisation layers in deep stacks")))
     if not out and overflow:
         o = overflow[0]
+        norm = f" ({_f(o['norm']):.3g})" if o.get("norm") is not None else ""
         out.append(finding("gradient-explosion",
-                           f"gradient norm overflowed float32 at step {o.get('step')} although "
-                           f"every gradient element was finite",
-                           {"step": o.get("step"), "params": o.get("params")},
+                           f"gradient norm{norm} overflowed float32 at step {o.get('step')} "
+                           f"although every gradient element was finite",
+                           {"step": o.get("step"), "norm": o.get("norm")},
                            fix="Clip the gradient norm and lower the learning rate"))
     return out
 

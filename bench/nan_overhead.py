@@ -1,0 +1,175 @@
+"""Overhead of the ``nan`` probe (and of the numerics instruments in ``checkup``), side by side
+with the bare script.
+
+Each workload script times its own steady state (``--measure`` steps after ``--warmup``, one
+device sync before and after the timed block, never inside it) and writes ms/step to a file.
+Configurations, run alternately ``--rounds`` times so that a busy neighbour slows all alike:
+
+* ``bare``     python workload.py (no torchdoctor)
+* ``run``      the harness with only the step clock (probe ``run``): the runner's own cost
+* ``checkup``  probe ``checkup`` (cheap checks; forward watch off, flags read every 8 steps)
+* ``checkup+watch``  checkup with the per-module forward watch on (is it cheap enough?)
+* ``nan``      probe ``nan`` (forward watch on, flags read every step; no NaN occurs)
+
+Workloads: ``cpu-mlp`` (3-layer MLP, batch 64, 1 thread: the worst case, many tiny modules per
+ms), ``gpu-transformer`` (6-layer TransformerEncoder d=512, batch 32 x 256 tokens, bf16 autocast,
+AdamW) and ``gpu-mlp`` (launch-bound small MLP on the GPU).
+
+    python bench/nan_overhead.py --workload cpu-mlp [--rounds 5]
+    python bench/nan_overhead.py --workload gpu-transformer --workload gpu-mlp
+
+Acceptance (issue 6): nan ≤ 2x bare on cpu-mlp, ≤ 1.3x on the H100 workload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+WORKLOAD = r'''
+import json, sys, time
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+out, kind, warmup, measure = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+torch.manual_seed(0)
+if kind == "cpu-mlp":
+    torch.set_num_threads(1)
+    dev = "cpu"
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                          nn.Linear(256, 10))
+    X, Y = torch.randn(64, 64), torch.randint(0, 10, (64,))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    def step():
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(X), Y).backward()
+        opt.step()
+elif kind == "gpu-mlp":
+    dev = "cuda"
+    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                          nn.Linear(512, 10)).to(dev)
+    X, Y = torch.randn(256, 256, device=dev), torch.randint(0, 10, (256,), device=dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    def step():
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(X), Y).backward()
+        opt.step()
+elif kind == "gpu-transformer":
+    dev = "cuda"
+    d, L, B, T, V = 512, 6, 32, 256, 8192
+    class LM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(V, d)
+            layer = nn.TransformerEncoderLayer(d, 8, 4 * d, dropout=0.1, batch_first=True,
+                                               norm_first=True)
+            self.enc = nn.TransformerEncoder(layer, L, enable_nested_tensor=False)
+            self.head = nn.Linear(d, V)
+        def forward(self, tok):
+            return self.head(self.enc(self.emb(tok), is_causal=False))
+    model = LM().to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    tok = torch.randint(0, V, (B, T), device=dev)
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(tok)
+        F.cross_entropy(logits.float().view(-1, V), tok.view(-1)).backward()
+        opt.step()
+else:
+    raise SystemExit(f"unknown workload {kind}")
+
+def sync():
+    if dev == "cuda":
+        torch.cuda.synchronize()
+
+for _ in range(warmup):
+    step()
+sync()
+t0 = time.perf_counter()
+for _ in range(measure):
+    step()
+sync()
+dt = (time.perf_counter() - t0) / measure
+json.dump({"step_ms": dt * 1e3}, open(out, "w"))
+'''
+
+SIZES = {"cpu-mlp": (50, 400), "gpu-mlp": (30, 300), "gpu-transformer": (10, 40)}
+CONFIGS = {
+    "bare": None,
+    "run": ("run", {}),
+    "checkup": ("checkup", {}),
+    "checkup+watch": ("checkup", {"forward_watch": True}),
+    "nan": ("nan", {}),
+}
+
+
+def _once(config: str, script: Path, workload: str, tmp: Path) -> float:
+    import subprocess
+
+    warm, n = SIZES[workload]
+    out = tmp / f"{config}.json"
+    out.unlink(missing_ok=True)
+    args = [str(out), workload, str(warm), str(n)]
+    spec = CONFIGS[config]
+    if spec is None:
+        subprocess.run([sys.executable, str(script), *args], check=True)
+    else:
+        from torchdoctor.probes.run import run_probe
+
+        probe, extra = spec
+        rep = run_probe(probe, str(script), args, {"steps": 0, "timeout": 900, "quiet": True, **extra})
+        bad = [f.code for f in rep.findings if f.severity in ("error", "warning")]
+        if bad:
+            print(f"  note: {config} reported {bad} on a healthy workload", file=sys.stderr)
+    return json.loads(out.read_text())["step_ms"]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", action="append", choices=sorted(SIZES))
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--json", help="also write the results to this file")
+    args = ap.parse_args()
+    workloads = args.workload or ["cpu-mlp"]
+    configs = [c for c in args.configs.split(",") if c]
+    os.environ.setdefault("PYTHONPATH", str(ROOT))
+    results = {}
+    with tempfile.TemporaryDirectory() as td:
+        tmp = Path(td)
+        script = tmp / "workload.py"
+        script.write_text(WORKLOAD)
+        for wl in workloads:
+            samples: dict[str, list[float]] = {c: [] for c in configs}
+            for _ in range(args.rounds):
+                for c in configs:
+                    samples[c].append(_once(c, script, wl, tmp))
+            base = statistics.median(samples["bare"]) if "bare" in samples else None
+            print(f"\n{wl}  ({platform.node()}, Python {platform.python_version()}; "
+                  f"median of {args.rounds} rounds)")
+            print(f"{'config':<15} {'ms/step':>9} {'min':>8} {'max':>8} {'x bare':>7}")
+            results[wl] = {}
+            for c, xs in samples.items():
+                med = statistics.median(xs)
+                ratio = med / base if base else float("nan")
+                results[wl][c] = {"median_ms": med, "min_ms": min(xs), "max_ms": max(xs),
+                                  "ratio": ratio}
+                print(f"{c:<15} {med:>9.3f} {min(xs):>8.3f} {max(xs):>8.3f} {ratio:>7.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,231 @@
+"""End-to-end on the fixture scripts, run in-process for speed (the harness core + the probe's
+instruments around ``runpy``, the rules, the follow-ups), plus a few real CLI runs.
+
+Every sick script raises exactly its expected warning/error codes, at the step the planted
+fault first happens; every healthy script raises none. The CLI tests check the same through
+``python -m torchdoctor`` (exit codes, JSON, the follow-up re-run in a child).
+"""
+
+from __future__ import annotations
+
+import json
+import runpy
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from torchdoctor.evidence import Evidence
+from torchdoctor.findings import Report
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "tests" / "fixtures" / "scripts"
+
+
+def run_inprocess(probe: str, script: Path, args=(), options=None) -> Evidence:
+    """What the child harness does, in this process: install, runpy, uninstall, evidence."""
+    from torchdoctor.runner.context import HarnessContext, StopRun
+    from torchdoctor.runner.core import Core
+    from torchdoctor.runner.harness import _armed, _exception_record
+    from torchdoctor.runner.rundir import META, RESULT, EvidenceWriter, write_json
+
+    opts = {"steps": 50, **(options or {})}
+    d = Path(tempfile.mkdtemp(prefix="td-nan-test-"))
+    write_json(d / META, {"probe": probe, "argv": [str(script), *args], "options": opts})
+    writer = EvidenceWriter(d)
+    ctx = HarnessContext(probe, d, opts, writer)
+    core = Core(ctx, _armed(probe))
+    result = {"outcome": "exit", "exit_code": 0}
+    argv, path0 = sys.argv, sys.path[0]
+    core.install()
+    try:
+        sys.argv = [str(script), *args]
+        runpy.run_path(str(script), run_name="__main__")
+    except StopRun as e:
+        result = {"outcome": "stopped", "exit_code": 0, "reason": str(e)}
+    except Exception as e:  # noqa: BLE001 - the script's crash is evidence
+        result = {"outcome": "crash", "exit_code": 1, "exception": _exception_record(e)}
+        core.crash(e)
+    finally:
+        sys.argv, sys.path[0] = argv, path0
+        result["steps"] = ctx.step
+        core.uninstall()
+        write_json(d / RESULT, result)
+        writer.close()
+    return Evidence.load(d)
+
+
+def judge(probe: str, script: Path, args=(), options=None) -> Report:
+    """Rules of the run and of the probe, then the follow-ups (re-runs in-process too)."""
+    from torchdoctor.probes.run import _followups, _instrument_errors, _metrics
+    from torchdoctor.rules import run_rules
+
+    ev = run_inprocess(probe, script, args, options)
+    report = Report(command=probe, target=str(script))
+    run_rules("run", ev, report)
+    run_rules(probe, ev, report)
+
+    def relaunch(extra):
+        return run_inprocess(probe, script, args, {**(options or {}), **extra})
+
+    _followups(report, ev, relaunch)
+    _instrument_errors(ev, report)
+    _metrics(ev, report)
+    return report
+
+
+def codes(report: Report) -> set[str]:
+    return {f.code for f in report.findings if f.severity in ("error", "warning")}
+
+
+def by_code(report: Report, code: str):
+    return next(f for f in report.findings if f.code == code)
+
+
+def _global_hook_counts():
+    from torch.nn.modules import module as m
+    from torch.optim import optimizer as o
+
+    return (len(m._global_forward_pre_hooks), len(m._global_forward_hooks),
+            len(o._global_optimizer_pre_hooks), len(o._global_optimizer_post_hooks))
+
+
+# (script, args, options, expected codes, {code: expected step})
+SICK = [
+    ("nan/forward_div.py", (), {}, {"nonfinite-forward"}, {"nonfinite-forward": 6}),
+    ("nan/input_nan.py", (), {}, {"nonfinite-forward"}, {"nonfinite-forward": 4}),
+    ("nan/between_children.py", (), {}, {"nonfinite-forward"}, {"nonfinite-forward": 3}),
+    ("nan/grad_sqrt.py", (), {}, {"nonfinite-gradient"}, {"nonfinite-gradient": 5}),
+    ("nan/loss_log.py", (), {}, {"nonfinite-loss"}, {"nonfinite-loss": 4}),
+    ("nan/explode.py", (), {"steps": 20}, {"gradient-explosion"}, {}),
+    ("nan/fp16_overflow.py", ("float16",), {}, {"nonfinite-forward"}, {"nonfinite-forward": 4}),
+    ("training/missing_zero_grad.py", (), {}, {"missing-zero-grad"}, {"missing-zero-grad": 2}),
+    ("training/fp16_no_scaler.py", (), {}, {"fp16-without-scaler"}, {}),
+    ("training/eval_mode.py", (), {}, {"eval-mode-training"}, {"eval-mode-training": 6}),
+    ("training/unused_params.py", (), {}, {"unused-parameters"}, {}),
+    ("training/not_in_optimizer.py", (), {}, {"params-not-in-optimizer"}, {}),
+    ("training/unregistered.py", (), {}, {"unregistered-submodule"}, {}),
+    ("training/loss_broadcast.py", (), {}, {"loss-shape-broadcast"}, {"loss-shape-broadcast": 1}),
+    ("training/inplace.py", (), {}, {"inplace-modified"}, {}),
+    ("training/inplace_custom_fn.py", (), {}, {"inplace-modified"}, {}),
+]
+HEALTHY = ["nan/healthy_mlp.py", "nan/healthy_accum.py", "nan/healthy_frozen.py",
+           "nan/healthy_amp.py", "nan/healthy_gan.py"]
+
+
+@pytest.mark.filterwarnings("ignore:Error detected in")
+@pytest.mark.parametrize("script,args,options,expected,steps", SICK, ids=[s[0] for s in SICK])
+def test_sick_fixture_raises_exactly_its_codes(script, args, options, expected, steps):
+    before = _global_hook_counts()
+    rep = judge("nan", SCRIPTS / script, args, options)
+    assert _global_hook_counts() == before, "instruments left global hooks behind"
+    assert codes(rep) == expected, [(f.code, f.title) for f in rep.findings]
+    for code, step in steps.items():
+        assert by_code(rep, code).evidence["step"] == step
+
+
+@pytest.mark.parametrize("script", HEALTHY)
+def test_healthy_fixture_raises_nothing(script):
+    rep = judge("nan", SCRIPTS / script)
+    assert codes(rep) == set(), [(f.code, f.title) for f in rep.findings]
+    assert "nonfinite" not in {s.rule for s in rep.skipped}
+
+
+@pytest.mark.parametrize("script", HEALTHY[:3])
+def test_healthy_fixture_raises_nothing_in_checkup(script):
+    rep = judge("checkup", SCRIPTS / script)
+    mine = {"nonfinite-forward", "nonfinite-gradient", "nonfinite-loss", "gradient-explosion",
+            "missing-zero-grad", "fp16-without-scaler", "eval-mode-training", "unused-parameters",
+            "params-not-in-optimizer", "unregistered-submodule", "loss-shape-broadcast"}
+    assert codes(rep) & mine == set(), [(f.code, f.title) for f in rep.findings]
+
+
+def test_forward_op_is_named_by_the_rerun():
+    f = by_code(judge("nan", SCRIPTS / "nan/forward_div.py"), "nonfinite-forward")
+    assert f.evidence["module"] == "model.0" and f.evidence["module_class"] == "Standardize"
+    assert f.evidence["op"] == "aten::div"
+    assert f.evidence["op_code"] == "return (x - mu) / sd"
+    assert f.evidence["op_line"].endswith("forward_div.py:17 in forward")
+    assert "NaN 8" in f.evidence["output_stats"][0]
+
+
+def test_parent_code_and_loss_ops_are_named():
+    f = by_code(judge("nan", SCRIPTS / "nan/between_children.py"), "nonfinite-forward")
+    assert f.evidence["module"] == "net" and f.evidence["op"] == "aten::log"
+    assert f.evidence["op_code"] == "h = torch.log(h)"
+    g = by_code(judge("nan", SCRIPTS / "nan/loss_log.py"), "nonfinite-loss")
+    assert g.evidence["op"] == "aten::log" and "torch.log" in g.evidence["op_code"]
+
+
+def test_gradient_names_the_parameter_nearest_the_loss():
+    f = by_code(judge("nan", SCRIPTS / "nan/grad_sqrt.py"), "nonfinite-gradient")
+    assert f.evidence["param"].startswith("encoder.2.")
+    assert f.evidence["loss"] == "finite" and "NaN" in f.evidence["grad"]
+
+
+def test_input_nan_blames_the_data_not_a_layer():
+    f = by_code(judge("nan", SCRIPTS / "nan/input_nan.py"), "nonfinite-forward")
+    assert "the data" in f.title and f.evidence["module"] == "model"
+
+
+@pytest.mark.filterwarnings("ignore:Error detected in")
+def test_inplace_followup_names_forward_line_and_custom_function():
+    f = by_code(judge("nan", SCRIPTS / "training/inplace.py"), "inplace-modified")
+    assert f.evidence["forward_op"] == "Sigmoid"
+    assert f.evidence["forward_code"] == "gate = torch.sigmoid(self.fc(x))"
+    assert f.evidence["forward_line"].endswith("inplace.py:21 in forward")
+    g = by_code(judge("nan", SCRIPTS / "training/inplace_custom_fn.py"), "inplace-modified")
+    assert g.evidence["custom_function"] == "Square"
+    assert g.skill == "custom-autograd-functions"
+    import torch
+
+    assert not torch.is_anomaly_enabled(), "the follow-up left anomaly mode on"
+
+
+def test_bfloat16_does_not_overflow_where_float16_does():
+    rep = judge("nan", SCRIPTS / "nan/fp16_overflow.py", ("bfloat16",))
+    assert not codes(rep) & {"nonfinite-forward", "nonfinite-loss", "nonfinite-gradient"}
+
+
+def test_checkup_sees_nonfinite_loss_without_forward_watch():
+    rep = judge("checkup", SCRIPTS / "nan/loss_log.py")
+    f = by_code(rep, "nonfinite-loss")
+    assert f.evidence["step"] == 4 and f.evidence.get("forward_watch") is False
+
+
+def test_metrics_series():
+    rep = judge("nan", SCRIPTS / "nan/forward_div.py", options={"rerun": False})
+    m = rep.metrics["nan"]
+    assert m["forward_watch"] is True and m["check_every"] == 1
+    assert [p[0] for p in m["series"]] == [1, 2, 3, 4, 5, 6]
+    assert m["series"][-1][2] == "nan" and m["first_nonfinite"]["step"] == 6
+
+
+def test_no_rerun_option_skips_the_followup():
+    f = by_code(judge("nan", SCRIPTS / "nan/forward_div.py", options={"rerun": False}),
+                "nonfinite-forward")
+    assert "op" not in f.evidence
+
+
+# ---------------------------------------------------------------------------- real CLI
+def test_cli_nan_json_and_exit_code(cli):
+    r = cli("nan", "--json", SCRIPTS / "nan/forward_div.py")
+    assert r.returncode == 1, r.stderr
+    d = json.loads(r.stdout)
+    assert d["command"] == "nan" and d["status"] == "findings"
+    f = [x for x in d["findings"] if x["code"] == "nonfinite-forward"][0]
+    assert f["evidence"]["step"] == 6 and f["evidence"]["op"] == "aten::div"
+    assert d["metrics"]["nan"]["first_nonfinite"]["step"] == 6
+
+
+def test_cli_nan_healthy_console(cli):
+    r = cli("nan", SCRIPTS / "nan/healthy_accum.py")
+    assert r.returncode == 0, r.stderr
+    assert "No problems found" in r.stdout
+
+
+def test_cli_nan_bad_input(cli):
+    r = cli("nan", "no/such/train.py")
+    assert r.returncode == 2 and "script not found" in r.stderr
+    assert "Traceback" not in r.stderr
