@@ -18,7 +18,7 @@ from __future__ import annotations
 import mmap
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from torchdoctor.checkpoint.values import FLOAT_DTYPES, Storage, TensorInfo
 
@@ -143,6 +143,8 @@ def scan_tensors(named: list[tuple[str, TensorInfo]]) -> ScanResult:
             continue
         res.tensors_scanned += 1
         for st in parts:
+            if st.dtype != t.dtype:  # e.g. float8 tensors over an UntypedStorage (uint8): check as the tensor
+                st = replace(st, dtype=t.dtype, key=f"{st.key}#{t.dtype}")
             by_storage.setdefault(st.key, (st, []))[1].append((name, t))
     bad_storages = _scan_storages(np, [v[0] for v in by_storage.values()], res)
     for key in bad_storages:
@@ -184,7 +186,7 @@ def _scan_storages(np, storages: list[Storage], res: ScanResult) -> list[str]:
                                            f"{win_off + win_len}")
                     break
                 _check_window(np, fd, win_off, win_len, pieces, bad, res)
-                res.bytes_scanned += win_len
+                res.bytes_scanned += sum(p[2] for p in pieces)
         finally:
             os.close(fd)
     return bad
@@ -207,7 +209,10 @@ def _check_window(np, fd: int, win_off: int, win_len: int, pieces: list, bad: li
                 res.storages_scanned += 1
         mv.release()
     finally:
-        m.close()
+        try:
+            m.close()
+        except BufferError:  # a view is still alive (only while an exception unwinds): unmapped on release
+            pass
 
 
 def _advise(fd: int, off: int, length: int, what: str) -> None:
