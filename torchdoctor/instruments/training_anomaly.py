@@ -64,6 +64,7 @@ class AnomalyRerun(Instrument):
             return inst._orig_show(message, category, filename, lineno, file, line)
 
         warnings.showwarning = showwarning
+        self._filters = list(warnings.filters)
         warnings.filterwarnings("always", message=r"Error detected in ")
         if self.from_step <= 0:
             self._enable(0)
@@ -113,5 +114,6 @@ class AnomalyRerun(Instrument):
         if not self.active:
             return
         warnings.showwarning = self._orig_show
+        warnings.filters[:] = self._filters
         if self.enabled:
             self.torch.autograd.set_detect_anomaly(False)
