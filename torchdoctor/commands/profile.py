@@ -24,9 +24,9 @@ def register(app: typer.Typer) -> None:
                    extra_options=[
                        ExtraOption("profile_skip", "--skip", int, None,
                                    "Steps to run before the profiler window (default 5, fewer "
-                                   "when --steps is small).", "N"),
+                                   "when --steps is small).", "N", min=0),
                        ExtraOption("profile_active", "--window", int, 3,
-                                   "Steps recorded by the profiler.", "N"),
+                                   "Steps recorded by the profiler.", "N", min=1),
                        ExtraOption("trace_max_mb", "--trace-max-mb", float, 256.0,
-                                   "Largest trace kept under --out (gzip above it).", "MB"),
+                                   "Largest trace kept under --out (gzip above it).", "MB", min=0.1),
                    ])

@@ -34,6 +34,11 @@ def profile_metrics(ev: Evidence) -> dict[str, Any] | None:
         out["step_ms"] = clock["step_ms"]
     except NotApplicable:
         clock = None
+    recorded = [float(s["wall_s"]) * 1e3 for s in ev.of("step") if s.get("step") in set(w.get("steps") or [])]
+    if recorded and clock and clock["source"] == "bare" and clock["step_ms"] > 0:
+        med = sorted(recorded)[len(recorded) // 2]
+        out["window_cost"] = {"recorded_step_ms": round(med, 4), "step_ms": clock["step_ms"],
+                              "ratio": round(med / clock["step_ms"], 3), "analysis_s": w.get("analysis_s")}
     dev = ev.last("profile_device")
     if dev and dev.get("device_events"):
         out["gpu_busy_ms"] = dev.get("gpu_busy_ms")
