@@ -41,6 +41,7 @@ class ExtraOption:
     default: Any = None
     help: str = ""
     metavar: str | None = None
+    min: float | None = None  # lowest accepted value (numbers): below it is a usage error, exit 2
 
 
 def _params(extra: list[ExtraOption], steps_default: int, timeout_default: float) -> list:
@@ -62,11 +63,15 @@ def _params(extra: list[ExtraOption], steps_default: int, timeout_default: float
         P("out", kw, default=None, annotation=Annotated[Optional[str], typer.Option(
             "--out", metavar="DIR", help="Write the report and artifacts (traces, snapshots) to DIR.")]),
         P("fail_on", kw, default="error", annotation=FailOnOpt),
+        P("nproc_per_node", kw, default=None, annotation=Annotated[Optional[int], typer.Option(
+            "--nproc-per-node", metavar="N", min=1, show_default=False,
+            help="Run SCRIPT on N local ranks through torchrun; one report merged across ranks.")]),
     ]
     for e in extra:
         params.append(P(e.key, kw, default=e.default, annotation=Annotated[
             Optional[e.type] if e.default is None else e.type,
-            typer.Option(e.flag, help=e.help, metavar=e.metavar)]))
+            typer.Option(e.flag, help=e.help, metavar=e.metavar,
+                         **({"min": e.min} if e.min is not None else {}))]))
     return params
 
 
@@ -87,6 +92,7 @@ def script_command(app: typer.Typer, name: str, help: str, probe: str | None = N
         script, module = kw.pop("script"), kw.pop("module")
         steps, timeout = kw.pop("steps"), kw.pop("timeout")
         as_json, out, fail_on = kw.pop("json_out"), kw.pop("out"), kw.pop("fail_on")
+        nproc = kw.pop("nproc_per_node")
         args = list(ctx.args)
         if module:
             target = module
@@ -108,7 +114,10 @@ def script_command(app: typer.Typer, name: str, help: str, probe: str | None = N
         check_fail_on(fail_on)
         options = {"steps": steps, "timeout": timeout, "out": out, "module": bool(module)}
         options.update(kw)  # probe-specific options, by key
+        if nproc is not None:
+            options["nproc_per_node"] = nproc  # torchrun, one run dir per rank (torchdoctor.dist)
         bound = f"up to {steps} steps, " if steps else ""
+        bound = f"{nproc} ranks, {bound}" if nproc is not None else bound
         eprint(f"torchdoctor {name}: running {'-m ' if module else ''}{target}"
                f"{' ' + ' '.join(args) if args else ''} ({bound}timeout {timeout:g} s)")
         from torchdoctor.probes.run import run_probe
