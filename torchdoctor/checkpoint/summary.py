@@ -33,7 +33,10 @@ def _tensor_stats(obj: Any) -> dict:
 def _role(path: str, roles: Roles) -> str:
     if path in roles.role_of:
         return roles.role_of[path]
-    inner = sorted({r.split(" ")[0] for p, r in roles.role_of.items() if p.startswith(path + ".")})
+    inner_roles = [r for p, r in roles.role_of.items() if p.startswith(path + ".")]
+    if inner_roles and all(r.startswith("rng (") for r in inner_roles):
+        return "rng (" + ", ".join(r[5:-1] for r in inner_roles) + ")"
+    inner = sorted({r.split(" ")[0] for r in inner_roles})
     return ("holds " + ", ".join(inner)) if inner else ""
 
 
@@ -112,8 +115,13 @@ def weights_only_verdict(contents: Contents) -> str:
         return "not applicable (no pickle)"
     if contents.format == "dcp":
         return "not applicable (DCP loads its own metadata)"
+    from torchdoctor.checkpoint.rules import AUX_PICKLES
+
     bad, numpy = False, False
+    aux = sorted({a for p in contents.pickles for a in AUX_PICKLES if a in p.name})
     for p in contents.pickles:
+        if any(a in p.name for a in AUX_PICKLES):
+            continue
         for g in p.globals:
             if not is_weights_only_global(g):
                 if is_numpy_array_global(g):
@@ -122,6 +130,5 @@ def weights_only_verdict(contents: Contents) -> str:
                     bad = True
         if p.unsupported_ops or "module" in p.persistent_kinds:
             bad = True
-    if bad:
-        return "refused"
-    return "loads after allowlisting numpy globals" if numpy else "loads"
+    out = "refused" if bad else "loads after allowlisting numpy globals" if numpy else "loads"
+    return out + (f" ({', '.join(aux)}: refused, not needed to resume)" if aux else "")
