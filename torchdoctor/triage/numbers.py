@@ -61,7 +61,7 @@ def oom(text: str, m: re.Match | None = None) -> dict:
     g = re.search(r"\bGPU (\d+)\b", text)
     if g:
         out["gpu"] = int(g.group(1))
-    others = re.findall(r"Process (\d+) has " + SIZE + r" memory in use", text)
+    others = re.findall(r"Process (\d+) has " + SIZE + r" memory in use", text, re.I)
     if others:
         out["other_processes"] = [{"pid": int(p), "bytes": to_bytes(v, u)} for p, v, u in others]
     if "reserved_bytes" not in out and "allocated_bytes" in out and "reserved_unallocated_bytes" in out:
@@ -105,10 +105,12 @@ def groups(text: str, m: re.Match | None = None) -> dict:
     if m is None:
         return {}
     out = {}
-    for k, v in m.groupdict().items():
+    gd = m.groupdict()
+    for k, v in gd.items():
         if v is None:
             continue
-        k = k.rstrip("0123456789") or k
+        if k[-1].isdigit() and k[:-1] in gd:  # "suggested2": the same number in another alternative
+            k = k[:-1]
         out[k] = int(v) if re.fullmatch(r"-?\d+", v) else v.strip()
     return out
 

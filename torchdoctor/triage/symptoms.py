@@ -64,7 +64,8 @@ SIGNALS: tuple[Signal, ...] = (
       r"\bgrad(?:ient)?s?\s+(?:is|are|=|==)\s+none\b|\bgrad(?:ient)?s?\s+none\b|\.grad\s+is\s+none|"
       r"\b(?:parameters?|weights?|layers?)\b[^.?!\n]{0,30}\b(?:not|never|don'?t|aren'?t|doesn'?t)\s+"
       r"(?:being\s+|get\s+|getting\s+)?(?:updat\w*|chang\w*|train\w*)|\b(?:not|don'?t|doesn'?t)\s+"
-      r"(?:show\s+up|appear)\b[^.?!\n]{0,30}\bparameters|\bempty\s+parameter\s+list\b",
+      r"(?:show\s+up|appear)\b[^.?!\n]{0,30}\bparameters|\bempty\s+parameter\s+list\b|"
+      r"\bparameters\(\)[^.?!\n]{0,20}\bempty\b",
       consume=True),
     S(MOD, TOPIC, 2, "freeze layers", r"\b(?:freez\w*|unfreez\w*)\b[^.?!\n]{0,30}\b(?:layers?|encoder|backbone|"
       r"weights|parameters|model|head|bert|resnet)\b|\brequires_grad\s*=?\s*(?:false|_\(false\))", consume=True),
@@ -74,7 +75,7 @@ SIGNALS: tuple[Signal, ...] = (
     # ---- memory -------------------------------------------------------------------------------
     S(MEM, SYMPTOM, 3, "CUDA out of memory", r"\bout[\s-]*of[\s-]*(?:gpu\s+|cuda\s+|device\s+|host\s+|cpu\s+)?"
       r"mem(?:ory|eory)?\b|\bo\.?o\.?m(?:s|ed|ing)?\b|\boom-?killer\b|\boutofmemoryerror\b|"
-      r"\bcan'?t\s+allocate\b|\bfailed\s+to\s+allocate\b"),
+      r"\bcan'?t\s+allocate\b|\bfailed\s+to\s+allocate\b|\ballocation\s+(?:error|fail\w*)"),
     S(MEM, SYMPTOM, 3, "memory keeps growing / leak",
       r"\b(?:memory|mem|vram|ram|allocated)\b[^.?!\n]{0,40}\b(?:grow\w*|increas\w*|climb\w*|"
       r"(?:keeps?|kept)\s+(?:going\s+up|rising|increasing|growing|climbing)|go(?:es|ing)?\s+up|ris(?:es|ing)|"
@@ -82,10 +83,10 @@ SIGNALS: tuple[Signal, ...] = (
       r"\b(?:memory|mem)\s+leak"),
     S(MEM, SYMPTOM, 3, "reserved much larger than allocated (fragmentation)",
       r"\breserved\b[^.?!\n]{0,50}\ballocated\b|\ballocated\b[^.?!\n]{0,50}\breserved\b|\bfragment\w*\b"),
+    S(MEM, TOPIC, 2, "reduce memory", r"\b(?:reduce|lower|decrease|cut|save|saving|minimi[sz]e|less)\s+"
+      r"(?:\w+\s+){0,2}(?:gpu\s+|cuda\s+)?(?:memory|vram|mem)\b"),
     S(MEM, SYMPTOM, 2, "GPU memory usage too high",
-      r"\b(?:memory|mem|vram|ram)\s+(?:usage|use|consumption|footprint|requirements?)\b|"
-      r"\b(?:reduce|lower|decrease|cut|save|saving|minimi[sz]e|less)\s+(?:\w+\s+){0,2}(?:gpu\s+|cuda\s+)?"
-      r"(?:memory|vram|mem)\b|\b(?:uses?|using|takes?|taking|consumes?|needs?|eats?)\s+(?:\w+\s+){0,2}(?:more|"
+      r"\b(?:memory|mem|vram|ram)\s+(?:usage|use|consumption|footprint|requirements?)\b|\b(?:uses?|using|takes?|taking|consumes?|needs?|eats?)\s+(?:\w+\s+){0,2}(?:more|"
       r"too\s+much|a\s+lot\s+of|lots\s+of|so\s+much|way\s+more)\s+(?:gpu\s+|cuda\s+)?(?:memory|vram|ram)\b|"
       r"\bpeak\s+(?:gpu\s+|cuda\s+)?memory\b|\bnvidia-smi\b[^.?!\n]{0,40}" + _SIZE + r"|"
       r"\bfit\b[^.?!\n]{0,40}(?:" + _SIZE + r"|\bmemory\b|\bvram\b|\bon\s+(?:a|one|my)\s+(?:gpu|card))"),
@@ -114,6 +115,8 @@ SIGNALS: tuple[Signal, ...] = (
     S(DIST, TOPIC, 2, "multi-node", r"\bmulti[\s-]*(?:node|host|machine)s?\b|\b(?:\d+|two|several|many|second|"
       r"multiple|more)\s+(?:nodes|machines|hosts)\b|\binter-?node\b|\bacross\s+(?:both\s+|two\s+)?(?:nodes|"
       r"machines)\b"),
+    S(DIST, TOPIC, 2, "split work across processes", r"\bacross\s+(?:\d+\s+|all\s+|the\s+)?(?:processes|ranks|"
+      r"gpus|nodes|devices|machines)\b|\bshard\w*\b[^.?!\n]{0,20}\bdata\w*|\bper[\s-]+rank\b"),
     S(DIST, TOPIC, 2, "scale to N GPUs", r"\bscal\w*\b[^.?!\n]{0,30}\b" + _MANY + r"?\s*" + _GPUS),
     S(DIST, CONTEXT, 1, "multiple GPUs", r"\b" + _MANY + r"\s*(?:x\s*)?" + _GPUS + r"|\bmulti[\s-]*gpus?\b|"
       r"\b\d+x\s*(?:a100|h100|h200|v100)\b"),
@@ -123,13 +126,17 @@ SIGNALS: tuple[Signal, ...] = (
       r"\b(?:it|its|iters?|iterations?|steps?|samples?|images?|imgs?|tokens?|batch(?:es)?|examples?)\s*"
       r"(?:/|per)\s*(?:s|sec|second)\b|\bthroughput\b|\blatency\b|\bsamples/sec\b"),
     S(PERF, SYMPTOM, 3, "low GPU utilization", r"\b(?:gpu|cuda|device)\s+(?:util\w*|usage|load|busy)\b|"
-      r"\butili[sz]ation\b|\bgpu\s+(?:is\s+|sits\s+|stays\s+)?idle\b|\bidle\b"),
+      r"\butili[sz]ation\b|\bgpu\s+(?:is\s+|sits\s+|stays\s+)?idle\b|\bidle\b|\b\d{1,3}\s*%\s*(?:util\w*|usage|"
+      r"load|busy)\b|\butil\b|\bbarely\s+(?:used|utili[sz]ed|busy|working)\b|\bunder-?utili[sz]\w*"),
+    S(PERF, SYMPTOM, 3, "CPU/GPU/data bound", r"\b(?:cpu|gpu|io|i/o|data|input|compute|launch|memory|"
+      r"bandwidth)[\s-]+bound\b"),
     S(PERF, SYMPTOM, 2, "training too slow", r"\bslow\w*\b|\bsluggish\b|\btakes?\s+(?:forever|ages|too\s+long|"
       r"so\s+long|hours|days)|\btoo\s+long\b|\bforever\b|\b(?:epoch|step|iteration|batch)e?s?\s+takes?\b"),
     S(PERF, SYMPTOM, 2, "speed up training", r"\bspeed\s*(?:it\s+|this\s+|things\s+)?up\b|\bspeed-?ups?\b|"
       r"\bfaster\b|\bquicker\b|\baccelerat\w*\b|\bperformance\s+(?:optimi[sz]ation|tuning|problem|issue)s?\b"),
     S(PERF, SYMPTOM, 3, "bottleneck / profiling", r"\bbottleneck\w*\b|\bprofil\w*\b|\bstep\s+time\b|"
-      r"\bwhere\s+(?:the\s+)?time\s+goes\b|\bwhat'?s\s+slowing\b"),
+      r"\bwhere\s+(?:the\s+|my\s+)?time\s+(?:goes|is\s+spent|is\s+going)\b|\bwhat'?s\s+slowing\b|"
+      r"\bspends?\s+(?:its\s+|the\s+|most\s+(?:of\s+)?(?:its\s+|the\s+)?)?time\b|\btime\s+is\s+spent\b"),
     S(PERF, TOPIC, 2, "torch.compile", r"\btorch\.compile\b|\bgraph\s+breaks?\b|\brecompil\w*\b|\bdynamo\b|"
       r"\binductor\b|\bcuda\s*graphs?\b|\bcompil(?:e|ed|ing)\s+(?:my\s+|the\s+)?model\b"),
     S(PERF, CONTEXT, 1, "data loading", r"\bdata\s*loader\w*|\bdataloader\w*|\bdata\s+loading\b|"
@@ -154,6 +161,8 @@ SIGNALS: tuple[Signal, ...] = (
     S(DBG, SYMPTOM, 2, "not learning", r"\b(?:not|isn'?t|doesn'?t|don'?t|never|won'?t|stopped)\s+"
       r"(?:learning|learn|converg\w*|decreas\w*|improv\w*|going\s+down|go(?:es)?\s+down|training)\b|"
       r"\b(?:loss|accuracy|metric)\b[^.?!\n]{0,30}\b(?:stays?|stuck|flat|plateau\w*|constant|doesn'?t\s+move)\b"),
+    S(DBG, SYMPTOM, 2, "impossible values", r"\b(?:loss|probabilit\w*|accuracy|perplexity)\b[^.?!\n]{0,30}\b"
+      r"(?:negative|below\s+zero|above\s+1|greater\s+than\s+1|impossible)\b"),
     S(DBG, SYMPTOM, 2, "wrong / constant outputs", r"\boutputs?\b[^.?!\n]{0,30}\b(?:all\s+(?:zeros?|ones|"
       r"the\s+same)|zeros?|constant|identical|garbage)\b|\bpredicts?\s+(?:the\s+same|only\s+one)\b"),
     S(DBG, TOPIC, 2, "anomaly detection", r"\bdetect_anomaly\b|\banomaly\s+(?:mode|detection)\b|"
@@ -165,12 +174,15 @@ SIGNALS: tuple[Signal, ...] = (
     S(CKPT, TOPIC, 3, "reproducible training", r"\breproduc\w*|\bdeterminis\w*|\bnon-?determinis\w*|"
       r"\bbit-?exact\b|\b(?:results?|loss\w*|runs?|numbers|outputs?)\b[^.?!\n]{0,30}\b(?:differ\w*|vary|varies|"
       r"change)\b[^.?!\n]{0,30}\b(?:between|across|each|every|from)\s+(?:runs?|run\s+to\s+run|time|restarts?)\b|"
-      r"\bsame\s+seed\b|\bdifferent\s+results\b[^.?!\n]{0,20}\bruns?\b"),
+      r"\bsame\s+seed\b|\bdifferent\s+results\b[^.?!\n]{0,20}\bruns?\b|\b(?:two|2|both|separate|repeated|"
+      r"identical)\s+runs\b[^.?!\n]{0,60}\b(?:differ\w*|different)\b|\bsame\s+(?:config\w*|settings|code|"
+      r"hyperparameters|script)\b[^.?!\n]{0,60}\b(?:differ\w*|different)\b"),
     S(CKPT, TOPIC, 2, "seeds / RNG state", r"\bseeds?\b|\bseeding\b|\bmanual_seed\b|\brng\b|\brandom\s+state\b"),
     S(CKPT, TOPIC, 2, "load pretrained weights", r"\bpretrained\s+(?:weights|model|checkpoint)\b|"
       r"\bload(?:ing|s|ed)?\b[^.?!\n]{0,30}\b(?:weights|checkpoint|pretrained|saved\s+model)\b"),
     # ---- module design ------------------------------------------------------------------------
-    S(MOD, TOPIC, 2, "custom layer", r"\bcustom\s+(?:nn\.)?(?:\w+\s+)?(?:layers?|modules?|blocks?|resnet|"
+    S(MOD, TOPIC, 2, "custom layer", r"\b(?:custom|hand-?written|handwritten|home-?made|self-?written|hand-?rolled)\s+"
+      r"(?:nn\.)?(?:\w+\s+)?(?:layers?|modules?|blocks?|resnet|"
       r"architecture|variant|heads?|network|encoder|decoder|attention)\b|\b(?:my|our)\s+own\s+"
       r"(?:\w+\s+)?(?:layers?|modules?|blocks?)\b"),
     S(MOD, TOPIC, 2, "nn.Module best practices", r"\bnn\.module\b|\bsubmodules?\b|\bmodulelist\b|\bmoduledict\b|"
@@ -181,6 +193,10 @@ SIGNALS: tuple[Signal, ...] = (
     S(MOD, TOPIC, 2, "parameter initialization", r"\b(?:initiali[sz]\w*|init)\b[^.?!\n]{0,30}\b(?:weights?|"
       r"parameters?|layers?|modules?|model|biases?)\b|\b(?:weight|parameter|module|model)\s+initiali[sz]ation\b|"
       r"\bkaiming\b|\bxavier\b|\bglorot\b|\breset_parameters\b|\bnn\.init\b"),
+    S(MOD, TOPIC, 2, "change a model's layers", r"\b(?:add|insert|replace|remove|swap|chang|modify|modifi)\w*\b"
+      r"[^.?!\n]{0,30}\b(?:layers?|dropout|heads?|classifier|batch\s*norm|batchnorm|activations?|blocks?)\b"),
+    S(MOD, TOPIC, 2, "weight sharing / tying", r"\b(?:shar\w*|ti(?:e|ed|ing)|reus\w*)\s+(?:the\s+)?(?:same\s+)?"
+      r"(?:weights|parameters|embeddings?|layers?|modules?)\b|\b(?:weight|parameter|embedding)\s+(?:sharing|tying)\b"),
     S(MOD, TOPIC, 2, "learnable parameters", r"\blearnable\s+param\w*|\btrainable\s+param\w*|"
       r"\bforward\s*/\s*backward\s+pass\s+design\b"),
     S(MOD, CONTEXT, 1, "model implementation", r"\b(?:implement\w*|build\w*|port\w*)\b[^.?!\n]{0,40}\b"
@@ -194,7 +210,9 @@ SIGNALS: tuple[Signal, ...] = (
       r"\b(?:implement\w*|writ\w*|defin\w*)\b[^.?!\n]{0,40}\b(?:backwards?|gradients?|derivatives?)\b"
       r"(?!\s+(?:accumulation|clipping|clip|checkpoint\w*|descent|penalty|norm\w*|scal\w*|flow))"),
     S(AG, TOPIC, 3, "custom op / kernel", r"\bcustom\s+(?:cuda\s+|triton\s+|c\+\+\s+|fused\s+)?(?:kernels?|ops?|"
-      r"operations?|operators?)\b|\btriton\b|\bcpp_extension\b|\bc\+\+\s+extension\b|\btorch\.library\b"),
+      r"operations?|operators?|extensions?)\b|\btriton\b|\bcpp_extension\b|\b(?:c\+\+|cuda)\s+extensions?\b|"
+      r"\btorch\.library\b"),
     S(AG, TOPIC, 3, "non-differentiable operation", r"\bnon-?differentiable\b|\bnot\s+differentiable\b|"
+      r"\bdifferentiabl\w*|"
       r"\bstraight[\s-]*through\b|\bsurrogate\s+gradient\b|\bno\s+gradient\b"),
 )

@@ -4,7 +4,8 @@
 misspelt technical words ("memroy", "distirbuted", "checkpiont") against a small list of targets
 with the optimal-string-alignment (Damerau-Levenshtein) distance: at most 1 edit for words of 6-8
 letters, 2 for longer ones. Only tokens of 6+ letters are considered, so short English words are
-never rewritten, and a token that is itself a known word is left alone.
+never rewritten; a known word, or another form of the same stem ("reserves" vs "reserved"), is
+left alone.
 """
 
 from __future__ import annotations
@@ -102,6 +103,20 @@ def _best_target(tok: str) -> str | None:
     return None if tie or best_d > limit else best
 
 
+def _inflection(tok: str, target: str) -> bool:
+    """Same stem, different ending ("reserves"/"reserved", "differential"/"differentiable"):
+    another word or form, not a typo. Typos land inside the word."""
+    n = 0
+    for a, b in zip(tok, target):
+        if a != b:
+            break
+        n += 1
+    if n < min(len(tok), len(target)) - 2:
+        return False
+    a, b = tok[n:], target[n:]
+    return not (a.endswith(b) or b.endswith(a))  # "precison"/"precision": a dropped letter is a typo
+
+
 def correct_typos(norm: str) -> tuple[str, list[tuple[str, str]]]:
     """Rewrite misspelt target words in normalised text; returns (text, [(typo, fix), ...])."""
     fixes: list[tuple[str, str]] = []
@@ -114,7 +129,7 @@ def correct_typos(norm: str) -> tuple[str, list[tuple[str, str]]]:
         if tok not in cache:
             cache[tok] = _best_target(tok)
         fix = cache[tok]
-        if fix is None:
+        if fix is None or _inflection(tok, fix):
             return tok
         if (tok, fix) not in fixes:
             fixes.append((tok, fix))
