@@ -85,18 +85,37 @@ def test_bad_usage_exits_2_with_one_clear_line(cli, args, stdin, message):
     assert message in r.stderr and "Traceback" not in r.stderr + r.stdout
 
 
+def _probes_ready(command: str) -> bool:
+    return bool(importlib.util.find_spec("torchdoctor.probes.run")
+                and importlib.util.find_spec(f"torchdoctor.commands.{command}"))
+
+
 def test_run_hands_off_to_the_first_routes_probe(cli, tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text("print('hello')\n")
-    r = cli("ask", "training is slow", "--run", str(script))
-    probes = importlib.import_module("torchdoctor.probes")
-    ready = hasattr(probes, "run_probe") and importlib.util.find_spec("torchdoctor.commands.profile")
-    assert "performance-profiling" in r.stderr  # the routing goes to stderr
-    if not ready:
+    """`ask ... --run PATH`: routing on stderr, the probe's own report and exit code on stdout."""
+    junk = tmp_path / "last.pt"
+    junk.write_text("not a checkpoint")
+    r = cli("ask", "resume from checkpoint", "--json", "--run", str(junk))
+    assert "checkpointing-and-reproducibility" in r.stderr and "Traceback" not in r.stderr
+    if not _probes_ready("checkpoint_audit"):
         assert r.returncode == 2 and "--run needs the script probes" in r.stderr
-        assert "Traceback" not in r.stderr
-    else:
-        assert r.returncode in (0, 1), r.stderr
+        return
+    d = json.loads(r.stdout)
+    assert d["command"] == "checkpoint-audit" and d["target"] == str(junk)
+    assert r.returncode == 1 and any(f["code"] == "ckpt-unreadable" for f in d["findings"])
+
+
+@pytest.mark.slow
+def test_run_profiles_a_script(cli, tmp_path):
+    if not _probes_ready("profile"):
+        pytest.skip("script probes not built")
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nm = torch.nn.Linear(8, 1)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+                      "for _ in range(5):\n    loss = m(torch.randn(4, 8)).pow(2).mean()\n"
+                      "    opt.zero_grad(); loss.backward(); opt.step()\n")
+    r = cli("ask", "training is slow", "--json", "--run", str(script), timeout=600)
+    assert r.returncode in (0, 1), r.stderr[-2000:]
+    d = json.loads(r.stdout)
+    assert d["command"] == "profile" and "performance-profiling" in r.stderr
 
 
 def test_words_starting_with_a_dash_are_words(cli):

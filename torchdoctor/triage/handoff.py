@@ -2,12 +2,12 @@
 
 The probe is run through its own command (``torchdoctor profile|memory|nan|dist|checkup|
 checkpoint-audit``), so its options, output and exit code are exactly the command's. Needs the
-script probes (``torchdoctor.probes.run_probe``); until they exist this exits 2 with a clear message.
+script probes (``torchdoctor.probes.run``) and the probe's command; without them this exits 2 with a
+clear message.
 """
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 
 from torchdoctor.errors import DoctorError
@@ -25,17 +25,20 @@ def probe_argv(skill: str, script_argv: list[str], as_json: bool = False) -> lis
     return [PROBE_COMMAND[skill], *(["--json"] if as_json else []), *script_argv]
 
 
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:  # a parent package is missing
+        return False
+
+
 def run_probe_for_route(skill: str, script_argv: list[str], as_json: bool = False) -> int:
     """Run the probe for ``skill`` on ``script_argv`` (SCRIPT ARGS... or PATH); returns its exit code."""
     if skill not in PROBE_COMMAND:
         raise DoctorError(f"no probe for skill {skill!r}")
-    try:
-        probes = importlib.import_module("torchdoctor.probes")
-    except ImportError:
-        probes = None
     command = PROBE_COMMAND[skill]
     module = f"torchdoctor.commands.{command.replace('-', '_')}"
-    if probes is None or not hasattr(probes, "run_probe") or importlib.util.find_spec(module) is None:
+    if not _importable("torchdoctor.probes.run") or not _importable(module):
         raise DoctorError(NEEDS_PROBES, hint=f"run it yourself once they land: torchdoctor {command} "
                           + " ".join(script_argv))
     from torchdoctor.cli import run_app

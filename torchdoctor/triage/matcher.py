@@ -83,7 +83,7 @@ _VAGUE = (
     ("crash", r"\bcrash\w*|\bsegfault|\berrors?\b|\bexceptions?\b|\btraceback\b"),
     ("broken", r"\bnot\s+work\w*|\bdoesn'?t\s+work|\bisn'?t\s+working|\bbroken\b|\bfail\w*|\bwrong\b|"
                r"\bnot\s+right\b"),
-    ("optimize", r"\boptimi[sz]\w*|\bimprove\w*|\bbetter\b|\btun(?:e|ing)\b|\befficien\w*"),
+    ("optimize", r"\boptimi[sz](?:e|es|ed|ing|ation)\b|\bimprove\w*|\bbetter\b|\btun(?:e|ing)\b|\befficien\w*"),
     ("fix", r"\bfix\w*|\bissues?\b|\bproblems?\b|\bbugs?\b|\bhelp\b|\btrouble\w*|\bsomething\b"),
 )
 
@@ -249,7 +249,7 @@ def triage(text: str, source: str = "args") -> Answer:
             ans.also.append({"line": h.line_no, "kind": h.kind, "id": h.entry.id, "text": h.text,
                              "count": sc.counts.get(h.entry.id, 1)})
     ans.also = ans.also[:8]
-    for m in found:
+    for m in sorted(found, key=lambda m: m.pos):
         if m.kind not in ("error", "nan-line"):
             ans.recognized.append(m)
     clear = any(m.weight >= 2 for m in found)

@@ -129,8 +129,9 @@ PLAYBOOKS: dict[str, Playbook] = {p.skill: p for p in (
         ("Verify: profile again and compare steps per second", PROBE_PERF),
         ),
     _pb(MP, PROBE_PERF, "AMP, fp16/bf16, gradient scaling, TF32",
-        ("Measure first: is the step compute-bound in float32 at all? If it waits on data, syncs or "
-         "kernel launches, mixed precision will not help", PROBE_PERF),
+        ("Measure first. Speed: is the step compute-bound in float32 at all? If it waits on data, syncs "
+         "or kernel launches, mixed precision will not help. Numerics: where the first non-finite value "
+         "appears with AMP on", f"{PROBE_PERF}, then {PROBE_NAN}"),
         ("Pick the dtype: bf16 on Ampere or newer (A100/H100: no GradScaler needed); fp16 on V100/T4 "
          "with `torch.amp.GradScaler(\"cuda\")`; TF32 for the remaining fp32 matmuls "
          "(`torch.set_float32_matmul_precision(\"high\")`)", BY_HAND),

@@ -90,6 +90,8 @@ SIGNALS: tuple[Signal, ...] = (
       r"too\s+much|a\s+lot\s+of|lots\s+of|so\s+much|way\s+more)\s+(?:gpu\s+|cuda\s+)?(?:memory|vram|ram)\b|"
       r"\bpeak\s+(?:gpu\s+|cuda\s+)?memory\b|\bnvidia-smi\b[^.?!\n]{0,40}" + _SIZE + r"|"
       r"\bfit\b[^.?!\n]{0,40}(?:" + _SIZE + r"|\bmemory\b|\bvram\b|\bon\s+(?:a|one|my)\s+(?:gpu|card))"),
+    S(MEM, TOPIC, 2, "gradient accumulation", r"\bgrad(?:ient)?\s+accumulat\w*|\baccumulat\w*\s+(?:the\s+)?"
+      r"grad\w*"),
     S(MEM, TOPIC, 2, "GPU memory", r"\b(?:gpu|cuda|device)\s+memory\b|\bvram\b|\bmemory_allocated\b|"
       r"\bempty_cache\b|\bmax_split_size_mb\b|\bexpandable_segments\b|\bpytorch_(?:cuda_)?alloc_conf\b"),
     S(MEM, TOPIC, 2, "tensor memory / views", r"\b(?:contiguous|non-contiguous|in-?place\s+ops?|"
@@ -165,6 +167,10 @@ SIGNALS: tuple[Signal, ...] = (
       r"(?:negative|below\s+zero|above\s+1|greater\s+than\s+1|impossible)\b"),
     S(DBG, SYMPTOM, 2, "wrong / constant outputs", r"\boutputs?\b[^.?!\n]{0,30}\b(?:all\s+(?:zeros?|ones|"
       r"the\s+same)|zeros?|constant|identical|garbage)\b|\bpredicts?\s+(?:the\s+same|only\s+one)\b"),
+    S(DBG, SYMPTOM, 2, "gradients accumulate / zero_grad", r"\bgrad(?:ient)?s\s+(?:keep\s+|are\s+)?accumulat\w*|"
+      r"\bzero_grad\b|\bzero\s+(?:the\s+)?grad\w*"),
+    S(DBG, TOPIC, 2, "gradient clipping", r"\bgrad(?:ient)?[\s_-]+(?:norm\s+)?clip\w*|\bclip(?:ping)?\s+(?:the\s+)?"
+      r"grad\w*|\bclip_grad\w*"),
     S(DBG, TOPIC, 2, "anomaly detection", r"\bdetect_anomaly\b|\banomaly\s+(?:mode|detection)\b|"
       r"\bcuda_launch_blocking\b|\bdevice-side\s+assert\b"),
     S(DBG, CONTEXT, 1, "debugging", r"\bdebug\w*\b|\bcrash\w*\b|\bsegfault\w*\b|\bsegmentation\s+fault\b"),
