@@ -273,10 +273,10 @@ def judge_explosion(norms: list[tuple[int, float | None]]) -> dict[str, Any] | N
         "early_median_norm": _g(base), "early_steps": f"{finite[0][0]}-{finite[k - 1][0]}",
         "max_norm": _g(vals[imax]), "max_step": finite[imax][0], "growth": f"{growth:.3g}x",
         "above_10x_from_step": onset,
-        "last_norms": [f"step {s}: {_g(n)}" for s, n in finite[-6:]],
+        "last_norms": [f"step {s}: {n:.3g}" for s, n in finite[-6:]],
     }
     if spike is not None:
-        out["spike"] = f"step {spike[0]}: {_g(spike[1])} = {spike[2]:.3g}x the median of the steps before"
+        out["spike"] = f"step {spike[0]}: {spike[1]:.3g} = {spike[2]:.3g}x the median of the steps before"
     if first_bad is not None:
         out["nonfinite_from_step"] = first_bad
     return out
