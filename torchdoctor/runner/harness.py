@@ -43,6 +43,9 @@ def _armed(probe: str) -> list[Any]:
     for cls in list(instruments_for(probe)) + list(instruments_for("run")):
         if cls not in classes:
             classes.append(cls)
+    # TORCHDOCTOR_DISABLE=name,name (or "all"): leave instruments out, to measure their cost
+    off = {x.strip() for x in os.environ.get("TORCHDOCTOR_DISABLE", "").split(",") if x.strip()}
+    classes = [c for c in classes if "all" not in off and c.name not in off]
     classes.sort(key=lambda c: (c.priority, c.name))
     return [c() for c in classes]
 
@@ -124,10 +127,17 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     run_dir = Path(args[0])
     meta = read_json(run_dir / META) or {}
+    from torchdoctor.dist.rankdir import enter_rank_dir, is_ranked
+
+    ranked = is_ranked()
+    if ranked:  # one of torchrun's ranks: its own run dir D/rank{R}
+        run_dir, meta = enter_rank_dir(run_dir, meta)
     stacks = open(run_dir / STACKS, "a", buffering=1)
     faulthandler.enable(file=stacks, all_threads=True)
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True, chain=False)
+    if ranked:  # torchrun stops the other ranks with SIGTERM when one fails: keep where they were
+        faulthandler.register(signal.SIGTERM, file=stacks, all_threads=True, chain=True)
 
     from torchdoctor.runner.context import HarnessContext, StopRun
     from torchdoctor.runner.core import Core

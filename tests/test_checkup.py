@@ -1,0 +1,98 @@
+"""End-to-end `checkup` and `demo`: sick fixtures raise exactly their codes, healthy ones none."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import ROOT, run_cli
+
+PERF = ROOT / "tests" / "fixtures" / "scripts" / "perf"
+pytestmark = pytest.mark.slow
+
+
+def checkup(script, *args, steps=30):
+    p = run_cli("checkup", "--json", "--steps", str(steps), script, *args, cwd=PERF, timeout=120)
+    assert p.stdout.strip(), p.stderr
+    return p, json.loads(p.stdout)
+
+
+def host_load(f) -> bool:
+    """cpu-oversubscribed raised because *other* processes loaded the (shared) test machine.
+
+    That finding is a true measurement of the machine, not of the script: the tests run on a
+    2-core box shared with other jobs, so it may appear on any fixture and is left out here.
+    """
+    return f["code"] == "cpu-oversubscribed" and "other_processes_cores" in f["evidence"]
+
+
+def found(report, min_severity="info"):
+    order = {"error": 0, "warning": 1, "info": 2}
+    return sorted(f["code"] for f in report["findings"]
+                  if order[f["severity"]] <= order[min_severity] and not host_load(f))
+
+
+def one(report, code):
+    [f] = [f for f in report["findings"] if f["code"] == code]
+    return f
+
+
+def test_healthy_cpu_script_raises_nothing():
+    p, r = checkup("healthy.py")
+    assert found(r) == [], r["findings"]
+    assert p.returncode == 0
+    m = r["metrics"]["steps"]
+    assert m["count"] == 30 and m["judged"] == 29 and m["source"] == "optimizer"
+    assert set(m["share"]) == {"data", "forward", "backward", "optimizer", "other"}
+
+
+def test_slow_loader_is_dataloader_bound_with_file_line():
+    p, r = checkup("slow_loader.py")
+    assert found(r) == ["dataloader-bound"]
+    ev = one(r, "dataloader-bound")["evidence"]
+    assert ev["data_wait_share"] >= 0.5
+    assert ev["loop"] == "slow_loader.py:22"
+    assert "Jittered.__getitem__" in ev["slowest_stage"] and "slow_loader.py:13" in ev["slowest_stage"]
+    assert p.returncode == 1
+
+
+def test_model_moved_in_loop_names_the_line():
+    p, r = checkup("moved_in_loop.py")
+    assert found(r) == ["model-moved-in-loop"]
+    f = one(r, "model-moved-in-loop")
+    assert f["severity"] == "warning" and f["evidence"]["site"] == "moved_in_loop.py:15"
+    assert run_cli("checkup", "--fail-on", "warning", "--steps", "10", "moved_in_loop.py",
+                   cwd=PERF).returncode == 1
+
+
+def test_cpu_oversubscribed():
+    p, r = checkup("oversubscribed.py", steps=10)
+    assert found(r) == ["cpu-oversubscribed"]
+    f = next(f for f in r["findings"] if f["code"] == "cpu-oversubscribed")
+    assert f["evidence"]["torch_threads"] == 4 * f["evidence"]["usable_cores"]
+
+
+def test_unseeded_run_is_info_only():
+    p, r = checkup("unseeded.py", steps=10)
+    assert found(r) == ["unseeded-run"] and one(r, "unseeded-run")["severity"] == "info"
+
+
+def test_console_report_has_step_table_and_footer():
+    p = run_cli("checkup", "--steps", "10", "slow_loader.py", cwd=PERF, timeout=120)
+    assert "Step time" in p.stdout and "data wait" in p.stdout
+    assert "dataloader-bound" in p.stdout and "1 finding" in p.stdout
+    assert "torchdoctor checkup: running slow_loader.py" in p.stderr
+
+
+def test_demo_finds_the_bundled_problem_quickly():
+    import time
+
+    t0 = time.monotonic()
+    p = run_cli("demo", "--json", timeout=120)
+    took = time.monotonic() - t0
+    r = json.loads(p.stdout)
+    assert r["command"] == "demo"
+    assert found(r) == ["dataloader-bound"]
+    assert one(r, "dataloader-bound")["evidence"]["loop"].endswith("slow_loader_train.py:37")
+    assert took < 30
