@@ -162,7 +162,8 @@ def compare_optimizer(state: dict, ids: list, params: list[tuple[str, tuple]], e
     are parameter names (DCP / ``get_optimizer_state_dict``).
     """
     out = OptimCompare(n_ids=len(ids), n_params=unique_params if unique_params is not None else len(params))
-    dangling = [i for i in state if i not in set(ids)] if ids else []
+    id_set = set(ids)
+    dangling = [i for i in state if i not in id_set] if ids else []
     if dangling:
         out.problems.append(f"{len(dangling)} state entries belong to no param_group (first: {dangling[0]!r})")
     by_name = dict(params)

@@ -7,6 +7,7 @@ in that order, an int64 element count (little-endian) and the raw storage bytes.
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 from typing import Any
@@ -30,14 +31,14 @@ def looks_legacy(head: bytes) -> bool:
 def read_torch_legacy(path: str) -> ZipRead:
     size = os.path.getsize(path)
     with open(path, "rb") as f:
-        infos = []
         try:
-            for i in range(3):
-                info, end = scan_pickle(f, f"{path}#header{i}")
-                infos.append(info)
-            main_start = end
-            main_info, main_end = scan_pickle(f, path)
-            keys_info, data_start = scan_pickle(f, f"{path}#keys")
+            with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:  # only the pickles' pages are touched
+                end = 0
+                for i in range(3):
+                    _info, end = scan_pickle(m, f"{path}#header{i}", end)
+                main_start = end
+                main_info, main_end = scan_pickle(m, path, main_start)
+                keys_info, data_start = scan_pickle(m, f"{path}#keys", main_end)
         except PickleScanError as e:
             short = "not enough data" in str(e) or "STOP" in str(e)
             raise Unreadable("truncated legacy checkpoint" if short else "corrupt legacy checkpoint",
