@@ -56,8 +56,8 @@ ROUTES: tuple[tuple[re.Pattern, str, str], ...] = (
      "range)"),
 )
 
-_GIB = re.compile(r"([\d.]+)\s*(GiB|MiB|KiB|bytes|B)\b")
-_UNITS = {"GiB": 2**30, "MiB": 2**20, "KiB": 2**10, "bytes": 1, "B": 1}
+_GIB = re.compile(r"([\d.]+)\s*(TiB|GiB|MiB|KiB|bytes|B)\b")
+_UNITS = {"TiB": 2**40, "GiB": 2**30, "MiB": 2**20, "KiB": 2**10, "bytes": 1, "B": 1}
 
 
 def _bytes(text: str) -> int | None:
