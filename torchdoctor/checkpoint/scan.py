@@ -63,57 +63,138 @@ class ScanResult:
     skipped_reason: str | None = None  # the whole scan could not run
 
 
-def _np():
-    try:
+class NumpyOps:
+    """The checks with numpy (preferred: ≈ 0.1 s to import)."""
+
+    def __init__(self):
         import numpy as np
 
-        return np
-    except ImportError:
-        return None
+        self.np = np
+        self.name = f"numpy {np.__version__}"
 
+    def itemsize(self, dtype: str) -> int:
+        return self.np.dtype(_NATIVE.get(dtype) or _BITS[dtype][0]).itemsize
 
-def _view(np, buf, dtype: str, byteorder: str):
-    """A numpy view of ``buf`` suitable for the check of ``dtype``."""
-    bo = ">" if byteorder == "big" else "<"
-    if dtype in _NATIVE:
-        return np.frombuffer(buf, dtype=bo + _NATIVE[dtype])
-    code = _BITS[dtype][0]
-    return np.frombuffer(buf, dtype=(bo if code != "u1" else "|") + code)
+    def view(self, buf, dtype: str, byteorder: str):
+        bo = ">" if byteorder == "big" else "<"
+        if dtype in _NATIVE:
+            return self.np.frombuffer(buf, dtype=bo + _NATIVE[dtype])
+        code = _BITS[dtype][0]
+        return self.np.frombuffer(buf, dtype=(bo if code != "u1" else "|") + code)
 
-
-def _bad(np, arr, dtype: str) -> bool:
-    """True if the window holds at least one NaN/Inf."""
-    if arr.size == 0:
-        return False
-    if dtype in _NATIVE:
-        return not bool(np.isfinite(arr).all())
-    _code, exp, _mant, rule = _BITS[dtype]
-    if rule == "fnuz":
-        return bool((arr == 0x80).any())
-    return int(np.bitwise_and(arr, exp).max()) == exp
-
-
-def _count(np, arr, dtype: str) -> tuple[int, int, int, int]:
-    """(nan, +inf, -inf, first bad index) of a window known to hold bad values."""
-    if dtype in _NATIVE:
-        nan = np.isnan(arr)
-        pinf = np.isposinf(arr)
-        ninf = np.isneginf(arr)
-    else:
-        _code, exp, mant, rule = _BITS[dtype]
+    def bad(self, arr, dtype: str) -> bool:
+        np = self.np
+        if arr.size == 0:
+            return False
+        if dtype in _NATIVE:
+            return not bool(np.isfinite(arr).all())
+        _code, exp, _mant, rule = _BITS[dtype]
         if rule == "fnuz":
-            nan = arr == 0x80
-            pinf = ninf = np.zeros(arr.shape, bool)
+            return bool((arr == 0x80).any())
+        return int(np.bitwise_and(arr, exp).max()) == exp
+
+    def count(self, arr, dtype: str) -> tuple[int, int, int, int]:
+        np = self.np
+        if dtype in _NATIVE:
+            nan, pinf, ninf = np.isnan(arr), np.isposinf(arr), np.isneginf(arr)
         else:
-            e = np.bitwise_and(arr, exp) == exp
-            m = np.bitwise_and(arr, mant) != 0
+            _code, exp, mant, rule = _BITS[dtype]
+            if rule == "fnuz":
+                nan = arr == 0x80
+                pinf = ninf = np.zeros(arr.shape, bool)
+            else:
+                e = np.bitwise_and(arr, exp) == exp
+                m = np.bitwise_and(arr, mant) != 0
+                nan = e & m if rule == "ieee" else e
+                inf = e & ~m if rule == "ieee" else np.zeros(arr.shape, bool)
+                sign = np.right_shift(arr, arr.dtype.itemsize * 8 - 1).astype(bool)
+                pinf, ninf = inf & ~sign, inf & sign
+        bad = nan | pinf | ninf
+        first = int(np.argmax(bad)) if bad.any() else -1
+        return int(nan.sum()), int(pinf.sum()), int(ninf.sum()), first
+
+    def from_tensor(self, t, dtype: str):
+        """A view of an in-memory torch tensor (``--unsafe-load``)."""
+        if dtype in _NATIVE:
+            return t.contiguous().view(-1).numpy().view(_NATIVE[dtype])
+        import torch
+
+        width = {"u2": torch.int16, "u1": torch.uint8}[_BITS[dtype][0]]
+        return t.contiguous().view(-1).view(width).numpy().view(self.np.dtype(_BITS[dtype][0]))
+
+
+# torch fallback (numpy absent): every float type checked by its bits, as signed ints
+_TORCH_BITS = {  # dtype -> (bytes per value, exponent mask, mantissa mask, rule)
+    "float32": (4, 0x7F800000, 0x007FFFFF, "ieee"), "complex64": (4, 0x7F800000, 0x007FFFFF, "ieee"),
+    "float64": (8, 0x7FF0000000000000, 0x000FFFFFFFFFFFFF, "ieee"),
+    "complex128": (8, 0x7FF0000000000000, 0x000FFFFFFFFFFFFF, "ieee"),
+    **{k: ({"u2": 2, "u1": 1}[v[0]],) + v[1:] for k, v in _BITS.items()},
+}
+
+
+class TorchOps:
+    """The same checks with torch, for installs without numpy (torch does not require it)."""
+
+    def __init__(self):
+        import torch
+
+        self.torch = torch
+        self.name = f"torch {torch.__version__}"
+        self.ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+    def itemsize(self, dtype: str) -> int:
+        return _TORCH_BITS[dtype][0]
+
+    def view(self, buf, dtype: str, byteorder: str):
+        import warnings
+
+        w = _TORCH_BITS[dtype][0]
+        if len(buf) == 0:
+            return self.torch.zeros(0, dtype=self.ints[w])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # read-only buffers: we never write
+            t = self.torch.frombuffer(buf, dtype=self.torch.uint8)
+        if byteorder == "big" and w > 1:
+            t = t.view(-1, w).flip(1).reshape(-1)
+        return t.view(self.ints[w])
+
+    def bad(self, t, dtype: str) -> bool:
+        _w, exp, _mant, rule = _TORCH_BITS[dtype]
+        if t.numel() == 0:
+            return False
+        if rule == "fnuz":
+            return bool((t == 0x80).any())
+        return bool(((t & exp) == exp).any())
+
+    def count(self, t, dtype: str) -> tuple[int, int, int, int]:
+        w, exp, mant, rule = _TORCH_BITS[dtype]
+        if rule == "fnuz":
+            nan = t == 0x80
+            pinf = ninf = self.torch.zeros_like(nan)
+        else:
+            e = (t & exp) == exp
+            m = (t & mant) != 0 if mant else self.torch.zeros_like(e)
             nan = e & m if rule == "ieee" else e
-            inf = e & ~m if rule == "ieee" else np.zeros(arr.shape, bool)
-            sign = np.right_shift(arr, arr.dtype.itemsize * 8 - 1).astype(bool)
+            inf = e & ~m if rule == "ieee" else self.torch.zeros_like(e)
+            sign = (t & 0x80) != 0 if w == 1 else t < 0
             pinf, ninf = inf & ~sign, inf & sign
-    bad = nan | pinf | ninf
-    first = int(np.argmax(bad)) if bad.any() else -1
-    return int(nan.sum()), int(pinf.sum()), int(ninf.sum()), first
+        bad = nan | pinf | ninf
+        first = int(bad.nonzero()[0, 0]) if bool(bad.any()) else -1
+        return int(nan.sum()), int(pinf.sum()), int(ninf.sum()), first
+
+    def from_tensor(self, t, dtype: str):
+        w = _TORCH_BITS[dtype][0]
+        return t.contiguous().view(-1).view(self.ints[w])
+
+
+def backend():
+    """numpy when importable, else torch, else None (the scan is then skipped, with the reason)."""
+    for cls in (NumpyOps, TorchOps):
+        try:
+            return cls()
+        except ImportError:
+            continue
+    return None
 
 
 def scannable(t: TensorInfo) -> bool:
@@ -123,11 +204,11 @@ def scannable(t: TensorInfo) -> bool:
 def scan_tensors(named: list[tuple[str, TensorInfo]]) -> ScanResult:
     """Check every floating tensor of ``named`` for NaN/Inf; see the module docstring."""
     res = ScanResult()
-    np = _np()
-    if np is None:
-        res.skipped_reason = "numpy is not installed"
+    ops = backend()
+    if ops is None:
+        res.skipped_reason = "neither numpy nor torch is installed"
         return res
-    res.backend = f"numpy {np.__version__}"
+    res.backend = ops.name
     t0 = time.perf_counter()
     by_storage: dict[str, tuple[Storage, list[tuple[str, TensorInfo]]]] = {}
     for name, t in named:
@@ -146,26 +227,26 @@ def scan_tensors(named: list[tuple[str, TensorInfo]]) -> ScanResult:
             if st.dtype != t.dtype:  # e.g. float8 tensors over an UntypedStorage (uint8): check as the tensor
                 st = replace(st, dtype=t.dtype, key=f"{st.key}#{t.dtype}")
             by_storage.setdefault(st.key, (st, []))[1].append((name, t))
-    bad_storages = _scan_storages(np, [v[0] for v in by_storage.values()], res)
+    bad_storages = _scan_storages(ops, [v[0] for v in by_storage.values()], res)
     for key in bad_storages:
         st, users = by_storage[key]
         for name, t in users:
-            hit = _count_tensor(np, st, t, name)
+            hit = _count_tensor(ops, st, t, name)
             if hit is not None:
                 res.hits.append(hit)
     res.seconds = time.perf_counter() - t0
     return res
 
 
-def _scan_storages(np, storages: list[Storage], res: ScanResult) -> list[str]:
+def _scan_storages(ops, storages: list[Storage], res: ScanResult) -> list[str]:
     """Stream the storages in file order; return the keys of those holding NaN/Inf."""
     bad: list[str] = []
     in_memory = [s for s in storages if s.data is not None]
     for st in in_memory:
-        arr = _memory_array(np, st)
+        arr = _memory_array(ops, st)
         res.storages_scanned += 1
         res.bytes_scanned += st.nbytes
-        if arr is not None and _bad(np, arr, st.dtype):
+        if arr is not None and ops.bad(arr, st.dtype):
             bad.append(st.key)
     on_disk = sorted((s for s in storages if s.data is None), key=lambda s: (s.path, s.offset))
     by_path: dict[str, list[Storage]] = {}
@@ -185,14 +266,14 @@ def _scan_storages(np, storages: list[Storage], res: ScanResult) -> list[str]:
                     res.not_scanned.append(f"{path}: file ends at byte {size}, data expected up to "
                                            f"{win_off + win_len}")
                     break
-                _check_window(np, fd, win_off, win_len, pieces, bad, res)
+                _check_window(ops, fd, win_off, win_len, pieces, bad, res)
                 res.bytes_scanned += sum(p[2] for p in pieces)
         finally:
             os.close(fd)
     return bad
 
 
-def _check_window(np, fd: int, win_off: int, win_len: int, pieces: list, bad: list, res: ScanResult) -> None:
+def _check_window(ops, fd: int, win_off: int, win_len: int, pieces: list, bad: list, res: ScanResult) -> None:
     """Map one window (page-aligned), check its pieces, unmap: resident memory stays ≤ one window."""
     base = win_off - win_off % mmap.ALLOCATIONGRANULARITY
     m = mmap.mmap(fd, win_off + win_len - base, prot=mmap.PROT_READ, offset=base)
@@ -201,8 +282,8 @@ def _check_window(np, fd: int, win_off: int, win_len: int, pieces: list, bad: li
         for st, p_off, p_len in pieces:
             if st.key not in bad:
                 rel = st.offset + p_off - base
-                arr = _view(np, mv[rel:rel + p_len], st.dtype, st.byteorder)
-                if _bad(np, arr, st.dtype):
+                arr = ops.view(mv[rel:rel + p_len], st.dtype, st.byteorder)
+                if ops.bad(arr, st.dtype):
                     bad.append(st.key)
                 del arr
             if p_off + p_len >= st.nbytes:
@@ -250,29 +331,23 @@ def _windows(group: list[Storage]):
         yield start, end - start, cur
 
 
-def _memory_array(np, st: Storage):
-    """A numpy view of an in-memory torch tensor (``--unsafe-load``)."""
-    t = st.data
+def _memory_array(ops, st: Storage):
+    """A view of an in-memory torch tensor (``--unsafe-load``)."""
     try:
-        if st.dtype in _NATIVE:
-            return t.contiguous().view(-1).numpy().view(_NATIVE[st.dtype])
-        import torch
-
-        width = {"u2": torch.int16, "u1": torch.uint8}[_BITS[st.dtype][0]]
-        return t.contiguous().view(-1).view(width).numpy().view(np.dtype(_BITS[st.dtype][0]))
+        return ops.from_tensor(st.data, st.dtype)
     except Exception:  # noqa: BLE001 - unsupported layouts stay unscanned
         return None
 
 
-def _count_tensor(np, st: Storage, t: TensorInfo, name: str) -> TensorHit | None:
+def _count_tensor(ops, st: Storage, t: TensorInfo, name: str) -> TensorHit | None:
     """Count NaN/+Inf/-Inf in the element range of ``t`` inside storage ``st``."""
     if st.data is not None:
-        arr = _memory_array(np, st)
+        arr = _memory_array(ops, st)
         if arr is None:
             return None
-        nan, pinf, ninf, first = _count(np, arr, st.dtype)
+        nan, pinf, ninf, first = ops.count(arr, st.dtype)
     else:
-        itemsize = np.dtype(_NATIVE.get(st.dtype) or _BITS[st.dtype][0]).itemsize
+        itemsize = ops.itemsize(st.dtype)
         per = 2 if st.dtype.startswith("complex") else 1
         lo = t.storage_offset * itemsize * per if t.parts == [] else 0
         extent = _extent(t) * itemsize * per if t.parts == [] else st.nbytes
@@ -284,8 +359,8 @@ def _count_tensor(np, st: Storage, t: TensorInfo, name: str) -> TensorHit | None
             while pos < hi:
                 n = min(CHUNK, hi - pos)
                 f.seek(st.offset + pos)
-                arr = _view(np, f.read(n), st.dtype, st.byteorder)
-                a, b, c, fi = _count(np, arr, st.dtype)
+                arr = ops.view(f.read(n), st.dtype, st.byteorder)
+                a, b, c, fi = ops.count(arr, st.dtype)
                 if fi >= 0 and first < 0:
                     first = (pos - lo) // itemsize + fi
                 nan, pinf, ninf = nan + a, pinf + b, ninf + c
