@@ -159,3 +159,16 @@ def test_broken_pipe_is_not_an_error(extra):
         assert r.read(100)
     assert p.wait(timeout=60) == 0
     assert b"Traceback" not in p.stderr.read()
+
+
+def test_parser_keeps_everything_after_run_script_for_the_script():
+    from torchdoctor.triage.cli_fast import parse
+
+    a = parse(["loss", "is", "nan", "--json", "--run", "train.py", "--lr", "3", "--json", "-"])
+    assert a.words == ["loss", "is", "nan"] and a.as_json and not a.stdin
+    assert a.run == ["train.py", "--lr", "3", "--json", "-"]
+    a = parse(["--", "--weird", "words"])
+    assert a.words == ["--weird", "words"] and a.run is None
+    assert parse(["-", "--json"]).stdin
+    a = parse(["slow", "--run", "-m", "pkg.train", "--epochs", "1"])
+    assert a.run == ["-m", "pkg.train", "--epochs", "1"]

@@ -484,7 +484,8 @@ KNOWN: tuple[Known, ...] = (
       "so:libtorch_python.so", "The .grad attribute of a Tensor that is not a leaf Tensor is being accessed.",
       "UserWarning: The .grad attribute of a Tensor that is not a leaf Tensor is being accessed. Its .grad "
       "attribute won't be populated during autograd.backward().", severity="warning"),
-    K("inference-saved", DBG, "inference-mode tensor used in autograd", "inference tensors cannot be saved for backward",
+    K("inference-saved", DBG, "inference-mode tensor used in autograd",
+      "inference tensors cannot be saved for backward",
       r"Inference tensors cannot be saved for backward",
       "A tensor created under `torch.inference_mode()` flowed into a computation being trained.",
       "Create it under `torch.no_grad()` instead, or `.clone()` it outside inference mode.",

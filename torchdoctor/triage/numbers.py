@@ -8,6 +8,7 @@ from PyTorch's own formatting ("2.00 GiB", "3.44 MiB"; decimal units for "GB"/"M
 from __future__ import annotations
 
 import re
+
 _UNITS = {"b": 1, "bytes": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50,
           "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 SIZE = r"(\d+(?:\.\d+)?)\s*(bytes|[kmgtp]?i?b)\b"

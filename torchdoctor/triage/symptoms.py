@@ -18,8 +18,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torchdoctor.skills import (CHECKPOINTING, CUSTOM_AUTOGRAD, DEBUGGING, DISTRIBUTED, MIXED_PRECISION,
-                                MODULE_DESIGN, PERFORMANCE, TENSOR_MEMORY)
+from torchdoctor.skills import (
+    CHECKPOINTING,
+    CUSTOM_AUTOGRAD,
+    DEBUGGING,
+    DISTRIBUTED,
+    MIXED_PRECISION,
+    MODULE_DESIGN,
+    PERFORMANCE,
+    TENSOR_MEMORY,
+)
 
 MEM, MOD, DIST, MP = TENSOR_MEMORY, MODULE_DESIGN, DISTRIBUTED, MIXED_PRECISION
 PERF, DBG, CKPT, AG = PERFORMANCE, DEBUGGING, CHECKPOINTING, CUSTOM_AUTOGRAD
@@ -86,7 +94,8 @@ SIGNALS: tuple[Signal, ...] = (
     S(MEM, TOPIC, 2, "reduce memory", r"\b(?:reduce|lower|decrease|cut|save|saving|minimi[sz]e|less)\s+"
       r"(?:\w+\s+){0,2}(?:gpu\s+|cuda\s+)?(?:memory|vram|mem)\b"),
     S(MEM, SYMPTOM, 2, "GPU memory usage too high",
-      r"\b(?:memory|mem|vram|ram)\s+(?:usage|use|consumption|footprint|requirements?)\b|\b(?:uses?|using|takes?|taking|consumes?|needs?|eats?)\s+(?:\w+\s+){0,2}(?:more|"
+      r"\b(?:memory|mem|vram|ram)\s+(?:usage|use|consumption|footprint|requirements?)\b|"
+      r"\b(?:uses?|using|takes?|taking|consumes?|needs?|eats?)\s+(?:\w+\s+){0,2}(?:more|"
       r"too\s+much|a\s+lot\s+of|lots\s+of|so\s+much|way\s+more)\s+(?:gpu\s+|cuda\s+)?(?:memory|vram|ram)\b|"
       r"\bpeak\s+(?:gpu\s+|cuda\s+)?memory\b|\bnvidia-smi\b[^.?!\n]{0,40}" + _SIZE + r"|"
       r"\bfit\b[^.?!\n]{0,40}(?:" + _SIZE + r"|\bmemory\b|\bvram\b|\bon\s+(?:a|one|my)\s+(?:gpu|card))"),
@@ -155,7 +164,8 @@ SIGNALS: tuple[Signal, ...] = (
     S(DBG, SYMPTOM, 3, "NaN / Inf", r"\bnans?\b|\bnan'?s\b|\binfs?\b|\binfinity\b|\bnon-?finite\b|"
       r"\bnot\s+finite\b|\bisnan\b|\bisfinite\b"),
     S(DBG, SYMPTOM, 3, "loss exploding", r"\b(?:loss|gradients?|grads?|outputs?|logits|activations|weights|"
-      r"values?|norms?)\b[^.?!\n]{0,40}\b(?:explod\w*|blow\w*\s+up|blew\s+up|diverg\w*|spik(?:e|es|ed|ing)\b(?!\s+neur)|shoots?\s+up|"
+      r"values?|norms?)\b[^.?!\n]{0,40}\b(?:explod\w*|blow\w*\s+up|blew\s+up|diverg\w*|"
+      r"spik(?:e|es|ed|ing)\b(?!\s+neur)|shoots?\s+up|"
       r"shot\s+up|overflow\w*|goes\s+to\s+infinity)|\b(?:exploding|vanishing)\s+(?:gradients?|loss)\b|"
       r"\bgradients?\s+(?:explo\w*|vanish\w*)|\bgradient\s+explosion\b|\bdiverg\w*\b|\bloss\s+spikes?\b"),
     S(DBG, SYMPTOM, 2, "training unstable", r"\bunstable\b|\binstabilit\w*\b|\bnumerical(?:ly)?\s+(?:issues?|"
