@@ -71,6 +71,9 @@ def run_once(kind: str, workload: Path, wargs: list[str], timeout: float) -> dic
         if probe != "bare":
             rep = json.loads(p.stdout)
             out["findings"] = [f["code"] for f in rep["findings"]]
+            window = (rep.get("metrics", {}).get("profile") or {}).get("window_cost")
+            if window:  # profile: the recorded steps themselves (inside the workload's warm-up)
+                out["profile_window"] = window
         return out
 
 
@@ -116,6 +119,15 @@ def main() -> int:
                                 "cpu_step_ms_median": cpu, "cpu_ratio": cpu_ratio,
                                 "wall_s_median": wall,
                                 "findings": samples[k][-1].get("findings")}
+        windows = [s["profile_window"] for s in samples[k] if s.get("profile_window")]
+        if windows:
+            rec = statistics.median(x["recorded_step_ms"] for x in windows)
+            unp = statistics.median(x["step_ms"] for x in windows)
+            ana = statistics.median(x.get("analysis_s") or 0.0 for x in windows)
+            print(f"{'':<{w}} profiler window: recorded steps {rec:.3f} ms vs {unp:.3f} ms "
+                  f"un-profiled ({rec / unp:.2f}x), analysis {ana:.2f} s")
+            summary["probes"][k]["profile_window"] = {"recorded_step_ms": rec, "step_ms": unp,
+                                                      "ratio": rec / unp, "analysis_s": ana}
     budget = BUDGET.get(a.workload)
     ok = True
     if budget and "checkup" in summary["probes"]:
