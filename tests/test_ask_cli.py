@@ -91,15 +91,13 @@ def _probes_ready(command: str) -> bool:
 
 
 def test_run_hands_off_to_the_first_routes_probe(cli, tmp_path):
-    """`ask ... --run PATH`: routing on stderr, the probe's own report and exit code on stdout."""
+    """`ask ... --run PATH`: the probe's own report and exit code, with the route in it."""
     junk = tmp_path / "last.pt"
     junk.write_text("not a checkpoint")
     r = cli("ask", "resume from checkpoint", "--json", "--run", str(junk))
-    assert "checkpointing-and-reproducibility" in r.stderr and "Traceback" not in r.stderr
-    if not _probes_ready("checkpoint_audit"):
-        assert r.returncode == 2 and "--run needs the script probes" in r.stderr
-        return
+    assert "Traceback" not in r.stderr
     d = json.loads(r.stdout)
+    assert d["metrics"]["route"]["skill"] == "checkpointing-and-reproducibility"
     assert d["command"] == "checkpoint-audit" and d["target"] == str(junk)
     assert r.returncode == 1 and any(f["code"] == "ckpt-unreadable" for f in d["findings"])
 
@@ -115,7 +113,7 @@ def test_run_profiles_a_script(cli, tmp_path):
     r = cli("ask", "training is slow", "--json", "--run", str(script), timeout=600)
     assert r.returncode in (0, 1), r.stderr[-2000:]
     d = json.loads(r.stdout)
-    assert d["command"] == "profile" and "performance-profiling" in r.stderr
+    assert d["command"] == "profile" and d["metrics"]["route"]["skill"] == "performance-profiling"
 
 
 def test_words_starting_with_a_dash_are_words(cli):
@@ -172,3 +170,10 @@ def test_parser_keeps_everything_after_run_script_for_the_script():
     assert parse(["-", "--json"]).stdin
     a = parse(["slow", "--run", "-m", "pkg.train", "--epochs", "1"])
     assert a.run == ["-m", "pkg.train", "--epochs", "1"]
+
+
+def test_help_after_run_belongs_to_the_script():
+    from torchdoctor.main import _asks_for_help
+
+    assert _asks_for_help(["slow", "--help"])
+    assert not _asks_for_help(["slow", "--run", "train.py", "-h"])

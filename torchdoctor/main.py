@@ -15,9 +15,15 @@ FAST_PATHS: dict[str, str] = {
 }
 
 
+def _asks_for_help(args: list[str]) -> bool:
+    """--help/-h among torchdoctor's own options: those before ``--run`` (the script's follow it)."""
+    own = args[: args.index("--run")] if "--run" in args else args
+    return bool({"--help", "-h"} & set(own))
+
+
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] in FAST_PATHS and not ({"--help", "-h"} & set(args[1:])):
+    if args and args[0] in FAST_PATHS and not _asks_for_help(args[1:]):
         mod_name, fn_name = FAST_PATHS[args[0]].split(":")
         fn = getattr(importlib.import_module(mod_name), fn_name)
         sys.exit(fn(args[1:]))

@@ -21,6 +21,11 @@ FailOnOpt = Annotated[
 ]
 
 
+# Facts a caller in the same process attaches to the next report (e.g. `ask --run` puts the
+# route it took here, so the probe's report shows the route before its findings).
+ATTACHED_METRICS: dict = {}
+
+
 def debug_enabled() -> bool:
     return os.environ.get("TORCHDOCTOR_DEBUG", "") not in ("", "0")
 
@@ -77,6 +82,8 @@ def emit(report, as_json: bool, fail_on: str = "error", out_dir: str | Path | No
     from torchdoctor.report.jsonout import render_json
 
     fail_on = check_fail_on(fail_on)
+    for key, value in ATTACHED_METRICS.items():
+        report.metrics.setdefault(key, value)
     if out_dir is not None:
         from torchdoctor.report.console import render_to_text
 

@@ -102,13 +102,18 @@ def run(argv: list[str]) -> int:
         _emit(answer, a.as_json)
         return EXIT_OK
     answer.script = a.run[0] if a.run[0] != "-m" or len(a.run) < 2 else f"-m {a.run[1]}"
-    _emit(answer, False, to_stderr=True)  # the routing goes to stderr; stdout carries the probe's report
     if not answer.routes:
+        _emit(answer, False, to_stderr=True)  # the clarifying question
         raise DoctorError("no route to run yet: answer the question above first",
                           hint="describe the symptom, e.g. torchdoctor ask \"training is slow\" --run train.py")
     from torchdoctor.triage.handoff import run_probe_for_route
 
-    return run_probe_for_route(answer.routes[0].skill, a.run, a.as_json)
+    first = answer.routes[0]
+    route = {"query": answer.query, "skill": first.skill, "why": first.why, "probe": first.probe,
+             "then": [r.skill for r in answer.routes[1:]],
+             "steps": [f"{s['text']} [{s['by']}]" for s in first.steps]}
+    # the probe's own report (stdout) carries the route as metrics["route"], drawn first
+    return run_probe_for_route(first.skill, a.run, a.as_json, route=route)
 
 
 def _silence_stdout() -> None:

@@ -32,7 +32,8 @@ def _importable(name: str) -> bool:
         return False
 
 
-def run_probe_for_route(skill: str, script_argv: list[str], as_json: bool = False) -> int:
+def run_probe_for_route(skill: str, script_argv: list[str], as_json: bool = False,
+                        route: dict | None = None) -> int:
     """Run the probe for ``skill`` on ``script_argv`` (SCRIPT ARGS... or PATH); returns its exit code."""
     if skill not in PROBE_COMMAND:
         raise DoctorError(f"no probe for skill {skill!r}")
@@ -42,5 +43,8 @@ def run_probe_for_route(skill: str, script_argv: list[str], as_json: bool = Fals
         raise DoctorError(NEEDS_PROBES, hint=f"run it yourself once they land: torchdoctor {command} "
                           + " ".join(script_argv))
     from torchdoctor.cli import run_app
+    from torchdoctor.commands._common import ATTACHED_METRICS
 
+    if route is not None:
+        ATTACHED_METRICS["route"] = route
     return run_app(probe_argv(skill, script_argv, as_json))
