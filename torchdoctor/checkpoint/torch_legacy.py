@@ -10,7 +10,6 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from typing import Any
 
 from torchdoctor.checkpoint.errors import Unreadable
 from torchdoctor.checkpoint.pickle_scan import PickleScanError, scan_pickle

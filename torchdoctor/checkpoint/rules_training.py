@@ -1,0 +1,160 @@
+"""Rules on training state: what resuming exactly needs (see ``rules.py`` for ``--expect``)."""
+
+from __future__ import annotations
+
+from torchdoctor.checkpoint.rules_base import Evidence, Judgment, short
+from torchdoctor.checkpoint.walk import iter_tensors
+from torchdoctor.findings import finding
+
+
+def rule_missing_training_state(ev: Evidence, j: Judgment) -> None:
+    r = ev.roles
+    codes = ("ckpt-missing-optimizer", "ckpt-missing-scheduler", "ckpt-missing-rng", "ckpt-missing-progress",
+             "ckpt-missing-scaler")
+    if j.mode == "weights":
+        why = "--expect weights" if ev.expect == "weights" else "judged a weights export (--expect resume to require)"
+        for code in codes:
+            j.skipped.append((code, why))
+        if ev.expect == "auto" and r.model is not None and r.model.tensors:
+            j.findings.append(finding(
+                "ckpt-missing-optimizer",
+                "weights-only checkpoint: fine for inference or fine-tuning, but training cannot resume exactly "
+                "from it (no optimizer, scheduler, RNG state)",
+                {"holds": sorted({v.split(" ")[0] for v in r.role_of.values()}),
+                 "mode": "auto → weights (pass --expect resume to require training state)"},
+                fix="If this file is meant for resuming, save optimizer.state_dict(), scheduler.state_dict(), "
+                    "the RNG states and the epoch/step with the model.",
+                severity="info",
+            ))
+        return
+    _missing_optimizer(ev, j)
+    _missing_scheduler(ev, j)
+    _missing_rng(ev, j)
+    _missing_progress(ev, j)
+    _missing_scaler(ev, j)
+
+
+def _missing_optimizer(ev: Evidence, j: Judgment) -> None:
+    r = ev.roles
+    if r.optimizers:
+        return
+    j.findings.append(finding(
+        "ckpt-missing-optimizer",
+        "no optimizer state: resuming restarts the optimizer (Adam moments, momentum) from zero",
+        {"training_state_present": r.training_state or "none", "mode": _mode_text(ev)},
+        fix="Save optimizer.state_dict() with the model and load it with optimizer.load_state_dict() after "
+            "building the optimizer over the same parameters.",
+    ))
+
+
+def _missing_scheduler(ev: Evidence, j: Judgment) -> None:
+    r = ev.roles
+    if r.schedulers:
+        return
+    if not r.optimizers:
+        j.findings.append(finding(
+            "ckpt-missing-scheduler",
+            "no LR-scheduler state, and no optimizer state to tell whether a scheduler was used",
+            {"mode": _mode_text(ev)},
+            fix="If an LR scheduler drives training, save scheduler.state_dict() too.",
+            severity="info",
+        ))
+        return
+    opt = next((o for o in r.optimizers if o.has_initial_lr), None)
+    if opt is None:
+        j.facts["scheduler"] = "none attached (no initial_lr in param_groups)"
+        return
+    lrs = [(g.get("initial_lr"), g.get("lr")) for g in opt.param_groups if isinstance(g, dict)]
+    j.findings.append(finding(
+        "ckpt-missing-scheduler",
+        "an LR scheduler drove this optimizer (param_groups carry initial_lr) but its state was not saved: "
+        "on resume the schedule restarts from step 0",
+        {"optimizer": opt.path or "<root>", "initial_lr_vs_lr": [f"{a} → {b}" for a, b in lrs[:4]]},
+        fix="Save scheduler.state_dict() and call scheduler.load_state_dict() after creating the scheduler on "
+            "resume (create it before loading, with the same arguments).",
+    ))
+
+
+def _cuda_devices(ev: Evidence) -> list[str]:
+    root = ev.stub_root if ev.stub_root is not None else ev.contents.root
+    return sorted({t.device for _n, t in iter_tensors(root) if t.device.startswith("cuda")})
+
+
+def _missing_rng(ev: Evidence, j: Judgment) -> None:
+    r = ev.roles
+    if not r.rng:
+        j.findings.append(finding(
+            "ckpt-missing-rng",
+            "no RNG state: after resuming, dropout masks, augmentation and shuffling differ from an "
+            "uninterrupted run",
+            {"looked_for": "torch CPU (uint8[5056]), CUDA (uint8[16] per device), numpy, python random states",
+             "mode": _mode_text(ev)},
+            fix="Save torch.get_rng_state(), torch.cuda.get_rng_state_all(), np.random.get_state() and "
+                "random.getstate() (and the DataLoader generator's state) and restore them on resume.",
+        ))
+        return
+    missing = []
+    cuda = _cuda_devices(ev)
+    if "torch" not in r.rng:
+        missing.append("torch CPU")
+    if cuda and "cuda" not in r.rng:
+        missing.append("CUDA")
+    j.facts["rng"] = {"found": r.rng, "missing": missing}
+    if missing:
+        j.findings.append(finding(
+            "ckpt-missing-rng",
+            f"RNG state is incomplete: {' and '.join(missing)} generator state missing",
+            {"found": [f"{k} at {v}" for k, v in r.rng.items()], "missing": missing,
+             "cuda_tensors_on": cuda or "none"},
+            fix="Add torch.get_rng_state() and, when training on GPU, torch.cuda.get_rng_state_all().",
+        ))
+
+
+def _missing_progress(ev: Evidence, j: Judgment) -> None:
+    r = ev.roles
+    if r.progress:
+        return
+    alt = []
+    for o in r.optimizers:
+        for st in list(o.state.values())[:1]:
+            if isinstance(st, dict) and "step" in st:
+                alt.append(f"{o.path or 'optimizer'}.state[...].step (optimizer steps, not epochs)")
+    if r.schedulers:
+        alt.append(f"{r.schedulers[0]}.last_epoch (scheduler steps)")
+    ev_ = {"looked_for": "epoch, step, global_step, iteration … at the top level or in a progress/state dict",
+           "mode": _mode_text(ev)}
+    if alt:
+        ev_["partial_counters"] = alt
+    j.findings.append(finding(
+        "ckpt-missing-progress",
+        "no epoch/step counter: a resumed run does not know where to continue (epoch, sampler epoch, "
+        "logging step)",
+        ev_,
+        fix="Save {'epoch': epoch, 'global_step': step} (the next epoch/step to run) and restore the loop "
+            "and DistributedSampler.set_epoch from it.",
+    ))
+
+
+def _missing_scaler(ev: Evidence, j: Judgment) -> None:
+    r = ev.roles
+    if r.scalers:
+        return
+    if not r.fp16_signs:
+        j.skipped.append(("ckpt-missing-scaler", "no float16 training signs (config flags or float16 "
+                                                 "optimizer state)"))
+        return
+    ev_ = {"float16_signs": short(r.fp16_signs, 6)}
+    if r.empty_scalers:
+        ev_["empty_scaler_entries"] = r.empty_scalers
+    j.findings.append(finding(
+        "ckpt-missing-scaler",
+        "float16 training but no GradScaler state: on resume the loss scale restarts at 65536 and the "
+        "first steps overflow or underflow",
+        ev_,
+        fix="Save scaler.state_dict() and restore it with scaler.load_state_dict() (an empty dict means the "
+            "scaler was disabled: GradScaler(enabled=False)).",
+    ))
+
+
+def _mode_text(ev: Evidence) -> str:
+    return "--expect resume" if ev.expect == "resume" else "auto → resume (training state present)"
