@@ -170,3 +170,14 @@ def test_walk_handles_cycles():
     a: dict = {"t": TensorInfo("float32", (1,))}
     a["self"] = a
     assert [n for n, _t in iter_tensors(a)] == ["t"]
+
+
+def test_hub_folder_with_both_weight_formats_reads_safetensors(tmp_path):
+    import json as _json
+
+    h = _json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(h)) + h + bytes(4))
+    torch.save({"w": torch.ones(1)}, tmp_path / "pytorch_model.bin")
+    (tmp_path / "config.json").write_text("{}")
+    c = read(str(tmp_path))
+    assert c.format == "safetensors" and "pytorch_model.bin, not read" in c.notes[0]

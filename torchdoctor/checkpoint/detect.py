@@ -19,6 +19,7 @@ from torchdoctor.checkpoint.values import Contents
 from torchdoctor.errors import DoctorError
 
 CKPT_EXT = (".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".tar", ".pkl", ".pickle", ".model")
+HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin", "adapter_model.safetensors", "adapter_model.bin")
 TRAINER_FILES = ("optimizer.pt", "optimizer.bin", "scheduler.pt", "scaler.pt", "trainer_state.json",
                  "training_args.bin", "rng_state.pth", "random_states_0.pkl")
 _MAGIC = [
@@ -250,9 +251,13 @@ def _read_dir(path: str) -> Contents:
         raise Unreadable("no checkpoint in directory",
                          "no .metadata (DCP), no *.index.json, no .pt/.pth/.bin/.ckpt/.safetensors file; "
                          f"it holds: {shown or 'nothing'}", path)
+    same_weights = [n for n in HF_WEIGHTS if n in ckpts]
+    if not indexes and not trainer and same_weights and len(same_weights) == len(ckpts):
+        ckpts = same_weights[:1]  # a Hub folder with the same weights as .safetensors and .bin: read the first
     if not indexes and not trainer and len(ckpts) == 1:
         c = _read_file(os.path.join(path, ckpts[0]))
-        c.notes.append(f"the folder holds one checkpoint file: {ckpts[0]}")
+        c.notes.append(f"the folder holds one checkpoint: {ckpts[0]}"
+                       + (f" (also as {', '.join(same_weights[1:])}, not read)" if len(same_weights) > 1 else ""))
         return c
     if not indexes and not trainer:
         raise DoctorError(f"{path} holds {len(ckpts)} checkpoint files ({', '.join(ckpts[:4])}"
