@@ -2,7 +2,9 @@
 
 Without SCRIPT: audit launch variables, backends, NCCL_*/TORCH_NCCL_* settings and GPU
 topology, then run the collective self-test under torchrun on the local GPUs (gloo on CPU).
-Running a SCRIPT under dist needs the runner (not built yet).
+With SCRIPT (or -m MODULE): run it under torchrun on --nproc-per-node ranks (default: the GPU
+count, or 2 on CPU) with the distributed instruments (collective recorder, sampler checks,
+per-rank step clock): the ``dist`` script probe, one report merged across ranks.
 """
 
 from __future__ import annotations
@@ -11,8 +13,45 @@ from typing import Annotated, Optional
 
 import typer
 
-from torchdoctor.commands._common import FailOnOpt, JsonOpt, emit, guarded
+from torchdoctor.commands._common import FailOnOpt, JsonOpt, emit, eprint, guarded
 from torchdoctor.errors import DoctorError
+
+SCRIPT_STEPS = 50
+SCRIPT_TIMEOUT_S = 300.0
+
+
+def default_nproc() -> int:
+    """Ranks for a script when --nproc-per-node is not given: one per GPU, else 2 (gloo)."""
+    try:
+        import torch
+
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001
+        n = 0
+    return n if n >= 1 else 2
+
+
+def run_script(target: str, args: list[str], module: bool, nproc: int | None, steps: int,
+               timeout: float | None, out: str | None, as_json: bool, fail_on: str) -> None:
+    """``torchdoctor dist SCRIPT``: the script probe ``dist`` under torchrun, merged report."""
+    from torchdoctor.commands._common import check_fail_on
+    from torchdoctor.probes.run import run_probe
+
+    if steps < 0:
+        raise DoctorError(f"--steps must be >= 0, not {steps}")
+    if timeout is not None and not timeout > 0:
+        raise DoctorError(f"--timeout must be > 0 seconds, not {timeout:g}")
+    if nproc is not None and nproc < 1:
+        raise DoctorError(f"--nproc-per-node must be at least 1, not {nproc}")
+    check_fail_on(fail_on)
+    timeout = timeout or SCRIPT_TIMEOUT_S
+    n = nproc or default_nproc()
+    bound = f"up to {steps} steps, " if steps else ""
+    eprint(f"torchdoctor dist: running {'-m ' if module else ''}{target}"
+           f"{' ' + ' '.join(args) if args else ''} on {n} ranks ({bound}timeout {timeout:g} s)")
+    report = run_probe("dist", target, args, {"steps": steps, "timeout": timeout, "out": out,
+                                              "module": module, "nproc_per_node": n})
+    emit(report, as_json, fail_on, out)
 
 
 def register(app: typer.Typer) -> None:
@@ -25,12 +64,20 @@ def register(app: typer.Typer) -> None:
     )
     @guarded
     def dist(
-        script: Annotated[Optional[str], typer.Argument(metavar="SCRIPT", help="(not yet) a training script to run under "
-                                                             "torchrun.", show_default=False)] = None,
+        script: Annotated[Optional[str], typer.Argument(
+            metavar="SCRIPT", show_default=False,
+            help="A training script to run under torchrun with the distributed instruments "
+                 "(instead of the self-test).")] = None,
         args: Annotated[Optional[list[str]], typer.Argument(metavar="[ARGS]...", help="Arguments passed to SCRIPT.",
                                                             show_default=False)] = None,
+        module: Annotated[Optional[str], typer.Option(
+            "-m", "--module", metavar="MODULE", show_default=False,
+            help="Run a module (like python -m) instead of SCRIPT.")] = None,
+        steps: Annotated[int, typer.Option(
+            "--steps", metavar="N",
+            help="With SCRIPT: stop every rank cleanly after N optimizer steps (0: no limit).")] = SCRIPT_STEPS,
         nproc_per_node: Annotated[Optional[int], typer.Option(
-            "--nproc-per-node", help="Self-test ranks (default: GPU count, or 2 gloo ranks on CPU).",
+            "--nproc-per-node", help="Ranks (default: GPU count, or 2 gloo ranks on CPU).",
             show_default=False)] = None,
         backend: Annotated[str, typer.Option("--backend", help="auto, nccl or gloo.",
                                              metavar="auto|nccl|gloo")] = "auto",
@@ -40,17 +87,23 @@ def register(app: typer.Typer) -> None:
             "--sizes", help="All-reduce sizes, e.g. 1M,64M,1G (default 1M..1G on GPU, 64K..4M on CPU).",
             show_default=False)] = None,
         timeout: Annotated[Optional[float], typer.Option(
-            "--timeout", help="Wall-clock bound of the self-test in seconds (default 180 GPU, 60 CPU).",
+            "--timeout", help="Wall-clock bound in seconds (self-test: 180 GPU, 60 CPU; SCRIPT: 300).",
             show_default=False)] = None,
         out: Annotated[Optional[str], typer.Option("--out", help="Folder for the report and rank files.",
                                                    show_default=False)] = None,
         as_json: JsonOpt = False,
         fail_on: FailOnOpt = "error",
     ) -> None:
-        if script is not None:
-            raise DoctorError("running a script under dist needs the runner (not built yet)",
-                              hint="run `torchdoctor dist` without a script for the environment audit "
-                                   "and collective self-test")
+        if script is not None or module is not None:
+            if backend.strip().lower() != "auto" or sizes is not None or not selftest:
+                raise DoctorError("--backend, --sizes and --no-selftest apply to the self-test, not "
+                                  "to a script (the script chooses its own backend)")
+            extra = list(args or [])
+            if module is not None and script is not None:
+                extra = [script] + extra
+            run_script(module or script, extra, module is not None, nproc_per_node, steps, timeout,
+                       out, as_json, fail_on)
+            return
         from torchdoctor.dist.probe import DistOptions, parse_sizes, run_dist
 
         b = backend.strip().lower()

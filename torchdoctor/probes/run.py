@@ -167,6 +167,10 @@ def run_probe(probe: str, target: str, script_args: list[str], options: dict[str
                quiet_patterns=QUIET_PATTERNS, show_progress=show)
         return Evidence.load(d)
 
+    if opts.get("nproc_per_node"):  # torchrun: the harness on every rank, one merged report
+        from torchdoctor.dist.ranked import run_ranked
+
+        return run_ranked(probe, target, argv, module=module, opts=opts, timeout=timeout, show=show)
     run_dir, is_tmp = _run_dir(opts.get("out"))
     if is_tmp:
         tmp_dirs.append(run_dir)

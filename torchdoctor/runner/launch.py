@@ -135,11 +135,13 @@ def launch(run_dir: str | os.PathLike, probe: str, argv: list[str], *, module: b
            options: dict[str, Any] | None = None, timeout: float | None = None,
            quiet_patterns: list[str] | None = None, show_progress: bool | None = None,
            on_event: Callable[[dict], None] | None = None,
-           env: dict[str, str] | None = None) -> LaunchResult:
+           env: dict[str, str] | None = None, ranks: Any = None) -> LaunchResult:
     """Run ``argv`` (script + args, or module + args) under the harness; blocks until done.
 
     Writes ``meta.json`` first and the final ``result.json`` last (the child's result plus
     what only the parent knows: timeout, signal, return code, wall time, output tail).
+    ``ranks`` (a :class:`torchdoctor.dist.torchrun.RankSet`): run the harness on every rank
+    under torchrun, one run dir per rank; timeout, Ctrl-C and clean-up go to every rank.
     """
     d = Path(run_dir)
     d.mkdir(parents=True, exist_ok=True)
@@ -152,11 +154,14 @@ def launch(run_dir: str | os.PathLike, probe: str, argv: list[str], *, module: b
     if env:
         child_env.update(env)
     cmd = [sys.executable, "-c", _BOOT, _PKG_ROOT, str(d)]
+    if ranks is not None:
+        cmd, child_env = ranks.command(cmd), ranks.env(child_env)
     lock = threading.Lock()
     if show_progress is None:
         show_progress = sys.stderr.isatty()
     steps = options.get("steps")
-    progress = _Progress(d / EVENTS, int(steps) if steps else None, on_event, show_progress, lock)
+    progress = _Progress(ranks.events_path() if ranks is not None else d / EVENTS,
+                         int(steps) if steps else None, on_event, show_progress, lock)
     tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
     quiet = [re.compile(p) for p in (quiet_patterns or [])]
 
@@ -164,6 +169,8 @@ def launch(run_dir: str | os.PathLike, probe: str, argv: list[str], *, module: b
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, env=child_env, start_new_session=True)
     pgid = proc.pid
+    if ranks is not None:
+        ranks.started(proc.pid)
     pump = threading.Thread(target=_pump, args=(proc.stdout, quiet, tail, lock, progress),
                             daemon=True)
     pump.start()
@@ -182,34 +189,49 @@ def launch(run_dir: str | os.PathLike, probe: str, argv: list[str], *, module: b
             if now - last_poll >= 0.25:
                 last_poll = now
                 progress.poll()
-                if result_seen_at is None and (d / RESULT).exists():
+                if result_seen_at is None and (ranks.results_written() if ranks is not None
+                                               else (d / RESULT).exists()):
                     result_seen_at = now
             if deadline is not None and now >= deadline and not timed_out:
                 timed_out = True
-                try:
-                    os.kill(proc.pid, signal.SIGUSR1)  # faulthandler: every thread's stack
-                except ProcessLookupError:
-                    pass
+                if ranks is not None:  # every rank's stacks and flight recorder, not torchrun's
+                    ranks.request_dumps()
+                else:
+                    try:
+                        os.kill(proc.pid, signal.SIGUSR1)  # faulthandler: every thread's stack
+                    except ProcessLookupError:
+                        pass
                 kill_at = now + STACK_DUMP_WAIT_S
-            if kill_at is not None and now >= kill_at:
+            if kill_at is not None and now >= kill_at and (ranks is None or ranks.dumps_done()):
+                if ranks is not None:
+                    ranks.kill()
                 _killpg(pgid)
                 kill_at = None
             if result_seen_at is not None and now - result_seen_at > EXIT_GRACE_S:
+                if ranks is not None:
+                    ranks.kill()
                 _killpg(pgid)  # evidence is written; the script lingers (threads, atexit)
                 result_seen_at = float("inf")
             time.sleep(0.02)
         except KeyboardInterrupt:
             if interrupted:  # second Ctrl-C: stop now
+                if ranks is not None:
+                    ranks.kill()
                 _killpg(pgid)
                 continue
             interrupted = True
-            try:
-                os.kill(proc.pid, signal.SIGINT)
-            except ProcessLookupError:
-                pass
+            if ranks is not None:
+                ranks.interrupt()
+            else:
+                try:
+                    os.kill(proc.pid, signal.SIGINT)
+                except ProcessLookupError:
+                    pass
             kill_at = time.monotonic() + INTERRUPT_GRACE_S
     wall = time.monotonic() - t0
     _killpg(pgid)  # whatever the script left behind (DataLoader workers, subprocesses)
+    if ranks is not None:
+        ranks.kill()  # ranks run in sessions of their own: the group kill does not reach them
     pump.join(timeout=3.0)
     progress.poll()
     with lock:
@@ -235,6 +257,8 @@ def launch(run_dir: str | os.PathLike, probe: str, argv: list[str], *, module: b
     if interrupted:
         result["interrupted"] = True
     result.update(returncode=rc, wall_s=round(wall, 3), output_tail=list(tail))
+    if ranks is not None:
+        result = ranks.finish(result)
     write_json(d / RESULT, result)
     return LaunchResult(outcome=result["outcome"], returncode=rc, wall_s=wall, result=result,
                         output_tail=list(tail))

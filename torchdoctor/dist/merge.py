@@ -1,0 +1,92 @@
+"""Load the rank dirs of a ranked run into one cross-rank :class:`Evidence` (reading only).
+
+Every event of rank R keeps its kind and gains ``"rank": R``; the files beside the events
+become events too, so the cross-rank rules stay pure functions of one Evidence:
+
+* ``rank_result`` {rank, outcome, exit_code, signal, steps, stopped_by_launcher, exception?}
+* ``rank_stacks`` {rank, threads, fatal}: the last faulthandler dump of the rank, if any
+* ``collective`` {rank, seq, op, shapes, dtype, site, fn, step, t, g?}: the recorder's lines
+* ``fr_entries`` {rank, api, entries: [{seq, pg, op, sizes, dtypes, state, completed}]}:
+  the tail of the flight recorder dump, if one was written
+
+``meta``: {probe, world_size, options}; ``result``: the merged top-level result.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from torchdoctor.dist.rankdir import COLLECTIVES, COLLECTIVES_OLD, FR_TRACE, rank_dir
+from torchdoctor.evidence import Evidence
+from torchdoctor.runner.rundir import META, RESULT, STACKS, read_json
+
+FR_KEEP = 200  # flight recorder entries kept per rank (the most recent)
+
+
+def read_collectives(d: Path) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for name in (COLLECTIVES_OLD, COLLECTIVES):
+        p = d / name
+        if not p.exists():
+            continue
+        with open(p, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue  # a torn last line (killed mid-write)
+    return out
+
+
+def read_fr(d: Path) -> dict[str, Any] | None:
+    """The flight recorder dump of one rank, reduced to what the rules compare."""
+    p = d / FR_TRACE
+    try:
+        data = json.loads(p.read_text(errors="replace"))
+    except (OSError, ValueError):
+        return None
+    entries = []
+    for e in (data.get("entries") or [])[-FR_KEEP:]:
+        pg = e.get("process_group") or [None, None]
+        state = e.get("state")
+        entries.append({
+            "seq": e.get("collective_seq_id"), "p2p_seq": e.get("p2p_seq_id"),
+            "pg": pg[1] if isinstance(pg, list) and len(pg) > 1 else pg,
+            "op": e.get("profiling_name"), "sizes": e.get("input_sizes"),
+            "dtypes": e.get("input_dtypes"), "state": state, "p2p": bool(e.get("is_p2p")),
+            "completed": state == "completed" or bool(e.get("time_discovered_completed_ns")),
+        })
+    return {"entries": entries, "version": data.get("version")}
+
+
+def merged_evidence(run_dir: str | Path, nproc: int) -> tuple[dict[int, Evidence], Evidence]:
+    """({rank: that rank's Evidence}, the cross-rank Evidence) of a ranked run dir."""
+    from torchdoctor.runner.stacks import read_stacks
+
+    top = Path(run_dir)
+    per: dict[int, Evidence] = {}
+    events: list[dict[str, Any]] = []
+    for r in range(nproc):
+        d = rank_dir(top, r)
+        if not d.is_dir():
+            events.append({"kind": "rank_result", "rank": r, "outcome": "not_started"})
+            continue
+        ev = Evidence.load(d)
+        per[r] = ev
+        events.extend({**e, "rank": r} for e in ev.events)
+        events.append({"kind": "rank_result", "rank": r, **ev.result})
+        if (d / STACKS).exists():
+            st = read_stacks(d / STACKS)
+            if st.get("threads") or st.get("fatal"):
+                events.append({"kind": "rank_stacks", "rank": r, **st})
+        events.extend({"kind": "collective", "rank": r, **c} for c in read_collectives(d))
+        fr = read_fr(d)
+        if fr is not None:
+            events.append({"kind": "fr_entries", "rank": r, **fr})
+    meta = read_json(top / META) or {}
+    meta = {"probe": meta.get("probe"), "world_size": nproc, "options": meta.get("options", {}),
+            "argv": meta.get("argv")}
+    result = read_json(top / RESULT) or {}
+    return per, Evidence(meta=meta, events=events, result=result, run_dir=top)

@@ -1,0 +1,142 @@
+"""A script probe on N ranks (``--nproc-per-node N``): launch under torchrun, one merged report.
+
+Flow: run dir ``D`` (temporary, or ``--out DIR`` → ``DIR/run``) → :func:`launch` with a
+:class:`RankSet` (the harness on every rank, ``D/rank{R}``) → per rank, the same rules as a
+single run (probe ``"run"`` and the probe's own) → findings merged across ranks (one finding
+per code, with the ranks that raised it) → cross-rank rules (probe ``"ranks"``: collectives,
+samplers, stragglers) → secondary failures folded into the finding that explains them (a rank
+torchrun stopped because another failed; the crash or hang a collective mismatch caused) →
+metrics (rank 0's families, plus ``ranks``: per-rank step times and arrival lags).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from torchdoctor.evidence import Evidence
+from torchdoctor.findings import Finding, Report
+
+DIST_CODES = ("collective-hang", "collective-mismatch")
+# per-rank findings that a collective hang/mismatch explains (they are its symptoms)
+SYMPTOM_CODES = ("script-hung", "killed-by-signal", "script-crashed")
+
+
+def run_ranked(probe: str, target: str, argv: list[str], *, module: bool, opts: dict[str, Any],
+               timeout: float | None, show: bool | None) -> Report:
+    from torchdoctor.dist.torchrun import RankSet, quiet_patterns
+    from torchdoctor.probes.run import QUIET_PATTERNS, _run_dir
+    from torchdoctor.runner.launch import launch
+
+    n = int(opts["nproc_per_node"])
+    run_dir, is_tmp = _run_dir(opts.get("out"))
+    for old in run_dir.glob("rank*"):
+        shutil.rmtree(old, ignore_errors=True)
+    try:
+        launch(run_dir, probe, argv, module=module, options=opts, timeout=timeout,
+               quiet_patterns=QUIET_PATTERNS + quiet_patterns(dict(os.environ)), show_progress=show,
+               ranks=RankSet(run_dir, n))
+        label = " ".join(["-m", target] if module else [target])
+        return judge(probe, label, run_dir, n)
+    finally:
+        if is_tmp and not os.environ.get("TORCHDOCTOR_KEEP_RUN"):
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def judge(probe: str, target: str, run_dir: str | Path, nproc: int) -> Report:
+    """The merged report of a ranked run dir (pure apart from reading the files)."""
+    from torchdoctor.dist.merge import merged_evidence
+    from torchdoctor.dist.stragglers import rank_summary
+    from torchdoctor.probes.run import _context, _instrument_errors, _metrics, run_status
+    from torchdoctor.rules import run_rules
+
+    per, merged = merged_evidence(run_dir, nproc)
+    report = Report(command=probe, target=target)
+    first = per[min(per)] if per else Evidence()
+    report.context = {**_context(first), "ranks": nproc}
+    rank_reports: dict[int, Report] = {}
+    for r, ev in sorted(per.items()):
+        rep = Report(command=probe)
+        run_rules("run", ev, rep)
+        if probe != "run":
+            run_rules(probe, ev, rep)
+        _instrument_errors(ev, rep)
+        rank_reports[r] = rep
+    cross = Report(command=probe)
+    run_rules("ranks", merged, cross)
+    merge_findings(report, rank_reports, cross, merged, nproc)
+    if per:
+        scratch = Report(command=probe)
+        _metrics(first, scratch)  # rank 0's families (steps, memory, profile, nan...)
+        report.metrics.update(scratch.metrics)
+        report.findings.extend(f for f in scratch.findings if f.code == "internal-error")
+    ranks = rank_summary(merged.events, nproc)
+    if ranks:
+        report.metrics["ranks"] = ranks
+    first_run = report.metrics.get("run", {})  # rank 0's own: keep only its start-up time
+    report.metrics["run"] = {**{k: v for k, v in first_run.items() if k == "time_to_first_step_s"},
+                             **_run_metrics(merged)}
+    for r, ev in sorted(per.items()):
+        for a in ev.of("artifact"):
+            if a.get("name") and a.get("path"):
+                report.artifacts[f"rank{r}.{a['name']}" if r else str(a["name"])] = str(a["path"])
+    report.run_status = run_status(merged.result.get("outcome"))
+    return report
+
+
+def _run_metrics(merged: Evidence) -> dict[str, Any]:
+    res = merged.result
+    out = {k: res[k] for k in ("outcome", "exit_code", "failed_rank", "signal", "timeout_s",
+                               "wall_s", "steps", "launcher_returncode") if res.get(k) is not None}
+    out["ranks"] = res.get("ranks") or []
+    return out
+
+
+def merge_findings(report: Report, rank_reports: dict[int, Report], cross: Report,
+                   merged: Evidence, nproc: int) -> None:
+    """One finding per code across ranks; symptoms folded into the finding that explains them."""
+    results = {int(e["rank"]): e for e in merged.of("rank_result")}
+    explained = {f.code for f in cross.findings} & set(DIST_CODES)
+    stopped = {r for r, res in results.items() if res.get("stopped_by_launcher")}
+    failed_first = merged.result.get("failed_rank")
+    by_code: dict[str, list[tuple[int, Finding]]] = {}
+    folded: dict[str, str] = {}
+    for r, rep in sorted(rank_reports.items()):
+        for f in rep.findings:
+            if f.code in SYMPTOM_CODES and (explained or r in stopped):
+                if r in stopped and not explained:
+                    folded[f"rank {r}"] = f"stopped by torchrun after rank {failed_first} failed"
+                continue
+            by_code.setdefault(f.code, []).append((r, f))
+    for code, items in by_code.items():
+        report.add(_merge_one(items, nproc, folded if code in SYMPTOM_CODES else None))
+    for f in cross.findings:
+        report.add(f)
+    seen: dict[str, list[int]] = {}
+    reasons: dict[str, str] = {}
+    for r, rep in sorted(rank_reports.items()):
+        for s in rep.skipped:
+            seen.setdefault(s.rule, []).append(r)
+            reasons.setdefault(s.rule, s.reason)
+    for rule_name, ranks in seen.items():
+        suffix = "" if len(ranks) == nproc else f" (rank {', '.join(map(str, ranks))})"
+        report.skip(rule_name, reasons[rule_name] + suffix)
+    for s in cross.skipped:
+        report.skip(s.rule, s.reason)
+
+
+def _merge_one(items: list[tuple[int, Finding]], nproc: int, folded: dict[str, str] | None) -> Finding:
+    ranks = [r for r, _ in items]
+    r0, f = items[0]
+    evidence = {"ranks": "all" if len(set(ranks)) == nproc else [f"rank {r}" for r in ranks],
+                **f.evidence}
+    others = {f"rank {r}": g.title for r, g in items[1:] if g.title != f.title}
+    if others:
+        evidence["other_ranks"] = dict(list(others.items())[:8])
+    if folded:
+        evidence["other_rank_outcomes"] = folded
+    title = f.title if len(set(ranks)) == nproc else f"rank {r0}: {f.title}"
+    return dataclasses.replace(f, title=title, evidence=evidence)

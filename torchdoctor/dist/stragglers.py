@@ -1,0 +1,112 @@
+"""Pure per-rank step analysis of a ranked run: step times and arrival lags (no I/O).
+
+Arrival of rank r at step s: the start of its first ``backward`` in that step (``dist_step``
+``bwd_at``, host-wide monotonic clock). Its lag: arrival minus the median arrival of the
+other ranks. Synchronous data parallelism makes everyone wait for the last arrival.
+
+A rank can be last without doing more work: the ranks leave a collective at slightly
+different times (gloo's ring finishes on one rank later: ≈ 2 ms on a loaded 2-core box), and
+whoever leaves last arrives last at the next step. So the lag is blamed on a rank only when
+its own work also is longer: ``own`` = step wall time − backward − time inside recorded
+collectives, i.e. the work between two synchronisations (data, forward, optimizer, other),
+and the straggler's ``own`` exceeds the others' by a good part of its lag. The first step
+(warm-up: lazy init, DDP's first bucket rebuild) is left out.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from typing import Any
+
+PHASES = ("data", "forward", "backward", "optimizer", "other")
+WARMUP_STEPS = 1
+
+
+def per_rank_steps(events: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    out: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for e in events:
+        if e.get("kind") == "step" and "rank" in e:
+            out[int(e["rank"])].append(e)
+    return dict(out)
+
+
+def arrivals(events: list[dict[str, Any]]) -> dict[int, dict[int, float]]:
+    """{step: {rank: bwd_at}} for the steps where a backward started."""
+    out: dict[int, dict[int, float]] = defaultdict(dict)
+    for e in events:
+        if e.get("kind") == "dist_step" and e.get("bwd_at") is not None:
+            out[int(e["step"])][int(e["rank"])] = float(e["bwd_at"])
+    return dict(out)
+
+
+def own_work(events: list[dict[str, Any]]) -> dict[int, dict[int, float]]:
+    """{step: {rank: seconds of work outside backward and outside recorded collectives}}."""
+    coll = {(int(e["rank"]), int(e["step"])): float(e.get("coll_s") or 0.0)
+            for e in events if e.get("kind") == "dist_step"}
+    out: dict[int, dict[int, float]] = defaultdict(dict)
+    for e in events:
+        if e.get("kind") == "step" and "rank" in e:
+            r, s = int(e["rank"]), int(e["step"])
+            own = float(e["wall_s"]) - float(e.get("backward_s", 0.0)) - coll.get((r, s), 0.0)
+            out[s][r] = max(0.0, own)
+    return dict(out)
+
+
+def lag_table(events: list[dict[str, Any]], world: int) -> dict[str, Any] | None:
+    """Per rank: median lag (s), share of judged steps it arrived last, median excess of its own
+    work over the others' (s); None if unjudgeable."""
+    arr = arrivals(events)
+    own = own_work(events)
+    steps = sorted(s for s, by in arr.items() if len(by) == world and s > WARMUP_STEPS)
+    if world < 2 or not steps:
+        return None
+    lags: dict[int, list[float]] = defaultdict(list)
+    excess: dict[int, list[float]] = defaultdict(list)
+    last: dict[int, int] = defaultdict(int)
+    for s in steps:
+        by = arr[s]
+        for r, t in by.items():
+            others = [u for q, u in by.items() if q != r]
+            lags[r].append(t - statistics.median(others))
+            mine, rest = own.get(s, {}), [v for q, v in own.get(s, {}).items() if q != r]
+            if r in mine and rest:
+                excess[r].append(mine[r] - statistics.median(rest))
+        last[max(by, key=by.get)] += 1
+    return {"steps": len(steps),
+            "median_lag_s": {r: statistics.median(v) for r, v in sorted(lags.items())},
+            "last_share": {r: last[r] / len(steps) for r in sorted(lags)},
+            "own_excess_s": {r: statistics.median(v) for r, v in sorted(excess.items())}}
+
+
+def step_medians(steps: list[dict[str, Any]]) -> dict[str, Any] | None:
+    judged = steps[WARMUP_STEPS:] if len(steps) > WARMUP_STEPS + 1 else steps
+    if not judged:
+        return None
+    out = {"steps": len(steps),
+           "median_step_s": statistics.median(float(s["wall_s"]) for s in judged)}
+    for p in PHASES:
+        out[f"{p}_s"] = statistics.median(float(s.get(f"{p}_s", 0.0)) for s in judged)
+    return out
+
+
+def rank_summary(events: list[dict[str, Any]], world: int) -> dict[str, Any] | None:
+    """metrics['ranks']: per-rank step medians (ms) and arrival lags; None without steps."""
+    steps = per_rank_steps(events)
+    if not steps:
+        return None
+    lags = lag_table(events, world)
+    rows = []
+    for r in range(world):
+        m = step_medians(steps.get(r, []))
+        row: dict[str, Any] = {"rank": r, "steps": len(steps.get(r, []))}
+        if m:
+            row["median_step_ms"] = round(m["median_step_s"] * 1e3, 3)
+            row["phase_ms"] = {p: round(m[f"{p}_s"] * 1e3, 3) for p in PHASES}
+        if lags and r in lags["median_lag_s"]:
+            row["median_lag_ms"] = round(lags["median_lag_s"][r] * 1e3, 3)
+            row["last_share"] = round(lags["last_share"][r], 3)
+            if r in lags["own_excess_s"]:
+                row["own_excess_ms"] = round(lags["own_excess_s"][r] * 1e3, 3)
+        rows.append(row)
+    return {"world_size": world, "judged_steps": lags["steps"] if lags else 0, "per_rank": rows}

@@ -1,0 +1,300 @@
+"""Parent side of a ranked run: the harness on every rank through torchrun (never imports torch).
+
+:class:`RankSet` is what :func:`torchdoctor.runner.launch.launch` needs to run the child harness
+under ``python -m torch.distributed.run --standalone --nproc-per-node N --no-python python -c
+BOOT ...`` (PyTorch's own launcher) instead of as one child:
+
+* ``command`` / ``env``: the torchrun command line; the environment minus stale launch
+  variables, plus ``NCCL_NVLS_ENABLE=0``, ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1`` (NVLink
+  multicast is never used), the flight recorder's buffer size unless set, and the marker
+  that makes each rank use its own run dir ``D/rank{R}`` (see :mod:`torchdoctor.dist.rankdir`);
+* ``request_dumps`` at the timeout: ``dump.request`` in every rank dir (the collective
+  recorder's watcher thread writes the flight recorder) and SIGUSR1 to every rank (its
+  faulthandler writes every thread's stack), not to torchrun;
+* ``kill``: SIGKILL to every rank's process group (torchrun starts each rank in its own
+  session, so killing torchrun's group does not reach them) and to torchrun's children;
+* ``finish``: every rank's ``result.json`` completed with what only the parent knows (the
+  timeout, torchrun's per-rank exit codes), and the merged top-level result.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from torchdoctor.dist.rankdir import (DUMP_DONE, DUMP_REQUEST, PID, RANKED_ENV, rank_dir)
+from torchdoctor.runner.rundir import EVENTS, RESULT, read_json, write_json
+
+# Never let anything we launch on GPUs use NVLink multicast (NVLS / symmetric memory).
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+# Flight recorder entries kept per process group (torch's variable names: 2.11 and 2.13)
+FR_ENV = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_FR_BUFFER_SIZE": "2000"}
+LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+               "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+DUMP_WAIT_MAX_S = 4.0  # at the timeout: wait this long at most for the ranks' dumps
+DUMP_WAIT_MIN_S = 1.0  # and at least this long (faulthandler writes from a signal handler)
+# torchrun's own console lines that say nothing about the script
+QUIET_PATTERNS = [r"^\*{20,}\s*$",
+                  r"^Setting OMP_NUM_THREADS environment variable for each process"]
+# torch >= 2.12 warns about the older flight-recorder variable we set for torch < 2.12
+FR_DEPRECATION = r"Environment variable TORCH_NCCL_TRACE_BUFFER_SIZE is deprecated"
+
+
+def quiet_patterns(env: dict[str, str]) -> list[str]:
+    """Lines to drop from the ranks' output: torchrun's banner, and the deprecation warning of
+    the flight-recorder variable unless the user set it."""
+    return QUIET_PATTERNS + ([] if "TORCH_NCCL_TRACE_BUFFER_SIZE" in env else [FR_DEPRECATION])
+_FAIL_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
+_FAIL_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def parse_failures(lines: list[str]) -> dict[int, dict[str, Any]]:
+    """torchrun's failure summary -> {rank: {"exitcode": int, "root_cause": bool}}.
+
+    The summary lists ``rank : R (local_rank: L)`` then ``exitcode : -15 (pid: P)``; the
+    block after ``Root Cause (first observed failure):`` names the rank that failed first.
+    """
+    out: dict[int, dict[str, Any]] = {}
+    root = False
+    rank = None
+    for line in lines:
+        if "Root Cause" in line:
+            root = True
+        m = _FAIL_RANK.match(line)
+        if m:
+            rank = int(m.group(1))
+            continue
+        m = _FAIL_EXIT.match(line)
+        if m and rank is not None:
+            out.setdefault(rank, {})["exitcode"] = int(m.group(1))
+            out[rank]["root_cause"] = out[rank].get("root_cause", False) or root
+            rank = None
+    return out
+
+
+def _count_steps(events: Path) -> int:
+    try:
+        with open(events, "rb") as f:
+            return sum(1 for line in f if b'"kind": "step"' in line)
+    except OSError:
+        return 0
+
+
+def merged_outcome(ranks: list[dict[str, Any]], timed_out: bool) -> dict[str, Any]:
+    """The run's outcome from the ranks': a hang, else the first real failure, else success.
+
+    A rank stopped by torchrun because another rank failed is not a failure of its own.
+    """
+    if timed_out:
+        return {"outcome": "timeout"}
+    own = [r for r in ranks if not r.get("stopped_by_launcher")]
+    for kind in ("crash", "signal", "interrupted"):
+        hit = [r for r in own if r.get("outcome") == kind]
+        if hit:
+            first = hit[0]
+            out = {"outcome": kind, "failed_rank": first.get("rank")}
+            for k in ("signal", "signum", "exit_code"):
+                if first.get(k) is not None:
+                    out[k] = first[k]
+            return out
+    bad = [r for r in own if r.get("outcome") == "exit" and r.get("exit_code") not in (0, None)]
+    if bad:
+        return {"outcome": "exit", "exit_code": bad[0]["exit_code"], "failed_rank": bad[0].get("rank")}
+    if any(r.get("outcome") == "stopped" for r in ranks):
+        return {"outcome": "stopped", "exit_code": 0}
+    return {"outcome": "exit", "exit_code": 0}
+
+
+class RankSet:
+    """The ranks of one launch (see the module docstring)."""
+
+    def __init__(self, run_dir: str | os.PathLike, nproc: int):
+        self.run_dir = Path(run_dir)
+        self.nproc = int(nproc)
+        self.torchrun_pid: int | None = None
+        self.dump_requested_at: float | None = None
+        self.alive_at_timeout: set[int] = set()
+
+    # ------------------------------------------------------------------ launch
+    def command(self, boot: list[str]) -> list[str]:
+        """torchrun running ``boot`` (the harness command line, python first) on every rank."""
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc-per-node={self.nproc}", "--max-restarts=0", "--monitor-interval=0.1",
+                "--no-python", *boot]
+
+    def env(self, env: dict[str, str]) -> dict[str, str]:
+        env = dict(env)
+        for k in list(env):
+            if k in LAUNCH_VARS or k.startswith("TORCHELASTIC_"):
+                del env[k]
+        env.update(SAFE_ENV)
+        for k, v in FR_ENV.items():
+            env.setdefault(k, v)
+        env[RANKED_ENV] = "1"
+        return env
+
+    def started(self, pid: int) -> None:
+        self.torchrun_pid = pid
+
+    def events_path(self) -> Path:
+        """Progress is read from rank 0."""
+        return rank_dir(self.run_dir, 0) / EVENTS
+
+    def results_written(self) -> bool:
+        return all((rank_dir(self.run_dir, r) / RESULT).exists() for r in range(self.nproc))
+
+    # ------------------------------------------------------------------ processes
+    def pids(self) -> dict[int, int]:
+        """{rank: pid} of the rank processes still alive (checked against their command line)."""
+        out = {}
+        for r in range(self.nproc):
+            try:
+                pid = int((rank_dir(self.run_dir, r) / PID).read_text().strip())
+            except (OSError, ValueError):
+                continue
+            if self._ours(pid):
+                out[r] = pid
+        return out
+
+    def _ours(self, pid: int) -> bool:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        if stat.rsplit(")", 1)[-1].split()[0] == "Z":
+            return False
+        return str(self.run_dir).encode() in cmd
+
+    def _launcher_children(self) -> list[int]:
+        if not self.torchrun_pid:
+            return []
+        try:
+            import psutil
+
+            return [c.pid for c in psutil.Process(self.torchrun_pid).children(recursive=False)]
+        except Exception:  # noqa: BLE001 - torchrun gone already
+            return []
+
+    def signal_ranks(self, sig: int) -> None:
+        for pid in self.pids().values():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def request_dumps(self) -> None:
+        """At the timeout: flight recorder (watcher thread) and stacks (SIGUSR1) of every rank."""
+        self.dump_requested_at = time.monotonic()
+        self.note_timeout()
+        for r in range(self.nproc):
+            d = rank_dir(self.run_dir, r)
+            if d.is_dir():
+                try:
+                    (d / DUMP_REQUEST).touch()
+                except OSError:
+                    pass
+        self.signal_ranks(signal.SIGUSR1)
+
+    def dumps_done(self) -> bool:
+        """True once every live rank served the request, or DUMP_WAIT_MAX_S passed."""
+        if self.dump_requested_at is None:
+            return True
+        waited = time.monotonic() - self.dump_requested_at
+        if waited < DUMP_WAIT_MIN_S:
+            return False
+        if waited >= DUMP_WAIT_MAX_S:
+            return True
+        return all((rank_dir(self.run_dir, r) / DUMP_DONE).exists() for r in self.pids())
+
+    def interrupt(self) -> None:
+        """Ctrl-C: KeyboardInterrupt in every rank (each writes its evidence)."""
+        self.signal_ranks(signal.SIGINT)
+
+    def kill(self) -> bool:
+        """SIGKILL every rank (its whole process group: DataLoader workers too); True if none is left."""
+        targets = set(self.pids().values()) | set(self._launcher_children())
+        for pid in targets:
+            try:
+                if os.getpgid(pid) == pid:
+                    os.killpg(pid, signal.SIGKILL)
+                else:
+                    os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            if not self.pids():
+                return True
+            time.sleep(0.05)
+        return not self.pids()
+
+    # ------------------------------------------------------------------ results
+    def finish(self, top: dict[str, Any]) -> dict[str, Any]:
+        """Complete each rank's result.json; return the merged top-level result.
+
+        ``top`` is what the launcher knows: outcome (``timeout`` or torchrun's exit),
+        ``timeout_s``, ``returncode``, ``wall_s``, ``output_tail``.
+        """
+        timed_out = top.get("outcome") == "timeout"
+        failures = parse_failures(top.get("output_tail") or [])
+        roots = {r for r, f in failures.items() if f.get("root_cause")}
+        ranks: list[dict[str, Any]] = []
+        for r in range(self.nproc):
+            d = rank_dir(self.run_dir, r)
+            res = read_json(d / RESULT) or {}
+            if "outcome" not in res:
+                res = {**res, **self._missing_result(r, timed_out, top, failures, roots)}
+            elif res.get("outcome") in ("exit", "stopped") and timed_out and r in self.alive_at_timeout:
+                res = {**res, "outcome": "timeout", "timeout_s": top.get("timeout_s"),
+                       "child_outcome": res.get("outcome")}
+            res["rank"] = r
+            if res.get("steps") is None:  # killed before it could say: count its step events
+                res["steps"] = _count_steps(d / EVENTS)
+            if d.is_dir():
+                write_json(d / RESULT, res)
+            ranks.append(res)
+        merged = {k: v for k, v in top.items() if k not in ("outcome", "exit_code", "no_result",
+                                                             "signal", "signum")}
+        merged.update(merged_outcome(ranks, timed_out))
+        merged["launcher_returncode"] = top.get("returncode")
+        merged["ranks"] = [{k: v for k, v in res.items() if k in (
+            "rank", "outcome", "exit_code", "signal", "steps", "stopped_by_launcher", "reason")}
+            for res in ranks]
+        merged["steps"] = min((int(res.get("steps") or 0) for res in ranks), default=0)
+        return merged
+
+    def note_timeout(self) -> None:
+        """Remember which ranks were still running when the time was up."""
+        self.alive_at_timeout = set(self.pids())
+
+    def _missing_result(self, r: int, timed_out: bool, top: dict[str, Any],
+                        failures: dict[int, dict[str, Any]], roots: set[int]) -> dict[str, Any]:
+        d = rank_dir(self.run_dir, r)
+        if not d.is_dir():
+            return {"outcome": "not_started", "no_result": True}
+        if timed_out:
+            return {"outcome": "timeout", "timeout_s": top.get("timeout_s")}
+        f = failures.get(r)
+        if f and f.get("exitcode", 0) < 0:
+            signum = -int(f["exitcode"])
+            out: dict[str, Any] = {"outcome": "signal", "signal": signal_name(signum),
+                                   "signum": signum}
+            if signum in (signal.SIGTERM, signal.SIGKILL) and roots and r not in roots:
+                out["stopped_by_launcher"] = True  # torchrun ended it after another rank failed
+            return out
+        if f:
+            return {"outcome": "exit", "exit_code": f.get("exitcode"), "no_result": True}
+        return {"outcome": "exit", "exit_code": None, "no_result": True}
