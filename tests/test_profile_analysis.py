@@ -77,6 +77,18 @@ def test_window_numbers_steps_as_the_step_clock_does():
     assert out["profile_window"]["active_steps"] == 3
 
 
+def test_the_scripts_own_profiler_steps_are_not_ours():
+    f = Flat()
+    mod = f.py(None, "train.py(1): <module>", 0, 20000, "train.py", 1)
+    for n in (6, 7):
+        f.op(mod, f"ProfilerStep#{n}", 1000 * n + 10, 1000 * n + 500, user=True)  # the script's, shorter
+        hook = f.py(mod, "torch/profiler/profiler.py(1150): step", 1000 * n, 1000 * n + 5,
+                    "torchdoctor/instruments/profiler_window.py", 180)
+        f.op(hook, f"ProfilerStep#{n}", 1000 * n, 1000 * n + 1000, user=True)
+    w = Window(f.flat())
+    assert [(n, e - s) for n, s, e in w.steps] == [(6, 1000 * US), (7, 1000 * US)]
+
+
 def test_d2h_sync_is_counted_per_step_with_the_user_line():
     f = Flat()
     for s in _three_steps(f):

@@ -48,6 +48,12 @@ def test_healthy_cpu_script_raises_nothing_from_the_profile(cli):
     assert p.returncode == 0
 
 
+def test_a_script_with_its_own_profiler_is_not_misread(cli):
+    p, rep = _profile(cli, "cpu_own_profiler.py")
+    assert {f["code"] for f in rep["findings"]} - NOISE == set()
+    assert rep["metrics"]["profile"]["steps"] == [7, 8, 9]
+
+
 def test_window_beyond_the_run_is_reported_not_judged(cli):
     p, rep = _profile(cli, "cpu_healthy.py", "--steps", "4", "--skip", "10")
     skipped = {s["rule"]: s["reason"] for s in rep["skipped"]}

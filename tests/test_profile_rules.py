@@ -62,6 +62,13 @@ def test_missing_or_unreached_window_is_not_applicable_with_the_reason():
     assert {s.rule for s in r.skipped} >= {"launch-bound", "host-sync-in-loop", "slow-python-loop"}
 
 
+def test_an_empty_window_is_not_judged():
+    e = Evidence.from_events([*steps(), {"kind": "profile_window", "status": "empty",
+                                         "reason": "the profiler recorded no torch op"}])
+    with pytest.raises(NotApplicable, match="no torch op"):
+        R.slow_python_loop(e)
+
+
 def test_a_failed_window_is_an_internal_error_not_a_quiet_skip():
     e = Evidence.from_events([{"kind": "profile_window", "status": "failed", "error": "KeyError: 'x'",
                                "traceback": "tb"}])

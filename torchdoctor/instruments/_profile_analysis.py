@@ -80,11 +80,16 @@ class Window:
                     annotations.add(n[3])
                 if n[3].startswith("ProfilerStep#"):
                     try:
-                        steps.append((int(n[3].split("#", 1)[1]), n[5], n[6]))
+                        steps.append((int(n[3].split("#", 1)[1]), n[5], n[6], self._ours(n)))
                     except ValueError:
                         pass
                     tids[n[4]] += 1
-        self.steps = sorted(steps)
+        # a script that runs its own torch.profiler adds its own ProfilerStep#N ranges: keep ours
+        # (opened from the window instrument) when they can be told apart, one range per N
+        by_n: dict[int, tuple] = {}
+        for st in sorted(steps, key=lambda x: (x[0], not x[3], x[1])):
+            by_n.setdefault(st[0], st)
+        self.steps = sorted((n, s, e) for n, s, e, _ours in by_n.values())
         self.main_tid = max(tids, key=tids.get) if tids else None
         self._py_index: list | None = None
         # device activity: kernels, copies and memsets only. The GPU-side mirrors of
@@ -101,6 +106,18 @@ class Window:
                     and self.step_index(self.nodes[self.by_corr[d[5]]][5]) is not None]
         self.device = launched if launched or not work else work
         self.device_unlaunched = len(work) - len(self.device)
+
+    def _ours(self, node: list) -> bool:
+        """True if a ProfilerStep range was opened by torchdoctor's window instrument."""
+        p = node[1]
+        for _ in range(12):
+            if p is None or p < 0:
+                return False
+            a = self.nodes[p]
+            if a[2] in ("py", "pyc") and str(a[7].get("file", "")).endswith("profiler_window.py"):
+                return True
+            p = a[1]
+        return False
 
     @property
     def n_steps(self) -> int:

@@ -34,16 +34,17 @@ import tempfile
 from typing import Any, Callable
 
 FLAT_VERSION = 1
-MAX_NODES = 1_500_000
-MAX_NAME = 240  # templated kernel names run to kilobytes; the head tells them apart  # a pathological window (millions of Python calls) is cut, not analysed forever
+MAX_NODES = 1_500_000  # a pathological window (millions of Python calls) is cut, not analysed forever
+MAX_NAME = 240  # templated kernel names run to kilobytes; the head tells them apart
 
 # Kineto activity types: ``activity_type()`` returns the enum's int on some builds and its
 # trace name on others (libkineto ActivityType.h: 3 gpu_memcpy, 4 gpu_memset, 5 kernel,
 # 7 cuda_runtime, 8 cuda_driver).
 _ACT_NAMES = {3: "gpu_memcpy", 4: "gpu_memset", 5: "kernel", 7: "cuda_runtime", 8: "cuda_driver"}
 _RUNTIME_NAME = re.compile(r"^cu[A-Z_a-z]")
-_KINETO_LINE = re.compile(r"(SyncActivityProfilerHandler|ActivityProfilerController|CuptiActivityProfiler|"
-                          r"profiler_start|profiler_stop|libkineto|Kineto)", re.I)
+_KINETO_LINE = re.compile(r"(SyncActivityProfilerHandler|ActivityProfilerController|"
+                          r"CuptiActivityProfiler|profiler_start|profiler_stop|libkineto|Kineto)",
+                          re.I)
 
 
 def unavailable_reason() -> str | None:

@@ -186,7 +186,10 @@ class ProfilerWindow(Instrument):
             from torchdoctor.instruments import _profiler_compat as compat
             from torchdoctor.instruments._profile_analysis import analyze
 
-            info.update(self._export(prof))
+            try:
+                info.update(self._export(prof))
+            except Exception as e:  # noqa: BLE001 - no trace file, the analysis still stands
+                info.update(trace=None, trace_error=f"{type(e).__name__}: {e}")
             if info.get("trace"):
                 ctx.emit("artifact", name="trace", path=info["trace"])
             flat = compat.collect(prof)
@@ -199,6 +202,12 @@ class ProfilerWindow(Instrument):
             payloads = analyze(flat, make_sources(), flags)
             window = payloads.pop("profile_window")
             window.update(info, flags=flags, device=dev, analysis_s=round(time.perf_counter() - t0, 3))
+            if window.get("active_steps") and not (payloads.get("profile_ops") or {}).get("by_self_cpu"):
+                # steps were recorded but not one torch op: another profiler in the script holds
+                # the op callbacks; judging this window would call every step "pure Python"
+                window.update(status="empty", reason="the profiler recorded no torch op in the "
+                              "window (is the script running its own torch.profiler?)")
+                payloads = {}
             ctx.emit("profile_window", **window)
             for kind, data in payloads.items():
                 ctx.emit(kind, **data)

@@ -37,7 +37,7 @@ def window(ev: Evidence) -> dict[str, Any]:
     if status == "not-reached":
         raise NotApplicable(f"the run made {w.get('steps_seen', 0)} optimizer steps; the profiler "
                             f"window needs {w.get('steps_needed')} (lower --skip or raise --steps)")
-    if status in ("unavailable", "failed"):
+    if status in ("unavailable", "failed", "empty"):
         raise NotApplicable(f"profiler {status}: {w.get('reason') or w.get('error')}")
     if not w.get("active_steps"):
         raise NotApplicable("the profiler window recorded no complete step")
