@@ -181,3 +181,15 @@ def test_hub_folder_with_both_weight_formats_reads_safetensors(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     c = read(str(tmp_path))
     assert c.format == "safetensors" and "pytorch_model.bin, not read" in c.notes[0]
+
+
+def test_fast_finite_check_falls_back_on_overflow():
+    import numpy as np
+
+    from torchdoctor.checkpoint.scan import NumpyOps
+
+    ops = NumpyOps()
+    assert ops.bad(np.array([1, 2, np.nan], np.float32), "float32")
+    assert not ops.bad(np.array([1e20, 1], np.float32), "float32")  # x·x overflows, values are finite
+    assert ops.bad(np.array([1e20, -np.inf], np.float32), "float32")
+    assert not ops.bad(np.ones(5), "float64")
