@@ -36,8 +36,16 @@ def sequences(events: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
     return dict(out)
 
 
-def _key(rec: dict[str, Any]) -> tuple[str, str | None]:
-    return rec.get("op", "?"), rec.get("site")
+# ops whose tensors must have the same shape and dtype on every rank
+SHAPE_CHECKED = frozenset({"all_reduce", "broadcast", "reduce", "all_gather_into_tensor",
+                           "_all_gather_base", "reduce_scatter_tensor", "_reduce_scatter_base",
+                           "all_reduce_coalesced", "reduce_scatter"})
+
+
+def _key(rec: dict[str, Any]) -> str:
+    """What must match across ranks: the op (not the line: one collective may be called from
+    two branches of an if on rank 0 and the others)."""
+    return rec.get("op", "?")
 
 
 def _is_subsequence(short: list, long: list) -> list[int] | None:
@@ -105,7 +113,7 @@ def first_divergence(seqs: dict[int, list[dict[str, Any]]], complete_steps: dict
                     "next": {r: (lists[r][first] if first < len(lists[r]) else None)
                              for r in skipped}}
         i = next(i for i in range(max(len(k) for k in keys.values()))
-                 if len({tuple(keys[r][i]) if i < len(keys[r]) else None for r in ranks}) > 1)
+                 if len({keys[r][i] if i < len(keys[r]) else None for r in ranks}) > 1)
         return {"kind": "op", "step": s, "index": i,
                 "per_rank": {r: (lists[r][i] if i < len(lists[r]) else None) for r in ranks}}
     return None
@@ -117,13 +125,8 @@ def _shape_divergence(step: int, lists: dict[int, list[dict[str, Any]]], ranks: 
     for i in range(n):
         shapes = {r: lists[r][i].get("shapes") for r in ranks}
         dtypes = {r: lists[r][i].get("dtype") for r in ranks}
-        op = lists[ranks[0]][i].get("op")
-        if op in ("all_gather_object", "gather_object", "broadcast_object_list",
-                  "scatter_object_list", "new_group", "barrier", "monitored_barrier"):
-            continue  # pickled objects may differ in size legitimately; no tensors
-        if op in ("all_to_all", "all_to_all_single", "send", "recv", "isend", "irecv",
-                  "batch_isend_irecv", "gather", "scatter"):
-            continue  # uneven splits / per-peer tensors are legitimate
+        if lists[ranks[0]][i].get("op") not in SHAPE_CHECKED:
+            continue  # objects, lists of per-rank tensors, uneven splits: sizes may differ
         if len({repr(v) for v in shapes.values()}) > 1:
             return {"kind": "shape", "step": step, "index": i,
                     "per_rank": {r: lists[r][i] for r in ranks}}

@@ -11,6 +11,9 @@ its own work also is longer: ``own`` = step wall time − backward − time insi
 collectives, i.e. the work between two synchronisations (data, forward, optimizer, other),
 and the straggler's ``own`` exceeds the others' by a good part of its lag. The first step
 (warm-up: lazy init, DDP's first bucket rebuild) is left out.
+
+On CUDA the host clocks are paced by the device, so the device's own time is used instead
+(:func:`device_table`).
 """
 
 from __future__ import annotations
@@ -73,10 +76,45 @@ def lag_table(events: list[dict[str, Any]], world: int) -> dict[str, Any] | None
             if r in mine and rest:
                 excess[r].append(mine[r] - statistics.median(rest))
         last[max(by, key=by.get)] += 1
-    return {"steps": len(steps),
+    return {"steps": len(steps), "basis": "host",
             "median_lag_s": {r: statistics.median(v) for r, v in sorted(lags.items())},
             "last_share": {r: last[r] / len(steps) for r in sorted(lags)},
             "own_excess_s": {r: statistics.median(v) for r, v in sorted(excess.items())}}
+
+
+def device_table(events: list[dict[str, Any]], world: int) -> dict[str, Any] | None:
+    """On CUDA: per rank, median excess of device time outside backward (s) and the share of
+    steps it had the most; None without CUDA-event step times on every rank.
+
+    Host times mislead on an asynchronous device: a rank whose host races ahead blocks later,
+    in whatever call synchronises (a pageable copy, ``.item()``), and that wait looks like its
+    own work. On the device, under DDP, the wait for the others is inside backward (the
+    compute stream waits for the gradient all-reduce before backward's end event), so a
+    step's device span minus its device backward is the rank's own device work, idle gaps
+    included: a rank whose host is late leaves its GPU idle longer.
+    """
+    own: dict[int, dict[int, float]] = defaultdict(dict)
+    spans: list[float] = []
+    for e in events:
+        if e.get("kind") == "step_device" and "rank" in e and e.get("span_ms") is not None:
+            s = int(e["step"])
+            if s > WARMUP_STEPS:
+                own[s][int(e["rank"])] = (float(e["span_ms"]) - float(e.get("backward_ms") or 0.0)) / 1e3
+                spans.append(float(e["span_ms"]) / 1e3)
+    steps = sorted(s for s, by in own.items() if len(by) == world)
+    if world < 2 or not steps:
+        return None
+    excess: dict[int, list[float]] = defaultdict(list)
+    most: dict[int, int] = defaultdict(int)
+    for s in steps:
+        by = own[s]
+        for r, v in by.items():
+            excess[r].append(v - statistics.median([u for q, u in by.items() if q != r]))
+        most[max(by, key=by.get)] += 1
+    med = {r: statistics.median(v) for r, v in sorted(excess.items())}
+    return {"steps": len(steps), "basis": "device", "median_lag_s": med,
+            "last_share": {r: most[r] / len(steps) for r in sorted(excess)},
+            "own_excess_s": med, "median_span_s": statistics.median(spans)}
 
 
 def step_medians(steps: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -95,7 +133,7 @@ def rank_summary(events: list[dict[str, Any]], world: int) -> dict[str, Any] | N
     steps = per_rank_steps(events)
     if not steps:
         return None
-    lags = lag_table(events, world)
+    lags = device_table(events, world) or lag_table(events, world)
     rows = []
     for r in range(world):
         m = step_medians(steps.get(r, []))
@@ -109,4 +147,5 @@ def rank_summary(events: list[dict[str, Any]], world: int) -> dict[str, Any] | N
             if r in lags["own_excess_s"]:
                 row["own_excess_ms"] = round(lags["own_excess_s"][r] * 1e3, 3)
         rows.append(row)
-    return {"world_size": world, "judged_steps": lags["steps"] if lags else 0, "per_rank": rows}
+    return {"world_size": world, "judged_steps": lags["steps"] if lags else 0,
+            "lag_basis": lags["basis"] if lags else None, "per_rank": rows}

@@ -15,7 +15,7 @@ from typing import Any
 
 from torchdoctor.dist.collectives import (describe, first_divergence, pending_fr, sequences,
                                           shape_text, where)
-from torchdoctor.dist.stragglers import PHASES, lag_table, per_rank_steps, step_medians
+from torchdoctor.dist.stragglers import PHASES, device_table, lag_table, per_rank_steps, step_medians
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Finding, finding
 from torchdoctor.rules import NotApplicable, rule
@@ -429,7 +429,7 @@ def rank_straggler(ev: Evidence) -> list[Finding]:
     world = world_of(ev)
     if world < 2:
         raise NotApplicable("one rank")
-    lt = lag_table(ev.events, world)
+    lt = device_table(ev.events, world) or lag_table(ev.events, world)
     if lt is None or lt["steps"] < MIN_STEPS:
         raise NotApplicable(f"needs {MIN_STEPS}+ steps with a backward on every rank "
                             f"(after the first)")
@@ -438,19 +438,23 @@ def rank_straggler(ev: Evidence) -> list[Finding]:
     steps = per_rank_steps(ev.events)
     meds = {q: step_medians(v) for q, v in steps.items()}
     step_s = statistics.median([m["median_step_s"] for m in meds.values() if m]) if meds else 0.0
+    if lt["basis"] == "device":
+        step_s = lt["median_span_s"]
     need = max(LAG_FRACTION * step_s, LAG_MIN_S)
     excess = lt["own_excess_s"].get(r, 0.0)
     if shares[r] < LAST_SHARE or lags[r] < need or excess < OWN_SHARE * lags[r]:
         return []
     evidence: dict[str, Any] = {
-        "rank": r, "median_lag_ms": round(lags[r] * 1e3, 2),
+        "rank": r, "basis": "CUDA events: device time outside backward" if lt["basis"] == "device"
+        else "host clock: arrival at backward, work outside backward and collectives",
+        "median_lag_ms": round(lags[r] * 1e3, 2),
         "last_to_arrive": f"{shares[r]:.0%} of {lt['steps']} steps",
         "median_step_ms": round(step_s * 1e3, 2),
         "others_wait": f"{lags[r] / step_s:.0%} of each step" if step_s else None,
         "own_work_excess_ms": round(excess * 1e3, 2),
     }
     where_txt = ""
-    if meds.get(r):
+    if meds.get(r) and lt["basis"] == "host":
         diffs = {}
         for p in PHASES:
             if p == "backward":
@@ -463,10 +467,16 @@ def rank_straggler(ev: Evidence) -> list[Finding]:
             if diffs[p] > 0.5 * lags[r]:
                 evidence["slower_phase"] = f"{p}: +{diffs[p] * 1e3:.3g} ms per step on rank {r}"
                 where_txt = f", in its {'data wait' if p == 'data' else p} (+{diffs[p] * 1e3:.3g} ms)"
+    if lt["basis"] == "device":
+        title = (f"rank {r} is a straggler: its GPU spends {lags[r] * 1e3:.3g} ms more per step "
+                 f"outside backward than the others' (median; the most in {shares[r]:.0%} of "
+                 f"steps), and the other GPUs wait that long in the gradient all-reduce")
+    else:
+        title = (f"rank {r} is a straggler: it reaches backward {lags[r] * 1e3:.3g} ms after the "
+                 f"others (median) in {shares[r]:.0%} of steps{where_txt}; every other rank waits "
+                 f"for it")
     return [finding(
-        "rank-straggler",
-        f"rank {r} is a straggler: it reaches backward {lags[r] * 1e3:.3g} ms after the others "
-        f"(median) in {shares[r]:.0%} of steps{where_txt}; every other rank waits for it",
+        "rank-straggler", title,
         evidence,
         fix="Look at what that rank does differently before backward: uneven or slower data "
             "(shard sizes, storage, fewer DataLoader workers), work only that rank does "

@@ -1,0 +1,158 @@
+"""Script probes under torchrun end to end: 2 gloo ranks on CPU (CI), NCCL on 2+ GPUs (multigpu).
+
+Each test is one real torchrun launch (≈ 4-6 s on the CPU box) of a fixture in
+tests/fixtures/scripts/dist/, with --out so the rank dirs (pid files) stay for the checks.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import ROOT, run_cli
+
+DIST = ROOT / "tests" / "fixtures" / "scripts" / "dist"
+CPU = {"CUDA_VISIBLE_DEVICES": ""}
+
+
+def dist_run(tmp_path: Path, script: str, *args: str, timeout: float = 60, env=None, cmd="dist",
+             nproc: int = 2) -> tuple[object, dict]:
+    p = run_cli(cmd, "--json", "--nproc-per-node", nproc, "--timeout", timeout, "--out", tmp_path,
+                script, *args, cwd=DIST, timeout=timeout + 60, env=env)
+    assert p.stdout.strip(), p.stderr[-3000:]
+    return p, json.loads(p.stdout)
+
+
+def codes(report: dict, severities=("error", "warning")) -> list[str]:
+    return sorted(f["code"] for f in report["findings"] if f["severity"] in severities)
+
+
+def only(report: dict, code: str) -> dict:
+    [f] = [f for f in report["findings"] if f["code"] == code]
+    return f
+
+
+def assert_no_rank_left(out: Path) -> None:
+    """Every rank's pid (written by the rank itself) is gone, or reused by something else."""
+    pids = [int(p.read_text()) for p in (out / "run").glob("rank*/pid")]
+    assert pids, "no rank wrote its pid"
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            alive = proc.status() != psutil.STATUS_ZOMBIE and str(out) in " ".join(proc.cmdline())
+        except psutil.NoSuchProcess:
+            alive = False
+        assert not alive, f"rank process {pid} survived"
+
+
+# --------------------------------------------------------------------------- CPU / gloo (CI)
+@pytest.mark.slow
+def test_healthy_ddp_with_distributed_sampler_raises_no_warning(tmp_path):
+    p, r = dist_run(tmp_path, "healthy_ddp.py", env=CPU)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert codes(r) == [], r["findings"]
+    assert r["command"] == "dist" and r["context"]["ranks"] == 2
+    ranks = r["metrics"]["ranks"]
+    assert [row["rank"] for row in ranks["per_rank"]] == [0, 1]
+    assert all(row["steps"] == 24 and row["median_step_ms"] > 0 for row in ranks["per_rank"])
+    assert r["metrics"]["run"]["outcome"] == "exit"
+    assert [x["outcome"] for x in r["metrics"]["run"]["ranks"]] == ["exit", "exit"]
+    for rank in (0, 1):
+        d = tmp_path / "run" / f"rank{rank}"
+        assert (d / "events.jsonl").is_file() and (d / "result.json").is_file()
+    assert_no_rank_left(tmp_path)
+
+
+@pytest.mark.slow
+def test_missing_distributed_sampler(tmp_path):
+    _, r = dist_run(tmp_path, "missing_sampler.py", env=CPU)
+    assert codes(r) == ["missing-distributed-sampler"], r["findings"]
+    f = only(r, "missing-distributed-sampler")
+    assert "missing_sampler.py:14" in f["title"] and f["evidence"]["sampler"] == "RandomSampler"
+
+
+@pytest.mark.slow
+def test_sampler_epoch_not_set(tmp_path):
+    _, r = dist_run(tmp_path, "epoch_not_set.py", env=CPU)
+    assert codes(r) == ["sampler-epoch-not-set"], r["findings"]
+    assert only(r, "sampler-epoch-not-set")["evidence"]["sampler_epochs"] == [0, 0, 0]
+
+
+@pytest.mark.slow
+def test_straggler_made_with_sleep_is_named(tmp_path):
+    _, r = dist_run(tmp_path, "straggler.py", "0.03", env=CPU)
+    assert codes(r) == ["rank-straggler"], r["findings"]
+    f = only(r, "rank-straggler")
+    assert f["evidence"]["rank"] == 1 and f["title"].startswith("rank 1 is a straggler")
+    assert f["evidence"]["median_lag_ms"] > 20
+
+
+@pytest.mark.slow
+def test_hang_names_the_rank_that_skipped_and_the_line_and_leaves_no_process(tmp_path):
+    t0 = time.monotonic()
+    p, r = dist_run(tmp_path, "hang.py", timeout=12, env=CPU)
+    wall = time.monotonic() - t0
+    assert p.returncode == 1 and r["status"] == "timeout"
+    assert codes(r) == ["collective-hang"], r["findings"]
+    f = only(r, "collective-hang")
+    assert "rank 1 skipped all_reduce at hang.py:24 after 3 optimizer steps" in f["title"]
+    assert f["evidence"]["waiting"]["rank 0"] == "all_reduce at hang.py:24"
+    assert f["evidence"]["waiting"]["rank 1"] == "barrier at hang.py:27"
+    assert wall < 12 + 30, wall
+    assert (tmp_path / "run" / "rank1" / "stacks.txt").stat().st_size > 0
+    assert_no_rank_left(tmp_path)
+
+
+@pytest.mark.slow
+def test_shape_mismatch_is_named_with_both_shapes(tmp_path):
+    p, r = dist_run(tmp_path, "mismatch.py", timeout=40, env=CPU)
+    assert p.returncode == 1
+    assert codes(r) == ["collective-mismatch"], r["findings"]  # the abort/reset are its symptoms
+    f = only(r, "collective-mismatch")
+    assert "all_reduce at mismatch.py:25" in f["title"]
+    assert f["evidence"]["shapes"] == {"rank 0": "[4] float32", "rank 1": "[8] float32"}
+    assert_no_rank_left(tmp_path)
+
+
+# --------------------------------------------------------------------------- usage (fast)
+def test_bad_nproc_and_selftest_options_with_a_script_are_usage_errors(cli):
+    p = cli("checkup", "--nproc-per-node", "0", "x.py")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    p = cli("dist", "--backend", "gloo", str(DIST / "healthy_ddp.py"))
+    assert p.returncode == 2 and "self-test" in p.stderr and "Traceback" not in p.stderr
+    p = cli("dist", "--nproc-per-node", "2", "missing.py")
+    assert p.returncode == 2 and "script not found" in p.stderr
+
+
+# --------------------------------------------------------------------------- NCCL (2+ GPUs)
+@pytest.mark.multigpu
+def test_nccl_healthy_ddp_raises_no_warning(tmp_path):
+    p, r = dist_run(tmp_path, "healthy_ddp.py", timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert codes(r) == [], r["findings"]
+    assert r["context"]["device"].startswith("cuda")
+    assert_no_rank_left(tmp_path)
+
+
+@pytest.mark.multigpu
+def test_nccl_straggler_is_named(tmp_path):
+    _, r = dist_run(tmp_path, "straggler.py", "0.03", timeout=120)
+    assert codes(r) == ["rank-straggler"], r["findings"]
+    assert only(r, "rank-straggler")["evidence"]["rank"] == 1
+
+
+@pytest.mark.multigpu
+def test_nccl_hang_is_diagnosed_within_timeout_plus_30s_and_no_rank_survives(tmp_path):
+    t0 = time.monotonic()
+    p, r = dist_run(tmp_path, "hang.py", timeout=40)
+    wall = time.monotonic() - t0
+    assert p.returncode == 1 and r["status"] == "timeout"
+    assert codes(r) == ["collective-hang"], r["findings"]
+    f = only(r, "collective-hang")
+    assert "rank 1 skipped all_reduce at hang.py:24" in f["title"]
+    assert wall < 40 + 30, wall
+    assert_no_rank_left(tmp_path)
