@@ -308,3 +308,92 @@ def test_weakref_holder_keeps_nothing_alive():
     tr.stop()
     del t
     assert r() is None
+
+
+def test_cuda_oom_path_with_a_faked_allocator(monkeypatch, tmp_path):
+    """The observer -> crash_context path, with the CUDA wrappers faked (runs on the CPU)."""
+    from torchdoctor.instruments.memory_sampler import MemorySampler
+    from torchdoctor.memory import cuda
+
+    GiB = 1 << 30
+    frames = [{"filename": "/usr/lib/python3/site-packages/torch/nn/modules/linear.py", "line": 1,
+               "name": "forward"}, {"filename": "/home/u/train.py", "line": 42, "name": "<module>"}]
+    snap = {"segments": [{"blocks": [
+        {"address": 1, "size": 20 * GiB, "state": "active_allocated", "frames": frames},
+        {"address": 2, "size": 5 * GiB, "state": "inactive", "frames": []}]}],
+        "device_traces": [[{"action": "oom", "size": 8 * GiB}]]}
+    stats = {"allocated": 20 * GiB, "reserved": 25 * GiB, "peak_allocated": 20 * GiB,
+             "peak_reserved": 25 * GiB, "inactive_split": 0, "alloc_retries": 1, "ooms": 1}
+    monkeypatch.setattr(cuda, "stats", lambda d: dict(stats))
+    monkeypatch.setattr(cuda, "snapshot", lambda: snap)
+    monkeypatch.setattr(cuda, "on_init", lambda fn: False)
+    ctx = FakeCtx(out_dir=tmp_path)
+    s = MemorySampler()
+    s.install(ctx)
+    s.sess.history = True
+    s._on_oom(0, 8 * GiB, 80 * GiB, 2 * GiB)
+    s._on_oom(0, 8 * GiB, 80 * GiB, 2 * GiB)  # a second OOM only counts
+    exc = RuntimeError("CUDA out of memory. Tried to allocate 8.00 GiB. GPU 0 has a total "
+                       "capacity of 79.19 GiB of which 2.00 GiB is free.")
+    s.on_crash(ctx, exc)
+    s.uninstall(ctx)
+    [oom] = ctx.of("mem_oom")
+    assert oom["requested_bytes"] == 8 * GiB and oom["reserved_bytes"] == 25 * GiB
+    assert oom["top_sites"][0]["site"] == "/home/u/train.py:42"
+    assert s.oom["count"] == 2
+    [art] = ctx.of("artifact")
+    assert Path(art["path"]).exists() and art["name"] == "memory_snapshot"
+    [c] = ctx.of("crash_context")
+    ev = c["evidence"]
+    assert ev["device"] == "cuda:0" and ev["free_bytes"] == 2 * GiB
+    assert ev["breakdown_bytes"]["cached_free"] == 5 * GiB
+    assert ev["breakdown_bytes"]["other"] == 20 * GiB  # no CUDA tensors in this fake
+    assert sum(ev["breakdown_bytes"].values()) == 25 * GiB
+    assert "memory_viz" in ev["memory_snapshot"]
+    assert ev["top_sites"][0].startswith("/home/u/train.py:42: 20 GiB")
+    assert any("expandable_segments" in f for f in c["fixes"])
+
+
+def test_cuda_site_window_with_a_faked_allocator(monkeypatch):
+    """Window on the CUDA series: allocator snapshots at each boundary name the growing line."""
+    from torchdoctor.instruments.memory_sampler import MemorySampler
+    from torchdoctor.memory import cuda
+
+    state = {"n": 0}
+    frames = [{"filename": "/home/u/train.py", "line": 7, "name": "<module>"}]
+
+    def stats(d):
+        a = 100 * MiB + state["n"] * MiB
+        return {"allocated": a, "reserved": a + 64 * MiB, "peak_allocated": a, "peak_reserved": a,
+                "inactive_split": 0, "alloc_retries": 0, "ooms": 0}
+
+    def segments():
+        blocks = [{"address": 0x10, "size": 100 * MiB, "state": "active_allocated", "frames": []}]
+        blocks += [{"address": 0x1000 + i, "size": MiB, "state": "active_allocated", "frames": frames}
+                   for i in range(state["n"])]
+        return [{"blocks": blocks}]
+
+    history = []
+    monkeypatch.setattr(cuda, "initialized", lambda: True)
+    monkeypatch.setattr(cuda, "devices_in_use", lambda: [0])
+    monkeypatch.setattr(cuda, "device_info", lambda d: {"index": 0, "name": "fake", "capacity": 80 << 30})
+    monkeypatch.setattr(cuda, "stats", stats)
+    monkeypatch.setattr(cuda, "segments", segments)
+    monkeypatch.setattr(cuda, "start_history", lambda mode="all", max_entries=0: history.append(mode) or True)
+    monkeypatch.setattr(cuda, "stop_history", lambda: history.append("stop"))
+    monkeypatch.setattr(cuda, "on_init", lambda fn: False)
+
+    class Counting(MemorySampler):
+        def on_step_end(self, ctx, step):
+            state["n"] = step  # one more 1 MiB block per step
+            super().on_step_end(ctx, step)
+
+    ctx = FakeCtx(probe="checkup")
+    _loop([Counting()], ctx, steps=16, out_features=8)
+    [w] = ctx.of("mem_sites")
+    assert w["reason"] == "cuda"
+    assert history == ["state", "stop"]  # checkup: stacks recorded only during the window
+    [site] = w["cuda_sites"]
+    assert site["site"] == "/home/u/train.py:7" and site["bytes_per_step"] == MiB
+    assert [d["name"] for d in ctx.of("mem_device")] == ["fake"]
+    assert all("0" in m["cuda"] for m in ctx.of("mem"))

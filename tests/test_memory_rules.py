@@ -88,6 +88,27 @@ def test_growth_small_slope_is_a_warning_and_graph_growth_changes_the_fix():
     assert "11 nodes per step" in f.evidence["graph_growth"][0]
 
 
+def _window(**kw):
+    return {"kind": "mem_sites", "steps": [10, 13], "graph_growth": [], **kw}
+
+
+def test_growth_of_the_steps_own_tensors_is_not_a_leak():
+    cuda = [GiB + s * 16 * MiB for s in range(24)]  # sequence length grows, nothing kept
+    ev = Evidence.from_events(mem_events(cuda, key="cuda", extra=[_window(cuda_survivor_bytes=0)]))
+    assert memory_growth(ev) == []
+    ev = Evidence.from_events(mem_events(cuda, key="cuda", extra=[_window(cuda_survivor_bytes=48 * MiB)]))
+    assert len(memory_growth(ev)) == 1  # 16 MiB a step survives: a leak
+    heap = [100 * MiB + s * 16 * 1024 for s in range(40)]
+    grown_tensors = _window(tensor_survivor_bytes=0, cpu_tensor_bytes_change=64 * 1024)
+    assert memory_growth(Evidence.from_events(mem_events(heap, extra=[grown_tensors]))) == []
+    outside = _window(tensor_survivor_bytes=0, cpu_tensor_bytes_change=0, python_sites=[
+        {"site": "train.py:9", "bytes": 64 * 1024, "count": 4, "bytes_per_step": 16 * 1024,
+         "called_from": []}])
+    [f] = memory_growth(Evidence.from_events(mem_events(heap, extra=[outside])))
+    assert f.evidence["growing_sites"][0].startswith("train.py:9")
+    assert "tracemalloc" in f.evidence["sites_note"]
+
+
 @pytest.mark.parametrize("values", [
     [100 * MiB] * 40,  # flat
     [100 * MiB + min(s, 12) * MiB for s in range(40)],  # warm-up then plateau

@@ -32,6 +32,7 @@ WARMUP_STEPS = 3  # boundaries ignored by the online suspicion test
 SUSPECT_SAMPLES = 5  # consecutive post-warm-up samples that must rise to arm the site window
 SUSPECT_MIN_RISE = 4 * KiB  # mean rise per step (bytes) that arms it
 WINDOW_STEPS = 4  # steps recorded by the site window
+TRACEMALLOC_FRAMES = 8  # Python frames kept per traced allocation (window on host memory only)
 MAX_WINDOWS = 1
 DEVICE_RECHECK = 50  # re-list CUDA devices in use every N steps
 
@@ -39,13 +40,25 @@ DEVICE_RECHECK = 50  # re-list CUDA devices in use every N steps
 class SiteWindow:
     """Allocation-site recording over WINDOW_STEPS steps (see module docstring)."""
 
-    def __init__(self, start_step: int, use_cuda: bool, history_on: bool):
+    def __init__(self, start_step: int, use_cuda: bool, history_on: bool, host: bool = False):
+        import time
+
         from torchdoctor.memory.sites import DispatchTracker, active_blocks
 
+        self._clock = time.perf_counter
+        t0 = self._clock()
         self.start = start_step
         self._active_blocks = active_blocks
         self.tracker = DispatchTracker()
         self.tracker_ok = self.tracker.start(start_step)
+        self.tensors0 = self._cpu_tensor_bytes()
+        self.tm0 = None
+        if host:  # host memory rising: Python-level allocations are traced too (window only)
+            import tracemalloc
+
+            if not tracemalloc.is_tracing():
+                tracemalloc.start(TRACEMALLOC_FRAMES)
+                self.tm0 = tracemalloc.take_snapshot()
         self.started_history = False
         self.snaps: list[dict] | None = None
         if use_cuda:
@@ -53,16 +66,58 @@ class SiteWindow:
                 self.started_history = cuda.start_history("state")
             if history_on or self.started_history:
                 self.snaps = [self._snap()]
+        self.cost_s = self._clock() - t0  # our own time at the boundaries (snapshots, graph walks)
+
+    def _python_sites(self, n_steps: int) -> list[dict[str, Any]]:
+        """Lines whose Python-level allocations (tracemalloc: bytearray, numpy, ...) grew over
+        the window, grouped by innermost user frame."""
+        import tracemalloc
+
+        from torchdoctor.memory.frames import loc
+        from torchdoctor.runner.frames import is_user_file
+
+        try:
+            tm1 = tracemalloc.take_snapshot()
+        finally:
+            tracemalloc.stop()
+        by: dict[Any, list] = {}
+        for st in tm1.compare_to(self.tm0, "traceback"):
+            if st.size_diff <= 0:
+                continue
+            user = [(f.filename, f.lineno, "") for f in reversed(st.traceback) if is_user_file(f.filename)]
+            key = tuple(user[:1])
+            rec = by.setdefault(key, [0, 0, tuple(user[:3])])
+            rec[0] += st.size_diff
+            rec[1] += max(0, st.count_diff)
+        out = [{"site": loc(k[0]) if k else "(no user frame)", "bytes": b, "count": c,
+                "bytes_per_step": round(b / max(1, n_steps + 1)),
+                "called_from": [loc(f) for f in fr[1:]]}
+               for k, (b, c, fr) in by.items() if b >= 64 * KiB]
+        out.sort(key=lambda d: -d["bytes"])
+        return out[:5]
+
+    @staticmethod
+    def _cpu_tensor_bytes() -> int | None:
+        """Python-reachable CPU tensor bytes (one gc scan): tells bigger live tensors from a
+        leak outside torch when the C heap grows but no tensor outlives its step."""
+        from torchdoctor.memory.tensors import other_tensor_bytes
+
+        try:
+            return other_tensor_bytes(set(), cuda=False)[0]
+        except Exception:  # noqa: BLE001
+            return None
 
     def _snap(self) -> dict:
         return self._active_blocks(cuda.segments() or [])
 
     def boundary(self, step: int) -> bool:
         """Record a step end; True when the window is complete."""
+        t0 = self._clock()
         if self.tracker_ok:
             self.tracker.boundary(step)
         if self.snaps is not None:
             self.snaps.append(self._snap())
+        self.cost_s += self._clock() - t0
         return step - self.start >= WINDOW_STEPS
 
     def finish(self, last_step: int) -> dict[str, Any]:
@@ -71,13 +126,20 @@ class SiteWindow:
         self.tracker.stop()
         if self.started_history:
             cuda.stop_history()
+        t1 = self._cpu_tensor_bytes()
         n = max(1, last_step - self.start - 1)
-        out: dict[str, Any] = {"steps": [self.start + 1, last_step]}
+        py_sites = self._python_sites(n) if self.tm0 is not None else None
+        out: dict[str, Any] = {"steps": [self.start + 1, last_step],
+                               "boundary_ms": round(self.cost_s * 1e3, 2)}
         if self.tracker_ok:
             surv = self.tracker.survivors(last_step)
             out["tensor_sites"] = group_sites(surv, n)
             out["tensor_survivor_bytes"] = sum(s.nbytes for s in surv)
             out["graph_growth"] = self.tracker.graph_growth()
+        if self.tensors0 is not None and t1 is not None:
+            out["cpu_tensor_bytes_change"] = t1 - self.tensors0
+        if py_sites is not None:
+            out["python_sites"] = py_sites
         if self.snaps is not None and len(self.snaps) >= 3:
             surv = survivors_from_snapshots(self.snaps, self.start + 1)
             out["cuda_sites"] = group_sites(surv, n)
@@ -120,6 +182,8 @@ class MemorySampler(Instrument):
         return total
 
     def on_backward_begin(self, ctx: Any) -> None:
+        if not self.devs and ctx.step == 0:
+            self._refresh_devices(0)
         h = self.heap.read()
         a = self._cuda_alloc()
         act = None
@@ -163,6 +227,8 @@ class MemorySampler(Instrument):
             h, a, act = self._bwd
             rec["bwd"] = {"heap": h, "cuda": a, "act": act}
             self._bwd = None
+        if self.window is not None:
+            rec["window"] = True  # the site window's own bookkeeping sits in this heap sample
         ctx.emit("mem", **rec)
         self._window_tick(step, {"heap": rec["heap"], "cuda": alloc_total})
 
@@ -186,7 +252,8 @@ class MemorySampler(Instrument):
                 armed = key
         if armed:
             self.windows += 1
-            self.window = SiteWindow(step, use_cuda=bool(self.devs), history_on=self.sess.history)
+            self.window = SiteWindow(step, use_cuda=bool(self.devs), history_on=self.sess.history,
+                                     host=armed == "heap")
             self.window_reason = armed
 
     def _finish_window(self, step: int) -> None:
@@ -313,6 +380,10 @@ class MemorySampler(Instrument):
                 w.tracker.stop()
                 if w.started_history:
                     cuda.stop_history()
+                if w.tm0 is not None:
+                    import tracemalloc
+
+                    tracemalloc.stop()
         end: dict[str, Any] = {"heap": self.heap.read(), "rss": rss_bytes()}
         per = {}
         for d in self.devs:

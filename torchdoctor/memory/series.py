@@ -23,7 +23,7 @@ class Series:
 
 def memory_series(ev: Evidence) -> list[Series]:
     """Step-boundary series: CUDA allocated per device, then the host heap (or RSS when the
-    heap counter is unavailable)."""
+    heap counter is unavailable). Heap samples flagged ``window`` are left out."""
     mems = ev.of("mem")
     out: list[Series] = []
     devs: dict[str, tuple[list[int], list[int]]] = {}
@@ -34,7 +34,9 @@ def memory_series(ev: Evidence) -> list[Series]:
             v.append(int(vals[0]))
     for d, (s, v) in sorted(devs.items()):
         out.append(Series(f"cuda:{d}", f"CUDA allocated memory on cuda:{d}", s, v))
-    heap = [(int(m["step"]), m.get("heap")) for m in mems if m.get("heap") is not None]
+    # heap samples taken while the site window ran include its own bookkeeping: left out
+    heap = [(int(m["step"]), m.get("heap")) for m in mems
+            if m.get("heap") is not None and not m.get("window")]
     if heap:
         out.append(Series("heap", "host memory in use (C heap: CPU tensors, autograd graph)",
                           [s for s, _ in heap], [int(v) for _, v in heap]))

@@ -7,7 +7,8 @@ Thresholds (why: docs/findings/<code>.md, "How it is measured"):
 * memory-growth: after warm-up, Theil-Sen slope >= GROWTH_MIN_SLOPE bytes/step with
   R^2 >= GROWTH_MIN_R2, still growing over the last half (late slope >= GROWTH_LATE_RATIO x
   slope) and a fitted rise >= GROWTH_MIN_RISE; error from GROWTH_ERROR_SLOPE per step, warning
-  below. RSS (only when the heap counter is unavailable) needs NOISY_MIN_SLOPE.
+  below. RSS (only when the heap counter is unavailable) needs NOISY_MIN_SLOPE. Not raised
+  when the site window saw the growth but nothing outlived its step (larger steps, no leak).
 * memory-fragmentation: at peak, reserved - allocated >= FRAG_MIN_GAP and >= FRAG_RATIO of
   reserved; or after an OOM, reserved-but-unallocated >= FRAG_MIN_GAP and >= FRAG_OOM_RATIO.
 * grad-in-eval: >= GRAD_EVAL_MIN graph-building forwards never backpropagated.
@@ -33,6 +34,8 @@ GROWTH_MIN_R2 = 0.8
 GROWTH_LATE_RATIO = 0.5
 GROWTH_MIN_RISE = 128 * KiB
 NOISY_MIN_SLOPE = 1 * MiB
+WINDOW_SEEN = 0.5  # the site window saw at least this share of the expected growth...
+SURVIVOR_SHARE = 0.25  # ...but survivors explain less than this share of it per step
 
 FRAG_MIN_GAP = 256 * MiB
 FRAG_RATIO = 0.30
@@ -62,19 +65,50 @@ def _site_lines(sites: list[dict[str, Any]], limit: int = 3) -> list[str]:
     return out
 
 
+def _python_note(w: dict[str, Any] | None) -> str | None:
+    if w and not w.get("tensor_sites") and w.get("python_sites"):
+        return "no tensor outlived its step; the sites are Python-level allocations (tracemalloc)"
+    return None
+
+
 def _sites_for(ev: Evidence, key: str) -> tuple[list[str], list[str], str | None]:
     """(site lines, graph-growth lines, first site) from the allocation-site window."""
     w = ev.last("mem_sites")
     if not w:
         return [], [], None
     sites = (w.get("cuda_sites") or w.get("tensor_sites") or []) if key.startswith("cuda") \
-        else (w.get("tensor_sites") or [])
+        else (w.get("tensor_sites") or w.get("python_sites") or [])
     sites = [s for s in sites if s.get("site") != "(no user frame)" or len(sites) == 1]
     graph = [f"{g['site']}{' in ' + g['function'] if g.get('function') else ''}: a tensor made "
              f"here holds an autograd graph growing by {g['nodes_per_step']:g} nodes per step "
              f"({g['graph_nodes']} now)" for g in (w.get("graph_growth") or [])]
     first = sites[0]["site"] if sites else ((w.get("graph_growth") or [{}])[0].get("site"))
     return _site_lines(sites), graph, first
+
+
+def _bigger_steps_not_a_leak(ev: Evidence, s, fit) -> bool:
+    """True when the site window watched the series grow but nothing it allocated outlived its
+    step and no graph grew: the step's own tensors are getting larger (growing sequence
+    length, curriculum), nothing accumulates. On the host the Python-visible tensors must
+    also have grown by at least half as much (else the growth is outside torch: a leak)."""
+    w = ev.last("mem_sites")
+    if not w or w.get("partial") or w.get("graph_growth"):
+        return False
+    first, last = w["steps"]
+    by_step = dict(zip(s.steps, s.values))
+    after = next((t for t in sorted(by_step) if t >= last), None)  # heap: window samples left out
+    if first - 1 not in by_step or after is None or after > last + 2:
+        return False
+    grown = by_step[after] - by_step[first - 1]
+    if grown < WINDOW_SEEN * fit.slope * (after - first + 1):
+        return False  # the growth did not happen while the window watched
+    surv = w.get("cuda_survivor_bytes") if s.key.startswith("cuda") else w.get("tensor_survivor_bytes")
+    if surv is None or surv / max(1, last - first) >= SURVIVOR_SHARE * fit.slope:
+        return False
+    if s.key.startswith("cuda"):
+        return True
+    live = w.get("cpu_tensor_bytes_change")
+    return live is not None and live >= WINDOW_SEEN * grown
 
 
 @rule("memory-growth", probes={"memory", "checkup"})
@@ -88,7 +122,8 @@ def memory_growth(ev: Evidence) -> list[Finding]:
         n = max(len(s.steps) for s in series)
         raise NotApplicable(f"needs {MIN_POINTS} steps after the {warmup_count(n)}-step warm-up, "
                             f"saw {n} steps")
-    growing = [(s, f) for s, f in fitted if _growing(f, s.noisy)]
+    growing = [(s, f) for s, f in fitted if _growing(f, s.noisy)
+               and not _bigger_steps_not_a_leak(ev, s, f)]
     if not growing:
         return []
     s, fit = max(growing, key=lambda sf: sf[1].slope)
@@ -108,6 +143,9 @@ def memory_growth(ev: Evidence) -> list[Finding]:
         ev_out["steps_until_full"] = int(room / fit.slope)
     if sites:
         ev_out["growing_sites"] = sites
+        note = _python_note(ev.last("mem_sites")) if s.key == "heap" else None
+        if note:
+            ev_out["sites_note"] = note
     if graph:
         ev_out["graph_growth"] = graph
     others = [f"{o.label}: {human_bytes(f.slope, signed=True)}/step" for o, f in growing if o is not s]
@@ -115,9 +153,15 @@ def memory_growth(ev: Evidence) -> list[Finding]:
         ev_out["also_growing"] = others
     if not sites and not graph:
         w = ev.last("mem_sites")
-        ev_out["sites"] = ("no allocation outlived its step in the recorded window" if w
-                           else "not recorded (the growth was not steady early enough to arm the "
-                                "site window)")
+        if not w:
+            ev_out["sites"] = ("not recorded (the growth was not steady early enough to arm the "
+                               "site window)")
+        elif s.key.startswith("cuda"):
+            ev_out["sites"] = "no allocation outlived its step in the recorded window"
+        else:
+            ev_out["sites"] = ("no tensor outlived its step and CPU tensors did not grow: the "
+                               "growing memory is outside torch (Python buffers, numpy arrays, "
+                               "C extensions)")
     where = f"; growing site: {first}" if first else ""
     title = (f"{s.label} grows {human_bytes(fit.slope, signed=True)} per step "
              f"(R² {fit.r2:.2f}, steps {fit.first_step}-{fit.last_step}){where}")

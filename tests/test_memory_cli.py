@@ -1,0 +1,141 @@
+"""End-to-end: `torchdoctor memory` / `checkup` on the CPU memory fixtures (real child runs).
+
+Each sick fixture raises exactly its code; the healthy ones (including a warm-up that rises
+and then plateaus) raise no memory finding at all.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run_cli
+
+MEM = ROOT / "tests" / "fixtures" / "scripts" / "memory"
+MEMORY_CODES = {"memory-growth", "out-of-memory", "memory-fragmentation", "grad-in-eval",
+                "activation-dominated"}
+pytestmark = pytest.mark.slow
+
+
+@functools.lru_cache(maxsize=None)
+def report(probe: str, script: str, *args: str) -> tuple[int, dict]:
+    p = run_cli(probe, "--json", *args, str(MEM / script), cwd=ROOT, timeout=180)
+    assert p.stdout.strip(), p.stderr[-3000:]
+    return p.returncode, json.loads(p.stdout)
+
+
+def codes(rep: dict) -> list[str]:
+    return sorted(f["code"] for f in rep["findings"])
+
+
+def line_of(script: str, marker: str) -> int:
+    for i, line in enumerate((MEM / script).read_text().splitlines(), 1):
+        if marker in line:
+            return i
+    raise AssertionError(marker)
+
+
+def test_leak_of_1mib_per_step_found_within_30_steps_with_its_line():
+    rc, rep = report("memory", "leak_outputs.py", "--steps", "30")
+    assert rc == 1 and codes(rep) == ["memory-growth"]
+    [f] = rep["findings"]
+    assert f["severity"] == "error"
+    line = f"leak_outputs.py:{line_of('leak_outputs.py', 'the growing allocation')}"
+    assert line in f["title"]
+    assert f["evidence"]["growing_sites"][0].startswith(f"tests/fixtures/scripts/memory/{line}")
+    assert 0.95 * (1 << 20) < f["evidence"]["bytes_per_step"] < 1.1 * (1 << 20)
+    m = rep["metrics"]["memory"]
+    assert m["heap_counter"] == "glibc-mallinfo2"
+    assert len(m["timeline"]["step"]) == 30
+    assert m["sites"]["tensor_sites"][0]["bytes_per_step"] == 1 << 20
+
+
+def test_kept_loss_graph_is_a_warning_naming_the_accumulating_line():
+    rc, rep = report("memory", "leak_loss_graph.py")
+    assert rc == 0 and codes(rep) == ["memory-growth"]
+    [f] = rep["findings"]
+    assert f["severity"] == "warning"
+    line = line_of("leak_loss_graph.py", "bug: should be loss.item()")
+    assert f"leak_loss_graph.py:{line}" in f["evidence"]["graph_growth"][0]
+    assert "loss.item()" in f["fix"]
+
+
+@pytest.mark.parametrize("script", ["healthy.py", "warmup_plateau.py", "eval_no_grad.py",
+                                    "growing_batch.py"])
+def test_healthy_scripts_raise_nothing(script):
+    rc, rep = report("memory", script)
+    assert rc == 0 and rep["findings"] == [], rep["findings"]
+    assert "memory-growth" not in {s["rule"] for s in rep["skipped"]}
+
+
+@pytest.mark.parametrize("script", ["healthy.py", "warmup_plateau.py"])
+def test_checkup_runs_the_cheap_memory_checks_quietly(script):
+    _, rep = report("checkup", script)
+    assert not MEMORY_CODES & set(codes(rep)), rep["findings"]
+    assert "memory" in rep["metrics"]
+    assert "breakdown" not in rep["metrics"]["memory"]  # the memory probe's costlier part
+
+
+def test_growth_outside_torch_is_named_from_python_allocations():
+    rc, rep = report("memory", "leak_buffers.py")
+    assert rc == 1 and codes(rep) == ["memory-growth"]
+    [f] = rep["findings"]
+    line = line_of("leak_buffers.py", "bug: a per-step buffer")
+    assert f["evidence"]["growing_sites"][0].startswith(
+        f"tests/fixtures/scripts/memory/leak_buffers.py:{line}: +256 KiB/step")
+    assert "tracemalloc" in f["evidence"]["sites_note"]
+
+
+def test_eval_without_no_grad_in_memory_and_checkup():
+    for probe in ("memory", "checkup"):
+        _, rep = report(probe, "eval_with_grad.py")
+        found = [f for f in rep["findings"] if f["code"] == "grad-in-eval"]
+        assert len(found) == 1, (probe, rep["findings"])
+        f = found[0]
+        line = line_of("eval_with_grad.py", "bug: builds a graph")
+        assert f"eval_with_grad.py:{line}" in f["fix"]
+        assert f["evidence"]["never_backpropagated"] == 12
+
+
+def test_activation_heavy_is_reported_as_info_with_savings():
+    rc, rep = report("memory", "activation_heavy.py")
+    assert rc == 0 and codes(rep) == ["activation-dominated"]
+    [f] = rep["findings"]
+    assert f["severity"] == "info"
+    b = rep["metrics"]["memory"]["breakdown"]
+    assert b["parts"]["activations"] == 13 * 4 * (1 << 20)  # 12 tanh outputs + the input
+    assert "checkpoint" in f["fix"]
+
+
+def test_host_oom_gets_breakdown_and_the_oversized_request_first():
+    rc, rep = report("memory", "oom_host.py")
+    assert rc == 1 and codes(rep) == ["out-of-memory"]
+    [f] = rep["findings"]
+    ev = f["evidence"]
+    assert ev["requested_bytes"] == 2 ** 34 * 64 * 4
+    assert ev["device"] == "cpu"
+    assert set(ev["breakdown_bytes"]) >= {"parameters", "gradients", "optimizer_state",
+                                          "activations", "other"}
+    params = ev["breakdown_bytes"]["parameters"]
+    assert 2 * params <= ev["breakdown_bytes"]["optimizer_state"] < 2 * params + 1024  # Adam: 2x + steps
+    line = line_of("oom_host.py", "x = torch.randn(batch, 64)")
+    assert f["fix"].startswith(f"One request of 4 TiB at tests/fixtures/scripts/memory/oom_host.py:{line}")
+
+
+def test_console_report_draws_timeline_and_breakdown():
+    p = run_cli("memory", "--steps", "12", str(MEM / "healthy.py"), cwd=ROOT, timeout=180)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = p.stdout
+    assert "Memory at step ends: steps 1-12" in out
+    assert "host heap in use" in out and any(c in out for c in "▁▂▃▄▅▆▇█")
+    assert "Memory at the backward start of step 2 (cpu)" in out
+    assert "No problems found" in out
+
+
+def test_bad_input_is_a_clear_usage_error():
+    p = run_cli("memory", str(MEM / "no_such_script.py"), cwd=ROOT)
+    assert p.returncode == 2
+    assert "script not found" in p.stderr and "Traceback" not in p.stderr
