@@ -102,7 +102,7 @@ def test_no_training_steps():
 
 @pytest.mark.parametrize("script,code,extra", [
     ("oom_cpu.py", "out-of-memory", {"requested_bytes": 2**47, "where": "oom_cpu.py:9 in <module>"}),
-    ("inplace.py", "inplace-modified", {"output_of": "Sigmoid", "phase": "backward"}),
+    ("inplace.py", "inplace-modified", {"phase": "backward"}),
     ("device_meta.py", "device-mismatch", {"devices": ["meta", "cpu"], "phase": "forward"}),
 ])
 def test_crash_classification(script, code, extra):
@@ -111,6 +111,8 @@ def test_crash_classification(script, code, extra):
     ev = r["findings"][0]["evidence"]
     for k, v in extra.items():
         assert ev[k] == v, (k, ev)
+    if code == "inplace-modified":  # torch 2.13 says "Sigmoid", 2.11 "SigmoidBackward0"
+        assert ev["output_of"].startswith("Sigmoid") and ev["tensor"] == "torch.FloatTensor [8, 4]"
 
 
 def test_device_mismatch_names_the_unregistered_tensor():
