@@ -100,6 +100,7 @@ SICK = [
     ("nan/loss_log.py", (), {}, {"nonfinite-loss"}, {"nonfinite-loss": 4}),
     ("nan/explode.py", (), {"steps": 20}, {"gradient-explosion"}, {}),
     ("nan/fp16_overflow.py", ("float16",), {}, {"nonfinite-forward"}, {"nonfinite-forward": 4}),
+    ("nan/masked_attention.py", ("4",), {}, {"nonfinite-forward"}, {"nonfinite-forward": 5}),
     ("training/missing_zero_grad.py", (), {}, {"missing-zero-grad"}, {"missing-zero-grad": 2}),
     ("training/fp16_no_scaler.py", (), {}, {"fp16-without-scaler"}, {}),
     ("training/eval_mode.py", (), {}, {"eval-mode-training"}, {"eval-mode-training": 6}),
@@ -111,7 +112,7 @@ SICK = [
     ("training/inplace_custom_fn.py", (), {}, {"inplace-modified"}, {}),
 ]
 HEALTHY = ["nan/healthy_mlp.py", "nan/healthy_accum.py", "nan/healthy_frozen.py",
-           "nan/healthy_amp.py", "nan/healthy_gan.py"]
+           "nan/healthy_amp.py", "nan/healthy_gan.py", "nan/masked_attention.py"]
 
 
 @pytest.mark.filterwarnings("ignore:Error detected in")
@@ -156,6 +157,12 @@ def test_parent_code_and_loss_ops_are_named():
     assert f.evidence["op_code"] == "h = torch.log(h)"
     g = by_code(judge("nan", SCRIPTS / "nan/loss_log.py"), "nonfinite-loss")
     assert g.evidence["op"] == "aten::log" and "torch.log" in g.evidence["op_code"]
+
+
+def test_deliberate_minus_inf_mask_is_not_the_culprit():
+    f = by_code(judge("nan", SCRIPTS / "nan/masked_attention.py", ("4",)), "nonfinite-forward")
+    assert f.evidence["module"] == "model" and f.evidence["op"] == "aten::_softmax"
+    assert "PadMask" in f.evidence["earlier_neg_inf"]
 
 
 def test_gradient_names_the_parameter_nearest_the_loss():

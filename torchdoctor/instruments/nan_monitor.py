@@ -39,6 +39,8 @@ from torchdoctor.instruments import Instrument, register
 FORCE_ROW_RECORDS = 50_000  # a window this long (eval loop without steps) is reduced early
 MAX_BAD_PARAMS = 10
 EMIT_EVERY = 32  # rows per ``numerics`` event
+LEARN_CONTAINED = 3  # windows with contained -Inf (masks) inspected to learn benign modules
+MAX_BAD_RECORDS = 4096
 
 
 class _Window:
@@ -68,7 +70,7 @@ class _Window:
 
 class _Row:
     __slots__ = ("step", "opt", "row", "win", "params", "norms", "stacks", "loss_vec", "live",
-                 "layout", "gnorm64")
+                 "layout", "gnorm64", "neg_inf_before")
 
     def __init__(self, step, opt, row, win, params, norms, stacks, loss_vec, layout):
         self.step, self.opt, self.row, self.win = step, opt, row, win
@@ -76,6 +78,7 @@ class _Row:
         self.layout = layout  # names of the row's entries
         self.live = True
         self.gnorm64: float | None = None  # float64 norm when the float32 one overflowed
+        self.neg_inf_before: int | None = None  # an earlier -Inf-only record (a mask?)
 
 
 @register
@@ -105,6 +108,8 @@ class NanMonitor(Instrument):
         self.pending: list[_Row] = []
         self.series: tuple[list, list, list, list] = ([], [], [], [])
         self.found = False
+        self.contained = 0
+        self.benign: set[int] = set()
         self.rows = 0
         self.reads = 0
         self.records = 0
@@ -159,7 +164,7 @@ class NanMonitor(Instrument):
         self._read()
         self._emit_series()
         ctx.emit("nan_monitor", forward_watch=self.watch, check_every=self.every, rows=self.rows,
-                 reads=self.reads, records=self.records, found=self.found,
+                 reads=self.reads, records=self.records, found=self.found, contained=self.contained,
                  scaler_skips=self.scaler_skips)
 
     # ------------------------------------------------------------------ forward watch
@@ -381,6 +386,13 @@ class NanMonitor(Instrument):
             grads_ok = math.isfinite(vals.get("gnorm", 0.0))
             if self.found or (fwd_ok and loss_ok and grads_ok):
                 continue
+            if not fwd_ok and loss_ok and grads_ok and ("lossflag" in vals or "gnorm" in vals):
+                # non-finite values inside the forward that never reached the loss or the
+                # gradients (masks filled with -inf, values a torch.where discards): by design
+                self.contained += 1
+                if self.contained <= LEARN_CONTAINED:
+                    self._learn_benign(r)
+                continue
             try:
                 self._localize(r, fwd_ok, loss_ok, grads_ok)
             finally:
@@ -425,15 +437,54 @@ class NanMonitor(Instrument):
         if self.stop_on_bad:
             ctx.request_stop(f"first non-finite value found at step {ev['step']}")
 
-    def _first_bad_seq(self, r: _Row) -> int | None:
+    def _bad_records(self, r: _Row) -> list[tuple[int, bool]]:
+        """(seq, weak) of the window's non-finite records in execution order; ``weak``: the
+        record holds -Inf but no NaN and no +Inf."""
         torch = self.torch
-        best = None
+        out: list[tuple[int, bool]] = []
         for key, s in r.stacks.items():
-            bad = (~torch.isfinite(s)).nonzero()
-            if bad.numel():
-                seq = r.win.groups[key][1][int(bad[0, 0]) // 2]
-                best = seq if best is None else min(best, seq)
-        return best
+            mm = s.reshape(-1, 2).float()
+            bad = ~torch.isfinite(mm).all(dim=1)
+            weak = (mm[:, 0] == float("-inf")) & torch.isfinite(mm[:, 1])
+            idx = bad.nonzero().flatten()[:MAX_BAD_RECORDS]
+            if idx.numel():
+                seqs = r.win.groups[key][1]
+                for i, w in zip(idx.tolist(), weak[idx].tolist()):
+                    out.append((seqs[i], bool(w)))
+        out.sort()
+        return out
+
+    def _learn_benign(self, r: _Row) -> None:
+        """Modules whose -Inf outputs never reached the loss (masks) are benign later on."""
+        w = r.win
+        if w is None:
+            return
+        for seq, weak in self._bad_records(r):
+            rec = w.recs[seq]
+            if weak and rec[0] == "out":
+                self.benign.add(id(rec[1]))
+        if self.contained == 1:
+            from torchdoctor.numerics.names import Namer
+
+            namer = Namer(self.ctx.models())
+            self.ctx.emit("nonfinite_contained", step=r.step,
+                          modules=[namer.module(m) for m in {id(x): x for x in w.calls}.values()
+                                   if id(m) in self.benign][:8])
+
+    def _first_bad_seq(self, r: _Row) -> int | None:
+        """The first non-finite record, skipping -Inf-only outputs of modules seen making -Inf
+        at earlier steps whose loss stayed finite (masks), and -Inf-only inputs after one."""
+        w = r.win
+        first_benign = None
+        for seq, weak in self._bad_records(r):
+            rec = w.recs[seq]
+            if weak and ((rec[0] == "out" and id(rec[1]) in self.benign)
+                         or (rec[0] == "in" and first_benign is not None)):
+                first_benign = first_benign if first_benign is not None else seq
+                continue
+            r.neg_inf_before = first_benign
+            return seq
+        return first_benign
 
     def _minmax(self, r: _Row, seq: int) -> list:
         """[min, max] recorded for record ``seq`` (following aliases)."""
@@ -491,6 +542,11 @@ class NanMonitor(Instrument):
             return None
         role, m, cid, step0, idx, _alias = w.recs[seq]
         ev: dict[str, Any] = {"step": step0 + 1, "record": seq, "records": len(w.recs)}
+        if r.neg_inf_before is not None:
+            rec = w.recs[r.neg_inf_before]
+            ev["earlier_neg_inf"] = (f"{namer.module(rec[1])} ({type(rec[1]).__name__}) "
+                                     f"{'output' if rec[0] == 'out' else 'input'} held -Inf "
+                                     f"before (a mask?)")
         if role == "out":
             ev["what"] = "forward"
             ev.update(self._call_info(r, cid, namer))

@@ -2,7 +2,8 @@
 
 ``FirstNonFinite`` is a ``TorchDispatchMode``: every aten op run while it is entered is checked
 (one device sync per op: use it only around one module call of one step, in a re-run). The
-inputs are checked *before* the op runs (an in-place op overwrites them), the outputs after.
+inputs are checked *before* the op runs (an in-place op overwrites them), the outputs after;
+-Inf made by mask ops (masked_fill, full, where ...) is taken as deliberate (see the class).
 Ops without a floating-point tensor input (factories) and ``empty*`` ops (uninitialised memory)
 are not candidates. The first hit records the op, the user's frames at that moment, and exact
 stats of its inputs and outputs.
@@ -16,24 +17,39 @@ from torchdoctor.numerics.names import source_line, user_stack
 from torchdoctor.numerics.tensors import exact_stats, float_tensors
 
 
-def _all_finite(ts: list) -> bool:
+MASK_OPS = ("masked_fill", "fill", "full", "where", "index_fill", "index_put", "masked_scatter")
+
+
+def _state(ts: list) -> str:
+    """'ok' (all finite), 'neg' (-Inf present, no NaN/+Inf) or 'bad' (NaN or +Inf present)."""
     import torch
 
     if not ts:
-        return True
-    flags = [torch.isfinite(t.detach()).all() for t in ts]
-    return bool(torch.stack(flags).all()) if len(flags) > 1 else bool(flags[0])
+        return "ok"
+    flags = []
+    for t in ts:
+        d = t.detach()
+        flags.append(torch.stack([torch.isnan(d).any(), torch.isposinf(d).any(), torch.isneginf(d).any()]))
+    nan, pos, neg = torch.stack(flags).any(dim=0).tolist()
+    return "bad" if (nan or pos) else ("neg" if neg else "ok")
 
 
 def make_mode():
     """A fresh FirstNonFinite mode (the class is built lazily: it needs torch)."""
-    import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class FirstNonFinite(TorchDispatchMode):
+        """Finds the first op whose inputs are finite and whose output is not.
+
+        -Inf written by a mask-making op (``masked_fill``, ``full``, ``where``...) is taken as
+        deliberate: the search goes on, allowing -Inf in inputs, for an op that makes NaN or
+        +Inf (the softmax of a fully masked row).
+        """
+
         def __init__(self) -> None:
             super().__init__()
             self.found: dict[str, Any] | None = None
+            self.masks: list[str] = []
             self.ops_checked = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -42,25 +58,34 @@ def make_mode():
                 return func(*args, **kwargs)
             name = str(func.overloadpacket.__name__) if hasattr(func, "overloadpacket") else str(func)
             ins = _flat_float(args, kwargs)
-            candidate = bool(ins) and "empty" not in name
-            ins_ok = candidate and _all_finite(ins)
-            in_stats = [exact_stats(t) for t in ins[:4]] if ins_ok else None
+            if not ins or "empty" in name:
+                return func(*args, **kwargs)
+            before = _state(ins)
+            in_stats = [exact_stats(t) for t in ins[:4]] if before != "bad" else None
             out = func(*args, **kwargs)
-            if not ins_ok:
+            if before == "bad":
                 return out
             self.ops_checked += 1
             outs = float_tensors(out)
-            if outs and not _all_finite(outs):
-                stack = user_stack(limit=8, skip=2)
-                self.found = {
-                    "op": f"aten::{name}",
-                    "overload": str(func),
-                    "where": stack[0] if stack else None,
-                    "code": source_line(stack[0]) if stack else None,
-                    "user_stack": stack,
-                    "inputs": in_stats,
-                    "outputs": [exact_stats(t) for t in outs[:4]],
-                }
+            after = _state(outs) if outs else "ok"
+            hit = (after == "bad") or (after == "neg" and before == "ok")
+            if not hit:
+                return out
+            stack = user_stack(limit=8, skip=2)
+            if after == "neg" and any(m in name for m in MASK_OPS):
+                self.masks.append(f"aten::{name} at {stack[0] if stack else '?'}")
+                return out
+            self.found = {
+                "op": f"aten::{name}",
+                "overload": str(func),
+                "where": stack[0] if stack else None,
+                "code": source_line(stack[0]) if stack else None,
+                "user_stack": stack,
+                "inputs": in_stats,
+                "outputs": [exact_stats(t) for t in outs[:4]],
+            }
+            if self.masks:
+                self.found["masks_before"] = self.masks[:3]
             return out
 
     return FirstNonFinite()

@@ -120,6 +120,8 @@ def _forward_finding(nf: dict[str, Any], ev: Evidence) -> Finding:
     params = nf.get("nonfinite_params") or []
     if params:
         evidence["nonfinite_params"] = params
+    if nf.get("earlier_neg_inf"):
+        evidence["earlier_neg_inf"] = nf["earlier_neg_inf"]
     if nf.get("between_children"):
         recv = nf.get("receiver") or {}
         kind = _kind(recv.get("minmax"))
