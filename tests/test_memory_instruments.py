@@ -178,6 +178,10 @@ def test_snapshot_survivors_need_to_persist_from_before_the_last_step():
     params = (0x1000, 4 * MiB)
     snaps = [snap(params), snap(params, (0x9000, MiB)), snap(params, (0x9000, MiB), (0xA000, MiB)),
              snap(params, (0x9000, MiB), (0xA000, MiB), (0xC000, MiB))]
+    frameless = active_blocks([{"blocks": [{"address": 0x7000, "size": MiB, "state": "active_allocated",
+                                            "frames": []}]}])
+    for s in snaps[1:]:
+        s.update(frameless)  # e.g. gradients made by autograd's device thread: not named, skipped
     surv = survivors_from_snapshots(snaps, first_step=5)
     assert sorted(s.step for s in surv) == [5, 6]  # 0xC000 was made in the last step
     [site] = group_sites(surv, n_steps=2)

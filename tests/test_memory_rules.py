@@ -120,6 +120,17 @@ def test_no_growth_on_healthy_shapes(values):
     assert memory_growth(Evidence.from_events(mem_events(values))) == []
 
 
+def test_heap_not_judged_on_cuda_while_the_history_trace_fills_host_memory():
+    info = {"kind": "mem_info", "history_trace": True}
+    evs = mem_events([GiB] * 30, key="cuda", extra=[info])
+    for i, e in enumerate(evs[:30]):
+        e["heap"] = 100 * MiB + i * 150 * 1024  # the trace ring growing
+    assert memory_growth(Evidence.from_events(evs)) == []
+    evs = evs[:30]  # same run without the trace: the heap growth is judged
+    [f] = memory_growth(Evidence.from_events(evs))
+    assert "host memory" in f.title
+
+
 def test_growth_not_applicable_without_samples_or_with_too_few():
     with pytest.raises(NotApplicable):
         memory_growth(Evidence.from_events([]))

@@ -15,5 +15,9 @@ HELP = ("Run SCRIPT once under the memory probe: per-step memory timeline (CUDA 
 def register(app: typer.Typer) -> None:
     script_command(app, "memory", HELP, probe="memory", extra_options=[
         ExtraOption("memory_history", "--history/--no-history", bool, True,
-                    "CUDA: record allocation stacks (names OOM sites, memory_viz snapshot)."),
+                    "CUDA: record the stack of each live allocation (names OOM sites; the "
+                    "OOM snapshot for memory_viz)."),
+        ExtraOption("memory_history_trace", "--history-trace", bool, False,
+                    "CUDA: also keep the last 20000 alloc/free events (memory_viz timeline); "
+                    "the host heap is then not judged."),
     ])

@@ -4,8 +4,12 @@
   whole run (:mod:`torchdoctor.memory.saved`); the sampler adds them to its samples.
 * On CUDA, memory history with Python stacks is switched on when the script initialises CUDA
   (before its first allocation), so an OOM snapshot names the lines that allocated what was
-  live and opens in pytorch.org/memory_viz. Cost: one stack capture per allocation
-  (measured in bench/memory_overhead.py; docs/memory.md).
+  live and opens in pytorch.org/memory_viz. Default mode ``state``: stacks of live blocks
+  only (bounded). ``--history-trace`` (option ``memory_history_trace``) records the alloc/free
+  trace too (last HISTORY_ENTRIES events, memory_viz's timeline); its ring buffer lives in
+  host memory and grows until full, so the host heap series is not judged then (measured on
+  the H100: it rose ~150 KiB/step on a small transformer and armed the site window).
+  Cost: one stack capture per allocation (bench/memory_overhead.py; docs/memory.md).
 * The breakdown: at the start of backward of step :data:`BREAKDOWN_STEP` (optimizer state
   exists by then) it measures parameters, gradients present, optimizer state and activations
   against what is allocated at that moment (CUDA allocator, or the C heap above its pre-script
@@ -42,13 +46,14 @@ class MemoryDetail(Instrument):
         self.target = min(BREAKDOWN_STEP, steps) if steps else BREAKDOWN_STEP
         self.pending: dict[str, Any] | None = None
         self.done = False
+        self.mode = "all" if ctx.options.get("memory_history_trace") else "state"
         if ctx.options.get("memory_history", True):
             cuda.on_init(self._start_history)
 
     def _start_history(self) -> None:
-        if cuda.start_history("all", HISTORY_ENTRIES):
+        if cuda.start_history(self.mode, HISTORY_ENTRIES):
             self.sess.history = True
-            self.sess.history_mode = "all"
+            self.sess.history_mode = self.mode
 
     def _measure(self, ctx: Any) -> dict[str, Any]:
         from torchdoctor.memory.breakdown import live_breakdown

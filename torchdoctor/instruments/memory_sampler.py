@@ -165,9 +165,12 @@ class MemorySampler(Instrument):
         self.window: SiteWindow | None = None
         self.windows = 0
         self.oom: dict[str, Any] | None = None
+        # the CUDA alloc/free trace (memory --history-trace) grows in host memory: heap unjudged
+        self.trace = bool(ctx.options.get("memory_history_trace")) and ctx.probe == "memory"
         ctx.emit("mem_info", heap_counter=self.heap.name if self.heap.available else None,
                  baseline_heap=self.sess.base_heap, baseline_rss=self.sess.base_rss,
-                 host=host_memory(), cuda_available=cuda.available(), alloc_conf=cuda.alloc_conf())
+                 host=host_memory(), cuda_available=cuda.available(), alloc_conf=cuda.alloc_conf(),
+                 history_trace=self.trace)
         cuda.on_init(lambda: cuda.attach_oom_observer(self._on_oom))
 
     # ---- sampling ------------------------------------------------------------------------
@@ -244,7 +247,7 @@ class MemorySampler(Instrument):
             return
         armed = None
         for key, v in values.items():
-            if v is None:
+            if v is None or (key == "heap" and self.trace and self.devs):
                 continue
             q = self.recent.setdefault(key, deque(maxlen=SUSPECT_SAMPLES + 1))
             q.append(v)

@@ -10,8 +10,8 @@ Savings are estimates from the measured breakdown, each with the arithmetic it r
   activations scale with the batch -> about half of the activations;
 * activation checkpointing of the model's ``n`` blocks: only block inputs are kept plus one
   block's activations during recompute -> about ``(1 - 2/n)`` of the activations (n >= 3);
-* ``zero_grad(set_to_none=True)``: gradients allocated while the forward runs are freed ->
-  the gradient bytes present at that moment;
+* ``zero_grad(set_to_none=True)`` right after ``step()``: gradients still allocated while the
+  forward runs are freed -> the gradient bytes present at that moment;
 * a lighter optimizer (8-bit Adam / Adafactor, or SGD with momentum instead of Adam):
   at least half of the optimizer state;
 * ``expandable_segments:True``: reserved-but-free bytes the allocator could not reuse.
@@ -58,7 +58,8 @@ def rank_fixes(parts: dict[str, int], extra: dict[str, Any]) -> list[dict[str, A
     g = int(extra.get("gradients_at_forward", 0) or 0)
     if g:
         add("zero-grad-set-to-none", g,
-            "optimizer.zero_grad(set_to_none=True): gradients are not held during the next forward")
+            "call optimizer.zero_grad(set_to_none=True) right after optimizer.step() (before the "
+            "next forward): the gradients were still allocated while this forward ran")
     opt = int(parts.get("optimizer_state", 0) or 0)
     if opt:
         add("lighter-optimizer-state", opt / 2,

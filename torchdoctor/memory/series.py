@@ -37,6 +37,8 @@ def memory_series(ev: Evidence) -> list[Series]:
     # heap samples taken while the site window ran include its own bookkeeping: left out
     heap = [(int(m["step"]), m.get("heap")) for m in mems
             if m.get("heap") is not None and not m.get("window")]
+    if devs and (ev.last("mem_info") or {}).get("history_trace"):
+        heap = []  # the CUDA alloc/free trace ring fills host memory: not a signal
     if heap:
         out.append(Series("heap", "host memory in use (C heap: CPU tensors, autograd graph)",
                           [s for s, _ in heap], [int(v) for _, v in heap]))

@@ -38,7 +38,7 @@ WINDOW_SEEN = 0.5  # the site window saw at least this share of the expected gro
 SURVIVOR_SHARE = 0.25  # ...but survivors explain less than this share of it per step
 
 FRAG_MIN_GAP = 256 * MiB
-FRAG_RATIO = 0.30
+FRAG_RATIO = 0.40
 FRAG_OOM_RATIO = 0.10
 
 GRAD_EVAL_MIN = 3
