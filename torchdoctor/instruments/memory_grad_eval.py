@@ -122,10 +122,11 @@ class GradInEval(Instrument):
         if not ts:
             return
         self.graph_forwards += 1
-        from torchdoctor.memory.frames import fmt_site, user_frames_from_frame
+        from torchdoctor.memory.frames import user_frames_from_frame
 
-        site = fmt_site(user_frames_from_frame(sys._getframe(1), limit=1)) or None
-        rec = _Fwd(len(ts), self.ctx.step, type(module).__name__, bool(module.training), site)
+        frames = user_frames_from_frame(sys._getframe(1), limit=1)  # formatted only if reported
+        rec = _Fwd(len(ts), self.ctx.step, type(module).__name__, bool(module.training),
+                   frames[0] if frames else None)
         self.live.add(rec)
         for t in ts:
             try:
@@ -150,14 +151,17 @@ class GradInEval(Instrument):
 
     def _example(self, rec: _Fwd, how: str) -> None:
         """Group never-backpropagated forwards by (module, mode, call site, fate)."""
+        from torchdoctor.memory.frames import loc
+
         mode = "train" if rec.training else "eval"
+        site = loc(rec.site) if rec.site else None
         for e in self.examples:
-            if (e["module"], e["mode"], e["site"], e["outputs"]) == (rec.module, mode, rec.site, how):
+            if (e["module"], e["mode"], e["site"], e["outputs"]) == (rec.module, mode, site, how):
                 e["count"] += 1
                 e["last_step"] = rec.step
                 return
         if len(self.examples) < MAX_EXAMPLES:
-            self.examples.append({"module": rec.module, "mode": mode, "site": rec.site,
+            self.examples.append({"module": rec.module, "mode": mode, "site": site,
                                   "outputs": how, "count": 1, "first_step": rec.step,
                                   "last_step": rec.step})
 
