@@ -12,11 +12,12 @@ Configurations, run alternately ``--rounds`` times so that a busy neighbour slow
 * ``nan``      probe ``nan`` (forward watch on, flags read every step; no NaN occurs)
 
 Workloads: ``cpu-mlp`` (3-layer MLP, batch 64, 1 thread: the worst case, many tiny modules per
-ms), ``gpu-transformer`` (6-layer TransformerEncoder d=512, batch 32 x 256 tokens, bf16 autocast,
-AdamW) and ``gpu-mlp`` (launch-bound small MLP on the GPU).
+ms), ``gpu-transformer`` (8-layer TransformerEncoder d=768, 12 heads, batch 16 x 512 tokens, bf16
+autocast, fused AdamW) and ``gpu-mlp`` (launch-bound small MLP on the GPU).
 
     python bench/nan_overhead.py --workload cpu-mlp [--rounds 5]
     python bench/nan_overhead.py --workload gpu-transformer --workload gpu-mlp
+    python bench/nan_overhead.py --workload gpu-transformer --attribute   # per instrument
 
 Acceptance (issue 6): nan ≤ 2x bare on cpu-mlp, ≤ 1.3x on the H100 workload.
 """
@@ -41,67 +42,75 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-out, kind, warmup, measure = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-torch.manual_seed(0)
-if kind == "cpu-mlp":
-    torch.set_num_threads(1)
-    dev = "cpu"
-    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
-                          nn.Linear(256, 10))
-    X, Y = torch.randn(64, 64), torch.randint(0, 10, (64,))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    def step():
-        opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(X), Y).backward()
-        opt.step()
-elif kind == "gpu-mlp":
-    dev = "cuda"
-    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
-                          nn.Linear(512, 10)).to(dev)
-    X, Y = torch.randn(256, 256, device=dev), torch.randint(0, 10, (256,), device=dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    def step():
-        opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(X), Y).backward()
-        opt.step()
-elif kind == "gpu-transformer":
-    dev = "cuda"
-    d, L, B, T, V = 512, 6, 32, 256, 8192
-    class LM(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.emb = nn.Embedding(V, d)
-            layer = nn.TransformerEncoderLayer(d, 8, 4 * d, dropout=0.1, batch_first=True,
-                                               norm_first=True)
-            self.enc = nn.TransformerEncoder(layer, L, enable_nested_tensor=False)
-            self.head = nn.Linear(d, V)
-        def forward(self, tok):
-            return self.head(self.enc(self.emb(tok), is_causal=False))
-    model = LM().to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    tok = torch.randint(0, V, (B, T), device=dev)
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = model(tok)
-        F.cross_entropy(logits.float().view(-1, V), tok.view(-1)).backward()
-        opt.step()
-else:
-    raise SystemExit(f"unknown workload {kind}")
+def build(kind):
+  torch.manual_seed(0)
+  if kind == "cpu-mlp":
+      torch.set_num_threads(1)
+      dev = "cpu"
+      model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                            nn.Linear(256, 10))
+      X, Y = torch.randn(64, 64), torch.randint(0, 10, (64,))
+      opt = torch.optim.SGD(model.parameters(), lr=0.01)
+      def step():
+          opt.zero_grad(set_to_none=True)
+          F.cross_entropy(model(X), Y).backward()
+          opt.step()
+  elif kind == "gpu-mlp":
+      dev = "cuda"
+      model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                            nn.Linear(512, 10)).to(dev)
+      X, Y = torch.randn(256, 256, device=dev), torch.randint(0, 10, (256,), device=dev)
+      opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+      def step():
+          opt.zero_grad(set_to_none=True)
+          F.cross_entropy(model(X), Y).backward()
+          opt.step()
+  elif kind == "gpu-transformer":
+      dev = "cuda"
+      d, L, B, T, V = 768, 8, 16, 512, 8192  # GPT-2-small-like encoder, 8192 tokens a step
+      class LM(nn.Module):
+          def __init__(self):
+              super().__init__()
+              self.emb = nn.Embedding(V, d)
+              layer = nn.TransformerEncoderLayer(d, 12, 4 * d, dropout=0.1, batch_first=True,
+                                                 norm_first=True)
+              self.enc = nn.TransformerEncoder(layer, L, enable_nested_tensor=False)
+              self.head = nn.Linear(d, V)
+          def forward(self, tok):
+              return self.head(self.enc(self.emb(tok), is_causal=False))
+      model = LM().to(dev)
+      opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+      tok = torch.randint(0, V, (B, T), device=dev)
+      def step():
+          opt.zero_grad(set_to_none=True)
+          with torch.autocast("cuda", dtype=torch.bfloat16):
+              logits = model(tok)
+          F.cross_entropy(logits.float().view(-1, V), tok.view(-1)).backward()
+          opt.step()
+  else:
+      raise SystemExit(f"unknown workload {kind}")
 
-def sync():
-    if dev == "cuda":
-        torch.cuda.synchronize()
+  def sync():
+      if dev == "cuda":
+          torch.cuda.synchronize()
+  return step, sync
 
-for _ in range(warmup):
-    step()
-sync()
-t0 = time.perf_counter()
-for _ in range(measure):
-    step()
-sync()
-dt = (time.perf_counter() - t0) / measure
-json.dump({"step_ms": dt * 1e3}, open(out, "w"))
+
+def timed(step, sync, warmup, measure):
+    for _ in range(warmup):
+        step()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(measure):
+        step()
+    sync()
+    return (time.perf_counter() - t0) / measure * 1e3
+
+
+if __name__ == "__main__":
+    out, kind, warmup, measure = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    step, sync = build(kind)
+    json.dump({"step_ms": timed(step, sync, warmup, measure)}, open(out, "w"))
 '''
 
 SIZES = {"cpu-mlp": (50, 400), "gpu-mlp": (30, 300), "gpu-transformer": (10, 40)}
@@ -135,12 +144,65 @@ def _once(config: str, script: Path, workload: str, tmp: Path) -> float:
     return json.loads(out.read_text())["step_ms"]
 
 
+def attribute(script: Path, workload: str, rounds: int) -> dict[str, float]:
+    """In one process (one model): the step time bare, under the core alone, under the core
+    plus each instrument of ``nan``/``checkup`` alone, and under each probe's full set."""
+    import runpy
+    import statistics as st
+
+    from torchdoctor.instruments import instruments_for
+    from torchdoctor.runner.context import HarnessContext
+    from torchdoctor.runner.core import Core
+    from torchdoctor.runner.rundir import EvidenceWriter
+
+    ns = runpy.run_path(str(script), run_name="nan_bench_workload")
+    step, sync = ns["build"](workload)
+    timed = ns["timed"]
+    warm, n = SIZES[workload]
+    nan_set, chk_set = instruments_for("nan"), instruments_for("checkup")
+    configs: dict[str, tuple[str, list, dict] | None] = {"bare": None, "core": ("run", [], {})}
+    for c in dict.fromkeys(nan_set + chk_set):
+        probe = "nan" if c in nan_set else "checkup"
+        configs[f"+{c.name}"] = (probe, [c], {})
+    configs["+nan_monitor (no watch)"] = ("nan", [c for c in nan_set if c.name == "nan_monitor"],
+                                         {"forward_watch": False})
+    configs["nan (all)"] = ("nan", nan_set, {})
+    configs["nan (all, sync read)"] = ("nan", nan_set, {"nan_sync_read": True})
+    configs["checkup (all)"] = ("checkup", chk_set, {})
+    times: dict[str, list[float]] = {k: [] for k in configs}
+    for _ in range(rounds):
+        for name, spec in configs.items():
+            if spec is None:
+                times[name].append(timed(step, sync, warm, n))
+                continue
+            probe, classes, extra = spec
+            d = tempfile.mkdtemp(prefix="td-attr-")
+            ctx = HarnessContext(probe, d, {"steps": 0, **extra}, EvidenceWriter(d))
+            core = Core(ctx, [c() for c in classes])
+            core.install()
+            try:
+                times[name].append(timed(step, sync, warm, n))
+            finally:
+                core.uninstall()
+    base = st.median(times["bare"])
+    print(f"\n{workload}: in-process attribution ({platform.node()}; median of {rounds})")
+    print(f"{'config':<28} {'ms/step':>9} {'x bare':>7}")
+    out = {}
+    for name, xs in times.items():
+        med = st.median(xs)
+        out[name] = med
+        print(f"{name:<28} {med:>9.3f} {med / base:>7.2f}")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workload", action="append", choices=sorted(SIZES))
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--json", help="also write the results to this file")
+    ap.add_argument("--attribute", action="store_true",
+                    help="in-process: cost of the core and of each instrument alone")
     args = ap.parse_args()
     workloads = args.workload or ["cpu-mlp"]
     configs = [c for c in args.configs.split(",") if c]
@@ -150,6 +212,12 @@ def main() -> int:
         tmp = Path(td)
         script = tmp / "workload.py"
         script.write_text(WORKLOAD)
+        if args.attribute:
+            for wl in workloads:
+                results[wl] = attribute(script, wl, args.rounds)
+            if args.json:
+                Path(args.json).write_text(json.dumps(results, indent=1))
+            return 0
         for wl in workloads:
             samples: dict[str, list[float]] = {c: [] for c in configs}
             for _ in range(args.rounds):

@@ -201,6 +201,28 @@ def test_checkup_sees_nonfinite_loss_without_forward_watch():
     assert f.evidence["step"] == 4 and f.evidence.get("forward_watch") is False
 
 
+@pytest.mark.parametrize("script,args,code,step", [
+    ("nan/forward_div.py", (), "nonfinite-forward", 6),
+    ("nan/grad_sqrt.py", (), "nonfinite-gradient", 5),
+    ("nan/loss_log.py", (), "nonfinite-loss", 4),
+    ("nan/masked_attention.py", ("4",), "nonfinite-forward", 5),
+])
+def test_rows_read_a_step_late_keep_the_step(script, args, code, step):
+    """On CUDA the rows come back asynchronously, a step or more late (no sync): simulated."""
+    rep = judge("nan", SCRIPTS / script, args, {"nan_async_test": True})
+    assert codes(rep) == {code}
+    assert by_code(rep, code).evidence["step"] == step
+
+
+def test_monitor_reads_once_per_step_in_nan_and_every_8_in_checkup():
+    ev = run_inprocess("nan", SCRIPTS / "nan/healthy_accum.py")
+    mon = ev.last("nan_monitor")
+    assert mon["rows"] == 20 and mon["reads"] == 20 and mon["forward_watch"] is True
+    ev = run_inprocess("checkup", SCRIPTS / "nan/healthy_accum.py")
+    mon = ev.last("nan_monitor")
+    assert mon["rows"] == 20 and mon["reads"] == 3 and mon["forward_watch"] is False
+
+
 def test_metrics_series():
     rep = judge("nan", SCRIPTS / "nan/forward_div.py", options={"rerun": False})
     m = rep.metrics["nan"]

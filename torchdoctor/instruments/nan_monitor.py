@@ -41,6 +41,7 @@ MAX_BAD_PARAMS = 10
 EMIT_EVERY = 32  # rows per ``numerics`` event
 LEARN_CONTAINED = 3  # windows with contained -Inf (masks) inspected to learn benign modules
 MAX_BAD_RECORDS = 4096
+MAX_PENDING = 256  # CUDA rows not yet copied back before the oldest is waited for
 
 
 class _Window:
@@ -70,7 +71,7 @@ class _Window:
 
 class _Row:
     __slots__ = ("step", "opt", "row", "win", "params", "norms", "stacks", "loss_vec", "live",
-                 "layout", "gnorm64", "neg_inf_before")
+                 "layout", "gnorm64", "neg_inf_before", "handle")
 
     def __init__(self, step, opt, row, win, params, norms, stacks, loss_vec, layout):
         self.step, self.opt, self.row, self.win = step, opt, row, win
@@ -79,6 +80,7 @@ class _Row:
         self.live = True
         self.gnorm64: float | None = None  # float64 norm when the float32 one overflowed
         self.neg_inf_before: int | None = None  # an earlier -Inf-only record (a mask?)
+        self.handle: Any = None  # CudaRowReader handle (None: a CPU row, read directly)
 
 
 @register
@@ -100,12 +102,16 @@ class NanMonitor(Instrument):
         self.watch = bool(ctx.probe == "nan" if fw is None else fw)
         every = opts.get("check_every")
         self.every = max(1, int(every if every else (1 if ctx.probe == "nan" else 8)))
+        # read CUDA rows with a sync each step instead of asynchronously (for comparisons)
+        self.sync_read = bool(opts.get("nan_sync_read"))
+        self.async_test = bool(opts.get("nan_async_test"))  # CUDA read timing on CPU (tests)
         stop = opts.get("stop_on_nonfinite")
         self.stop_on_bad = bool(ctx.probe == "nan" if stop is None else stop)
         self.pid = os.getpid()
         self.tid = threading.get_ident()
         self.win = _Window()
         self.pending: list[_Row] = []
+        self.reader = None  # CudaRowReader, made on the first CUDA row
         self.series: tuple[list, list, list, list] = ([], [], [], [])
         self.found = False
         self.contained = 0
@@ -145,8 +151,7 @@ class NanMonitor(Instrument):
                 if inst.pre_steps_total == before and inst._owner() and not inst.win.empty():
                     inst.scaler_skips += 1
                     inst._close_row(None, [], step=inst.ctx.step + 1)
-                    if len(inst.pending) >= inst.every:
-                        inst._read()
+                    inst._maybe_read()
 
         step.__wrapped__ = orig
         GS.step = step
@@ -247,7 +252,7 @@ class NanMonitor(Instrument):
             w.order[id(module)] = len(w.recs) - 1
         if len(w.recs) > FORCE_ROW_RECORDS:
             self._close_row(None, [], step=self.ctx.step + 1)
-            self._read()
+            self._maybe_read()
 
     # ------------------------------------------------------------------ loss
     def on_backward_begin(self, ctx: Any) -> None:
@@ -281,9 +286,7 @@ class NanMonitor(Instrument):
         oid = self.opt_ids.setdefault(id(opt), len(self.opt_ids))
         params = [p for g in opt.param_groups for p in g["params"]]
         self._close_row(oid, params, step=self.ctx.step + 1)
-        if len(self.pending) >= self.every or (self.pending and self.pending[0].step
-                                               <= self.ctx.step + 1 - self.every):
-            self._read()
+        self._maybe_read()
         return None
 
     def on_step_end(self, ctx: Any, step: int) -> None:
@@ -292,8 +295,7 @@ class NanMonitor(Instrument):
         if self.pre_steps_this_step == 0 and not self.win.empty():
             params = [p for m in ctx.models() for p in m.parameters()]
             self._close_row(None, params, step=step)
-            if len(self.pending) >= self.every:
-                self._read()
+            self._maybe_read()
         self.pre_steps_this_step = 0
 
     def on_crash(self, ctx: Any, exc: BaseException) -> None:
@@ -332,7 +334,11 @@ class NanMonitor(Instrument):
                 parts.append(flags[0] if len(flags) == 1 else
                              torch.stack([f.to(dev0) for f in flags]).sum())
                 layout.append("fwd")
-            if w.losses:
+            if len(w.losses) == 1 and w.loss_info[0]["scalar"]:
+                loss_vec = w.losses[0]  # one scalar loss: its value is its own flag
+                parts.append(loss_vec[0])
+                layout.append("loss")
+            elif w.losses:
                 loss_vec = torch.cat([v.to(w.losses[0].device) for v in w.losses])
                 parts.append(loss_vec.mul(0).sum())
                 layout.append("lossflag")
@@ -349,8 +355,27 @@ class NanMonitor(Instrument):
             row = torch.stack([x if x.device == dev else x.to(dev) for x in parts])
         for r in self.pending:
             r.live = False  # gradients / tensors of older rows may have changed since
-        self.pending.append(_Row(step, opt, row, w, gp, norms, stacks, loss_vec, layout))
+        new = _Row(step, opt, row, w, gp, norms, stacks, loss_vec, layout)
+        if (row.is_cuda or self.async_test) and not self.sync_read:
+            if self.reader is None:
+                from torchdoctor.numerics import hostread
+
+                self.reader = (hostread.DeferredRowReader() if self.async_test
+                               else hostread.CudaRowReader())
+            new.handle = self.reader.submit(row)
+        self.pending.append(new)
         self.rows += 1
+
+    def _maybe_read(self) -> None:
+        """CPU rows: read every ``check_every`` rows (a CPU read costs no sync). CUDA rows:
+        read those whose copy has landed (no sync); wait only when too many are in flight."""
+        if not self.pending:
+            return
+        if self.pending[-1].handle is None:
+            if len(self.pending) >= self.every:
+                self._read()
+        else:
+            self._read(block=len(self.pending) > MAX_PENDING)
 
     @staticmethod
     def _last_scalar(w: _Window) -> int | None:
@@ -363,15 +388,31 @@ class NanMonitor(Instrument):
             pos += 1 if info["scalar"] else 2
         return last
 
-    def _read(self) -> None:
-        """Read every pending row with one sync; localize the first non-finite one."""
+    def _read(self, block: bool = True) -> None:
+        """Read pending rows in order (all of them, or with ``block=False`` only those already on
+        the host); localize the first non-finite one."""
         if not self.pending:
             return
         torch = self.torch
-        rows, self.pending = self.pending, []
+        rows: list[_Row] = []
+        while self.pending:
+            r = self.pending[0]
+            if not block and r.handle is not None and not self.reader.ready(r.handle):
+                break
+            rows.append(self.pending.pop(0))
+        if not rows:
+            return
         self.reads += 1
-        dev = rows[-1].row.device
-        flat = torch.cat([r.row if r.row.device == dev else r.row.to(dev) for r in rows]).tolist()
+        flat: list[float] = []
+        cpu = [r.row for r in rows if r.handle is None]
+        cpu_vals = torch.cat([x.to(cpu[-1].device) for x in cpu]).tolist() if cpu else []
+        for r in rows:
+            if r.handle is None:
+                n = len(r.layout)
+                flat += cpu_vals[:n]
+                cpu_vals = cpu_vals[n:]
+            else:
+                flat += self.reader.values(r.handle)
         steps, opts, losses, norms = [], [], [], []
         pos = 0
         for r in rows:
@@ -382,11 +423,12 @@ class NanMonitor(Instrument):
             losses.append(_num(vals["loss"]) if "loss" in vals else None)
             norms.append(_num(vals["gnorm"]) if "gnorm" in vals else None)
             fwd_ok = math.isfinite(vals.get("fwd", 0.0))
-            loss_ok = math.isfinite(vals.get("lossflag", 0.0))
+            loss_ok = math.isfinite(vals.get("lossflag", vals.get("loss", 0.0)))
             grads_ok = math.isfinite(vals.get("gnorm", 0.0))
             if self.found or (fwd_ok and loss_ok and grads_ok):
                 continue
-            if not fwd_ok and loss_ok and grads_ok and ("lossflag" in vals or "gnorm" in vals):
+            if not fwd_ok and loss_ok and grads_ok and ("loss" in vals or "lossflag" in vals
+                                                        or "gnorm" in vals):
                 # non-finite values inside the forward that never reached the loss or the
                 # gradients (masks filled with -inf, values a torch.where discards): by design
                 self.contained += 1
