@@ -9,7 +9,8 @@ Layout of a run dir ``D``::
     D/stacks.txt     faulthandler dumps (timeout / hang)
     D/<artifacts>    traces, snapshots
 
-Every event line is flushed as it is written, so a crash or a SIGKILL keeps what was measured.
+Event lines reach the disk within ``FLUSH_S`` (0.25 s) of being written, so a crash, a hang
+or a SIGKILL keeps what was measured (a SIGKILL loses at most the last 0.25 s).
 Instruments aggregate per step: at most a handful of events per step, never per op.
 """
 
@@ -35,24 +36,74 @@ def _default(o: Any) -> Any:
     return str(o)
 
 
-class EvidenceWriter:
-    """Append-only JSONL writer used inside the child (cheap, flushed per line)."""
+FLUSH_S = 0.25  # evidence reaches the disk at most this long after it is written
 
-    def __init__(self, run_dir: str | os.PathLike):
+
+class EvidenceWriter:
+    """Append-only JSONL writer used inside the child.
+
+    ``write`` queues the line; the queue goes to disk when the last flush is older than
+    ``FLUSH_S`` (checked on each write) and from a daemon thread every ``FLUSH_S``, so a
+    hung script's last events are on disk before the timeout kill, and a SIGKILL loses at most
+    the last ``FLUSH_S`` seconds. ``close`` flushes the rest. (A flushed write per event cost
+    ≈ 100 µs of CPU per step on the 2-core box: 3% of a 3.5 ms step.) Forked DataLoader
+    workers never flush (pid check): their copy of the queue is dropped.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, flush_s: float = FLUSH_S):
+        import collections
+        import threading
+
         self.path = Path(run_dir) / EVENTS
-        self._f = open(self.path, "a", buffering=1, encoding="utf-8")
+        self._f = open(self.path, "a", encoding="utf-8")
         self._t0 = time.perf_counter()
         self._pid = os.getpid()
+        self._queue: collections.deque[str] = collections.deque()
+        self._lock = threading.Lock()
+        self._flush_s = flush_s
+        self._last = self._t0
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="torchdoctor-evidence", daemon=True)
+        self._thread.start()
 
     def write(self, kind: str, **data: Any) -> None:
-        rec = {"kind": kind, "t": round(time.perf_counter() - self._t0, 6), "pid": self._pid}
+        now = time.perf_counter()
+        rec = {"kind": kind, "t": round(now - self._t0, 6), "pid": self._pid}
         rec.update(data)
-        self._f.write(json.dumps(rec, default=_default, allow_nan=True) + "\n")
+        self._queue.append(json.dumps(rec, default=_default, allow_nan=True))
+        if now - self._last >= self._flush_s:
+            self.flush()
+
+    def flush(self) -> None:
+        if os.getpid() != self._pid or self._closed and self._f.closed:
+            return
+        with self._lock:
+            lines = []
+            q = self._queue
+            while q:
+                try:
+                    lines.append(q.popleft())
+                except IndexError:
+                    break
+            self._last = time.perf_counter()
+            if lines:
+                self._f.write("\n".join(lines) + "\n")
+                self._f.flush()
+
+    def _run(self) -> None:
+        while not self._closed:
+            time.sleep(self._flush_s)
+            try:
+                self.flush()
+            except Exception:  # noqa: BLE001 - never let the flusher die loudly
+                pass
 
     def close(self) -> None:
+        self._closed = True
         try:
+            self.flush()
             self._f.close()
-        except Exception:
+        except Exception:  # noqa: BLE001
             pass
 
 
