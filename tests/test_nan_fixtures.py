@@ -195,6 +195,18 @@ def test_bfloat16_does_not_overflow_where_float16_does():
     assert not codes(rep) & {"nonfinite-forward", "nonfinite-loss", "nonfinite-gradient"}
 
 
+@pytest.mark.parametrize("script,args,module,op", [
+    ("nan/forward_div.py", (), "model.0 (Standardize)", "aten::div"),
+    ("nan/between_children.py", (), "net (Net)", "aten::log"),
+    ("nan/masked_attention.py", ("4",), "model (Attn)", "aten::_softmax"),
+])
+def test_without_forward_watch_the_rerun_checks_the_whole_step(script, args, module, op):
+    rep = judge("nan", SCRIPTS / script, args, {"forward_watch": False})
+    f = by_code(rep, "nonfinite-loss")
+    assert f.evidence["op"] == op and f.evidence["op_module"] == module
+    assert "re-run" in f.title
+
+
 def test_checkup_sees_nonfinite_loss_without_forward_watch():
     rep = judge("checkup", SCRIPTS / "nan/loss_log.py")
     f = by_code(rep, "nonfinite-loss")

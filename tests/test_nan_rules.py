@@ -115,8 +115,11 @@ def test_nonfinite_loss_watched_and_unwatched():
     nf = {"what": "loss", "step": 4, "loss": ["nan"], "forward_watch": True}
     (f,) = N.nonfinite(ev(("nonfinite", nf)))
     assert f.code == "nonfinite-loss" and "every module output was finite" in f.title
-    (g,) = N.nonfinite(ev(("nonfinite", {**nf, "forward_watch": False, "loss": ["inf"]})))
+    (g,) = N.nonfinite(ev(("nonfinite", {**nf, "forward_watch": False, "loss": ["inf"]}),
+                          meta={"probe": "checkup"}))
     assert "torchdoctor nan" in g.title and "Inf" in g.title
+    (h,) = N.nonfinite(ev(("nonfinite", {**nf, "forward_watch": False})))
+    assert "re-run" in h.title
 
 
 def test_nonfinite_gradient():

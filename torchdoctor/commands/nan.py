@@ -18,4 +18,7 @@ def register(app: typer.Typer) -> None:
                     "Read the finiteness flags every N steps (one device sync each read).", "N"),
         ExtraOption("rerun", "--rerun/--no-rerun", bool, True,
                     "Re-run up to the bad step to name the op and exact stats."),
+        ExtraOption("forward_watch", "--forward-watch/--no-forward-watch", bool, True,
+                    "Check every module's outputs (off: loss and gradients only, cheaper; the "
+                    "re-run then checks the bad step's whole forward op by op)."),
     ])

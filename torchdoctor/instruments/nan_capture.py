@@ -10,7 +10,10 @@ with the same arguments, to that step; there:
   :func:`torchdoctor.numerics.checkmode.make_mode`, which names the first aten op whose output
   is non-finite while its inputs are finite, with the user's line;
 * ``what == "loss"``: the code between the last root module's forward and ``backward`` (the
-  loss computation) runs under the same mode.
+  loss computation) runs under the same mode;
+* ``what == "step"`` (the first run did not watch module outputs): the whole forward of the
+  step and the loss code, from the first root module call to ``backward``, run under the mode,
+  which also notes the module running at the op.
 
 Then the run stops. A script that is not deterministic may not reproduce the value at that
 call; the event says so (``reproduced``: false) and the first run's evidence stands alone.
@@ -56,6 +59,7 @@ class NanCapture(Instrument):
         self.namer = None
         self.pre_steps = 0
         self.inputs: list = []
+        self.running: list = []  # module call stack ("step" capture)
         self.call_site: list[str] = []
         self.handles = [mod_mod.register_module_forward_pre_hook(self._pre),
                         mod_mod.register_module_forward_hook(self._post, always_call=True),
@@ -123,6 +127,12 @@ class NanCapture(Instrument):
         if self.what == "loss" and self.depth == 0:
             self._exit_mode()  # a root module starts: the loss code did not end in backward yet
         self.depth += 1
+        if self.what == "step":
+            self.running.append(module)
+            if self.mode is None:
+                self._enter_mode()
+                self.mode.module_of = self._running_name
+            return None
         if self.what != "call" or self.call is not None:
             return None
         n = self.counts.get(id(module), 0)
@@ -145,6 +155,11 @@ class NanCapture(Instrument):
     def _post(self, module, args, output):
         if not self._here():
             return None
+        if self.what == "step":
+            if self.running and self.running[-1] is module:
+                self.running.pop()
+            self.depth = max(0, self.depth - 1)
+            return None
         if self.call is not None and module is self.call[0] and self.depth == self.call[1]:
             mode = self._exit_mode()
             from torchdoctor.numerics.names import source_line
@@ -163,8 +178,16 @@ class NanCapture(Instrument):
             self._enter_mode()
         return None
 
+    def _running_name(self) -> str | None:
+        if not self.running:
+            return None
+        from torchdoctor.numerics.names import Namer
+
+        m = self.running[-1]
+        return f"{Namer(self.ctx.models()).module(m)} ({type(m).__name__})"
+
     def on_backward_begin(self, ctx: Any) -> None:
-        if not self.active or self.what != "loss" or not self._here():
+        if not self.active or self.what not in ("loss", "step") or not self._here():
             return
         mode = self._exit_mode()
         if mode is None:

@@ -97,6 +97,11 @@ class NanMonitor(Instrument):
 
         self.torch = torch
         self.ctx = ctx
+        from torchdoctor.numerics.tensors import _kit, float_tensors
+
+        self._Tensor, self._ok = _kit()
+        self._float_tensors = float_tensors
+        self._aminmax = torch.aminmax
         opts = ctx.options
         fw = opts.get("forward_watch")
         self.watch = bool(ctx.probe == "nan" if fw is None else fw)
@@ -186,9 +191,12 @@ class NanMonitor(Instrument):
         w.grad_on.append(self.torch.is_grad_enabled())
         w.stack.append((module, cid))
         if args:
-            from torchdoctor.numerics.tensors import float_tensors
-
-            ts = float_tensors(args)
+            a0 = args[0]
+            if len(args) == 1 and type(a0) is self._Tensor:  # the common case, inlined
+                if self._ok(a0):
+                    self._record((a0,), "in", module, cid)
+                return None
+            ts = self._float_tensors(args)
             if ts:
                 self._record(ts, "in", module, cid)
         return None
@@ -209,9 +217,10 @@ class NanMonitor(Instrument):
                     break
         if output is None or cid < 0:
             return None
-        from torchdoctor.numerics.tensors import float_tensors
-
-        ts = float_tensors(output)
+        if type(output) is self._Tensor:
+            ts = (output,) if self._ok(output) else ()
+        else:
+            ts = self._float_tensors(output)
         if ts:
             self._record(ts, "out", module, cid)
             if not st:
@@ -219,7 +228,7 @@ class NanMonitor(Instrument):
         return None
 
     def _record(self, ts: list, role: str, module: Any, cid: int) -> None:
-        torch = self.torch
+        aminmax = self._aminmax
         w = self.win
         step = self.ctx.step
         for i, t in enumerate(ts):
@@ -232,8 +241,7 @@ class NanMonitor(Instrument):
                 if same:
                     w.recs.append((role, module, cid, step, i, w.last_seq))
                     continue
-            with torch.no_grad():
-                mn, mx = torch.aminmax(t.detach())
+            mn, mx = aminmax(t.detach())  # detached: nothing recorded for autograd
             key = (t.dtype, t.device)
             g = w.groups.get(key)
             if g is None:

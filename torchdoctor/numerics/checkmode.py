@@ -86,6 +86,9 @@ def make_mode():
             }
             if self.masks:
                 self.found["masks_before"] = self.masks[:3]
+            module_of = getattr(self, "module_of", None)  # set by a caller that tracks modules
+            if module_of is not None:
+                self.found["in_module"] = module_of()
             return out
 
     return FirstNonFinite()

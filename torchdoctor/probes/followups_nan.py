@@ -58,7 +58,7 @@ def _capture(ev: Evidence, relaunch, what: str) -> dict[str, Any]:
             return {"op": "not named: the module is not reachable from a root model by name"}
         spec = {"step": step, "what": "call", "target": target}
     else:
-        spec = {"step": step, "what": "loss"}
+        spec = {"step": step, "what": what}
     ev2 = relaunch({"nan_capture": spec, "steps": step})
     cap = ev2.last("nan_capture")
     if not cap:
@@ -77,6 +77,8 @@ def _capture(ev: Evidence, relaunch, what: str) -> dict[str, Any]:
             out["op_code"] = op["code"]
         from torchdoctor.numerics.tensors import describe
 
+        if op.get("in_module"):
+            out["op_module"] = op["in_module"]
         out["op_inputs"] = [describe(s) for s in (op.get("inputs") or [])[:3]]
         out["op_outputs"] = [describe(s) for s in (op.get("outputs") or [])[:2]]
     else:
@@ -101,7 +103,9 @@ def capture_forward(ev: Evidence, relaunch) -> dict[str, Any]:
 
 @followup("nonfinite-loss")
 def capture_loss(ev: Evidence, relaunch) -> dict[str, Any]:
+    """Watched forward: only the loss code can have made it. Unwatched (--no-forward-watch):
+    check the whole forward of that step and the loss code op by op."""
     nf = ev.last("nonfinite") or {}
-    if nf.get("what") != "loss" or not nf.get("forward_watch"):
+    if nf.get("what") != "loss":
         return {}
-    return _capture(ev, relaunch, "loss")
+    return _capture(ev, relaunch, "loss" if nf.get("forward_watch") else "step")

@@ -165,7 +165,7 @@ def _input_finding(nf: dict[str, Any]) -> Finding:
     return finding("nonfinite-forward", title, evidence, fix="; ".join(INPUT_FIXES))
 
 
-def _loss_finding(nf: dict[str, Any], watched: bool) -> Finding:
+def _loss_finding(nf: dict[str, Any], watched: bool, probe: str | None = None) -> Finding:
     step = nf.get("step")
     vals = nf.get("loss") or []
     kind = "NaN" if "nan" in vals else ("Inf" if any(v in ("inf", "-inf") for v in vals) else "NaN/Inf")
@@ -179,6 +179,10 @@ def _loss_finding(nf: dict[str, Any], watched: bool) -> Finding:
     if watched:
         title = (f"loss became {kind} at step {step} while every module output was finite: "
                  f"the loss computation made it")
+    elif probe == "nan":
+        title = (f"loss became {kind} at step {step} (module outputs were not watched: the "
+                 f"re-run of that step names the op and the module it ran in)")
+        evidence["forward_watch"] = False
     else:
         title = (f"loss became {kind} at step {step} (module outputs were not watched in this "
                  f"probe: `torchdoctor nan` names the first layer or op)")
@@ -230,7 +234,7 @@ def nonfinite(ev: Evidence) -> list[Finding]:
     if what == "input":
         return [_input_finding(nf)]
     if what == "loss":
-        return [_loss_finding(nf, watched)]
+        return [_loss_finding(nf, watched, ev.meta.get("probe"))]
     if what == "gradient":
         return [_grad_finding(nf)]
     return []
