@@ -305,3 +305,29 @@ def test_on_cuda_the_straggler_is_judged_from_device_time_outside_backward():
     assert f.evidence["median_lag_ms"] == pytest.approx(30.0)
     assert rank_straggler(ev(device_events(10, extra_ms=0.3))) == []  # under 2 ms / 10 %
     assert rank_summary(device_events(10, extra_ms=30.0), 2)["lag_basis"] == "device"
+
+
+def test_finish_completes_each_ranks_result_from_what_the_parent_knows(tmp_path):
+    import json as _json
+
+    from torchdoctor.dist.torchrun import RankSet
+
+    for r in (0, 1):
+        (tmp_path / f"rank{r}").mkdir()
+    (tmp_path / "rank1" / "result.json").write_text(_json.dumps({"outcome": "crash", "exit_code": 1,
+                                                                 "steps": 3}))
+    (tmp_path / "rank0" / "events.jsonl").write_text('{"kind": "step", "step": 1}\n' * 2)
+    tail = [ln.replace("rank      : 0", "rank      : 9") for ln in SUMMARY]  # rank 0 was SIGTERMed
+    tail = [ln.replace("rank      : 1 ", "rank      : 0 ") for ln in tail]
+    tail = [ln.replace("rank      : 9", "rank      : 1") for ln in tail]
+    rs = RankSet(tmp_path, 2)
+    top = rs.finish({"outcome": "exit", "exit_code": 1, "returncode": 1, "output_tail": tail})
+    r0 = _json.loads((tmp_path / "rank0" / "result.json").read_text())
+    assert r0["outcome"] == "signal" and r0["signal"] == "SIGTERM" and r0["stopped_by_launcher"]
+    assert r0["steps"] == 2  # counted from its events: it could not say
+    assert top["outcome"] == "crash" and top["failed_rank"] == 1
+    rs = RankSet(tmp_path, 2)
+    (tmp_path / "rank1" / "result.json").unlink()
+    (tmp_path / "rank0" / "result.json").unlink()
+    top = rs.finish({"outcome": "timeout", "timeout_s": 5, "output_tail": []})
+    assert top["outcome"] == "timeout" and [r["outcome"] for r in top["ranks"]] == ["timeout", "timeout"]

@@ -125,7 +125,7 @@ class RankSet:
         self.nproc = int(nproc)
         self.torchrun_pid: int | None = None
         self.dump_requested_at: float | None = None
-        self.alive_at_timeout: set[int] = set()
+        self.alive_at_request: set[int] = set()
 
     # ------------------------------------------------------------------ launch
     def command(self, boot: list[str]) -> list[str]:
@@ -198,7 +198,7 @@ class RankSet:
     def request_dumps(self) -> None:
         """At the timeout: flight recorder (watcher thread) and stacks (SIGUSR1) of every rank."""
         self.dump_requested_at = time.monotonic()
-        self.note_timeout()
+        self.note_alive()
         for r in range(self.nproc):
             d = rank_dir(self.run_dir, r)
             if d.is_dir():
@@ -220,7 +220,9 @@ class RankSet:
         return all((rank_dir(self.run_dir, r) / DUMP_DONE).exists() for r in self.pids())
 
     def interrupt(self) -> None:
-        """Ctrl-C: KeyboardInterrupt in every rank (each writes its evidence)."""
+        """Ctrl-C: stacks and flight recorder first (a rank blocked in a collective never sees
+        the KeyboardInterrupt and is killed after the grace period), then SIGINT to every rank."""
+        self.request_dumps()
         self.signal_ranks(signal.SIGINT)
 
     def kill(self) -> bool:
@@ -249,6 +251,7 @@ class RankSet:
         ``timeout_s``, ``returncode``, ``wall_s``, ``output_tail``.
         """
         timed_out = top.get("outcome") == "timeout"
+        interrupted = bool(top.get("interrupted"))
         failures = parse_failures(top.get("output_tail") or [])
         roots = {r for r, f in failures.items() if f.get("root_cause")}
         ranks: list[dict[str, Any]] = []
@@ -257,7 +260,9 @@ class RankSet:
             res = read_json(d / RESULT) or {}
             if "outcome" not in res:
                 res = {**res, **self._missing_result(r, timed_out, top, failures, roots)}
-            elif res.get("outcome") in ("exit", "stopped") and timed_out and r in self.alive_at_timeout:
+                if interrupted and not timed_out and r in self.alive_at_request:
+                    res.update(outcome="interrupted", killed=True)  # blocked past Ctrl-C's grace
+            elif res.get("outcome") in ("exit", "stopped") and timed_out and r in self.alive_at_request:
                 res = {**res, "outcome": "timeout", "timeout_s": top.get("timeout_s"),
                        "child_outcome": res.get("outcome")}
             res["rank"] = r
@@ -269,6 +274,8 @@ class RankSet:
         merged = {k: v for k, v in top.items() if k not in ("outcome", "exit_code", "no_result",
                                                              "signal", "signum")}
         merged.update(merged_outcome(ranks, timed_out))
+        if interrupted:
+            merged["interrupted"] = True
         merged["launcher_returncode"] = top.get("returncode")
         merged["ranks"] = [{k: v for k, v in res.items() if k in (
             "rank", "outcome", "exit_code", "signal", "steps", "stopped_by_launcher", "reason")}
@@ -276,9 +283,9 @@ class RankSet:
         merged["steps"] = min((int(res.get("steps") or 0) for res in ranks), default=0)
         return merged
 
-    def note_timeout(self) -> None:
-        """Remember which ranks were still running when the time was up."""
-        self.alive_at_timeout = set(self.pids())
+    def note_alive(self) -> None:
+        """Remember which ranks were still running when the dumps were asked for (timeout, Ctrl-C)."""
+        self.alive_at_request = set(self.pids())
 
     def _missing_result(self, r: int, timed_out: bool, top: dict[str, Any],
                         failures: dict[int, dict[str, Any]], roots: set[int]) -> dict[str, Any]:

@@ -23,7 +23,7 @@ reports it per step); a file holds at most ``ROTATE_LINES`` lines, then becomes
 
 At the parent's request (``dump.request`` in the run dir, at the timeout) a watcher thread
 writes the flight recorder of this process (``torch._C._distributed_c10d._dump_fr_trace_json``
-on torch ≥ 2.12, ``_dump_nccl_trace_json`` before) to ``fr_trace.json``, then
+or ``_dump_nccl_trace_json``, whichever holds entries) to ``fr_trace.json``, then
 ``dump.done``. The thread polls every 0.2 s and runs while the main thread waits in a
 collective or a CUDA synchronisation (both release the GIL).
 """
@@ -48,7 +48,7 @@ OPS = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object"
        "gather_object", "scatter", "scatter_object_list", "send", "recv", "isend", "irecv",
        "batch_isend_irecv", "all_reduce_coalesced", "all_gather_coalesced", "_all_gather_base",
        "_reduce_scatter_base", "new_group")
-FR_DUMPERS = ("_dump_fr_trace_json", "_dump_nccl_trace_json")  # torch >= 2.12, before
+FR_DUMPERS = ("_dump_fr_trace_json", "_dump_nccl_trace_json")  # generic (gloo too), NCCL
 ROTATE_LINES = 50_000
 CURRENT: "_Recorder | None" = None  # the active recorder of this process (ranked runs)
 MAX_SHAPES = 8
@@ -175,26 +175,39 @@ class _Recorder:
 
 
 def dump_flight_recorder(run_dir: Any) -> dict[str, Any]:
-    """Write this process's flight recorder to ``fr_trace.json``; what happened, as a dict."""
+    """Write this process's flight recorder to ``fr_trace.json``; what happened, as a dict.
+
+    Every dump API present is tried and the one with the most entries is kept: on torch 2.11
+    the generic ``_dump_fr_trace_json`` answered with no entries under NCCL while
+    ``_dump_nccl_trace_json`` held them (2×H200); on torch 2.13 (CPU) only the generic one
+    exists and it records gloo collectives.
+    """
     out: dict[str, Any] = {"available": False}
     try:
         import torch._C._distributed_c10d as c10d_c
     except Exception as e:  # noqa: BLE001
         out["reason"] = f"{type(e).__name__}: {e}"
         return out
+    best: tuple[int, str, bytes] | None = None
+    reasons = []
     for name in FR_DUMPERS:
         fn = getattr(c10d_c, name, None)
         if fn is None:
             continue
         try:
             data = fn()
+            data = data if isinstance(data, bytes) else str(data).encode()
+            n = len(json.loads(data).get("entries") or [])
         except Exception as e:  # noqa: BLE001 - e.g. no NCCL process group in this build
-            out["reason"] = f"{name}: {type(e).__name__}: {e}"
+            reasons.append(f"{name}: {type(e).__name__}: {e}")
             continue
-        (run_dir / FR_TRACE).write_bytes(data if isinstance(data, bytes) else str(data).encode())
-        out.update(available=True, api=name, bytes=len(data))
+        if best is None or n > best[0]:
+            best = (n, name, data)
+    if best is None:
+        out["reason"] = "; ".join(reasons) or "this torch has no flight recorder dump API"
         return out
-    out.setdefault("reason", "this torch has no flight recorder dump API")
+    (run_dir / FR_TRACE).write_bytes(best[2])
+    out.update(available=True, api=best[1], entries=best[0], bytes=len(best[2]))
     return out
 
 

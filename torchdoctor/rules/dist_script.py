@@ -210,7 +210,8 @@ def collectives(ev: Evidence) -> list[Finding]:
     gone = failure_lines(ev, PEER_GONE_TEXT)
     watchdog = failure_lines(ev, TIMEOUT_TEXT)
     mismatch_msgs = failure_lines(ev, MISMATCH_TEXT)
-    hung = timed_out or bool(gone) or bool(watchdog)
+    interrupted = ev.result.get("outcome") == "interrupted" or bool(ev.result.get("interrupted"))
+    hung = timed_out or interrupted or bool(gone) or bool(watchdog)
     if div is not None and div["kind"] == "skip" and (hung or not mismatch_msgs):
         if hung:
             return [_hang_finding(ev, world, seqs, div)]
@@ -271,6 +272,9 @@ def _hang_finding(ev: Evidence, world: int, seqs: dict[int, list[dict[str, Any]]
     if ev.result.get("outcome") == "timeout":
         evidence["timeout_s"] = ev.result.get("timeout_s")
         evidence["stacks"] = "rank{R}/stacks.txt in the run dir: every thread of every rank at the timeout"
+    elif ev.result.get("interrupted"):
+        evidence["interrupted"] = "Ctrl-C: stacks taken then; the ranks still blocked were killed"
+        evidence["stacks"] = "rank{R}/stacks.txt in the run dir: every thread of every rank at Ctrl-C"
     evidence.update(_common_evidence(ev, world, seqs))
     wait_txt = "; ".join(f"{k} waits in {v}" for k, v in waiting.items())
     title = f"collective hang: {cause}" + (f"; {wait_txt}" if wait_txt else "")
@@ -466,15 +470,18 @@ def rank_straggler(ev: Evidence) -> list[Finding]:
             p = max(diffs, key=diffs.get)
             if diffs[p] > 0.5 * lags[r]:
                 evidence["slower_phase"] = f"{p}: +{diffs[p] * 1e3:.3g} ms per step on rank {r}"
-                where_txt = f", in its {'data wait' if p == 'data' else p} (+{diffs[p] * 1e3:.3g} ms)"
+                label = {"data": "data loading", "forward": "forward", "optimizer": "optimizer step",
+                         "other": "other code of the loop (outside data loading, forward, backward "
+                                  "and the optimizer)"}[p]
+                where_txt = f"; it spends {diffs[p] * 1e3:.3g} ms more per step in {label}"
     if lt["basis"] == "device":
         title = (f"rank {r} is a straggler: its GPU spends {lags[r] * 1e3:.3g} ms more per step "
                  f"outside backward than the others' (median; the most in {shares[r]:.0%} of "
                  f"steps), and the other GPUs wait that long in the gradient all-reduce")
     else:
         title = (f"rank {r} is a straggler: it reaches backward {lags[r] * 1e3:.3g} ms after the "
-                 f"others (median) in {shares[r]:.0%} of steps{where_txt}; every other rank waits "
-                 f"for it")
+                 f"others (median) in {shares[r]:.0%} of steps and every other rank waits for it"
+                 f"{where_txt}")
     return [finding(
         "rank-straggler", title,
         evidence,

@@ -14,6 +14,10 @@ writes ``result.json`` however the script ends:
 The parent adds ``timeout`` and ``signal`` outcomes, which the child cannot write itself.
 ``faulthandler`` dumps every thread's stack to ``stacks.txt`` on SIGUSR1 (timeout) and on a
 fatal signal (segfault, abort).
+
+Under torchrun (``--nproc-per-node``, see :mod:`torchdoctor.dist.rankdir`) each rank uses its
+own run dir ``RUN_DIR/rank{RANK}`` and also dumps its stacks on SIGTERM (torchrun stopping it
+after another rank failed) before dying.
 """
 
 from __future__ import annotations
