@@ -10,9 +10,11 @@ What is watched, per *window* (everything since the previous optimizer step):
 * the gradients of the optimizer about to step (a global optimizer *pre*-step hook, so the
   gradients are exactly those the update will use): one fused ``torch._foreach_norm``.
 
-At the optimizer pre-step the window is reduced on the device to one row ``[forward finite,
-loss finite, gradients finite, loss value, global grad norm]``; rows are read with ONE
-``.tolist()`` (a device sync) every ``check_every`` steps (1 for ``nan``, 8 for ``checkup``).
+At the optimizer pre-step the window is reduced on the device to a short row (forward flag
+``(min/max values * 0).sum()``: NaN iff one is non-finite; the loss; the global grad norm).
+CPU rows are read with one ``.tolist()`` every ``check_every`` steps (1 for ``nan``, 8 for
+``checkup``); CUDA rows are copied to pinned memory with ``non_blocking=True`` and read once
+their CUDA event has completed (``numerics/hostread.py``): no device sync in the loop.
 ``aminmax`` is exact for finiteness (NaN propagates, an Inf is the min or max), unlike a sum,
 which can overflow to Inf on finite values.
 
@@ -21,10 +23,14 @@ the first non-finite *output* of a module whose inputs were finite names that mo
 first non-finite *input* names the code that called the module (its parent's own forward),
 or the data when the module is a root; else the loss; else the gradients (the parameter
 whose module ran last in forward, i.e. first in backward). That is written as one
-``nonfinite`` event; the ``nan`` probe then stops the run at the step's end.
+``nonfinite`` event; the ``nan`` probe then stops the run at the step's end. A window whose
+forward held non-finite values that never reached the loss or the gradients (a -Inf
+attention mask) is not reported; the modules that made those -Inf values are remembered, and
+their -Inf is skipped when a later step does go bad (the NaN it caused is what gets named).
 
-Events: ``numerics`` {steps, opt, loss, grad_norm} per read; ``nonfinite`` {what, step, ...}
-once; ``nan_monitor`` {forward_watch, check_every, rows, reads, records_per_step} at the end.
+Events: ``numerics`` {steps, opt, loss, grad_norm} (every 32 rows); ``nonfinite`` {what, step,
+...} once; ``nonfinite_contained`` once; ``grad_norm_overflow``; ``nan_monitor`` {forward_watch,
+check_every, rows, reads, records, found, contained, scaler_skips} at the end.
 """
 
 from __future__ import annotations
@@ -35,12 +41,12 @@ import threading
 from typing import Any
 
 from torchdoctor.instruments import Instrument, register
+from torchdoctor.numerics.locate import Locator
+from torchdoctor.numerics.locate import num as _num
 
 FORCE_ROW_RECORDS = 50_000  # a window this long (eval loop without steps) is reduced early
-MAX_BAD_PARAMS = 10
 EMIT_EVERY = 32  # rows per ``numerics`` event
 LEARN_CONTAINED = 3  # windows with contained -Inf (masks) inspected to learn benign modules
-MAX_BAD_RECORDS = 4096
 MAX_PENDING = 256  # CUDA rows not yet copied back before the oldest is waited for
 
 
@@ -121,6 +127,7 @@ class NanMonitor(Instrument):
         self.found = False
         self.contained = 0
         self.benign: set[int] = set()
+        self.locator = Locator(torch, self.benign, ctx.emit)
         self.rows = 0
         self.reads = 0
         self.records = 0
@@ -470,11 +477,11 @@ class NanMonitor(Instrument):
         w = r.win
         ev: dict[str, Any] | None = None
         if not fwd_ok:
-            ev = self._localize_forward(r, namer)
+            ev = self.locator.forward(r, namer)
         if ev is None and not loss_ok:
-            ev = self._localize_loss(r, namer)
+            ev = self.locator.loss(r, namer)
         if ev is None and not grads_ok:
-            ev = self._localize_grads(r, namer)
+            ev = self.locator.grads(r, namer)
         if ev is None:
             return
         ev.setdefault("step", r.step)
@@ -487,29 +494,12 @@ class NanMonitor(Instrument):
         if self.stop_on_bad:
             ctx.request_stop(f"first non-finite value found at step {ev['step']}")
 
-    def _bad_records(self, r: _Row) -> list[tuple[int, bool]]:
-        """(seq, weak) of the window's non-finite records in execution order; ``weak``: the
-        record holds -Inf but no NaN and no +Inf."""
-        torch = self.torch
-        out: list[tuple[int, bool]] = []
-        for key, s in r.stacks.items():
-            mm = s.reshape(-1, 2).float()
-            bad = ~torch.isfinite(mm).all(dim=1)
-            weak = (mm[:, 0] == float("-inf")) & torch.isfinite(mm[:, 1])
-            idx = bad.nonzero().flatten()[:MAX_BAD_RECORDS]
-            if idx.numel():
-                seqs = r.win.groups[key][1]
-                for i, w in zip(idx.tolist(), weak[idx].tolist()):
-                    out.append((seqs[i], bool(w)))
-        out.sort()
-        return out
-
     def _learn_benign(self, r: _Row) -> None:
         """Modules whose -Inf outputs never reached the loss (masks) are benign later on."""
         w = r.win
         if w is None:
             return
-        for seq, weak in self._bad_records(r):
+        for seq, weak in self.locator.bad_records(r):
             rec = w.recs[seq]
             if weak and rec[0] == "out":
                 self.benign.add(id(rec[1]))
@@ -520,191 +510,3 @@ class NanMonitor(Instrument):
             self.ctx.emit("nonfinite_contained", step=r.step,
                           modules=[namer.module(m) for m in {id(x): x for x in w.calls}.values()
                                    if id(m) in self.benign][:8])
-
-    def _first_bad_seq(self, r: _Row) -> int | None:
-        """The first non-finite record, skipping -Inf-only outputs of modules seen making -Inf
-        at earlier steps whose loss stayed finite (masks), and -Inf-only inputs after one."""
-        w = r.win
-        first_benign = None
-        for seq, weak in self._bad_records(r):
-            rec = w.recs[seq]
-            if weak and ((rec[0] == "out" and id(rec[1]) in self.benign)
-                         or (rec[0] == "in" and first_benign is not None)):
-                first_benign = first_benign if first_benign is not None else seq
-                continue
-            r.neg_inf_before = first_benign
-            return seq
-        return first_benign
-
-    def _minmax(self, r: _Row, seq: int) -> list:
-        """[min, max] recorded for record ``seq`` (following aliases)."""
-        w = r.win
-        rec = w.recs[seq]
-        if rec[5] >= 0:
-            seq = rec[5]
-            rec = w.recs[seq]
-        for key, (_vals, seqs) in w.groups.items():
-            # seqs is sorted: binary search
-            import bisect
-
-            i = bisect.bisect_left(seqs, seq)
-            if i < len(seqs) and seqs[i] == seq:
-                s = r.stacks[key]
-                return [_num(float(f"{x:.6g}")) for x in s[2 * i: 2 * i + 2].tolist()]
-        return [None, None]
-
-    def _call_info(self, r: _Row, cid: int, namer) -> dict[str, Any]:
-        from torchdoctor.numerics.names import forward_source, is_user_module
-
-        w = r.win
-        m = w.calls[cid]
-        ordinal = sum(1 for j in range(cid) if w.calls[j] is m)
-        root_cls, rel = namer.rel.get(id(m), (type(m).__name__, None))
-        info = {"module": namer.module(m), "module_class": type(m).__name__,
-                "call": ordinal, "target": {"root_class": root_cls, "path": rel,
-                                            "module_class": type(m).__name__, "ordinal": ordinal},
-                "grad_enabled": w.grad_on[cid], "training": bool(getattr(m, "training", True))}
-        src = forward_source(m)
-        if src:
-            info["forward_source"] = src
-            info["user_code"] = is_user_module(m)
-        return info
-
-    def _io(self, r: _Row, cid: int, role: str) -> list:
-        w = r.win
-        return [{"index": rec[4], "minmax": self._minmax(r, seq)}
-                for seq, rec in enumerate(w.recs) if rec[2] == cid and rec[0] == role][:4]
-
-    def _params_state(self, m: Any, namer) -> list[str]:
-        """Names of ``m``'s own parameters/buffers that hold NaN/Inf (weights already broken)."""
-        torch = self.torch
-        bad = []
-        with torch.no_grad():
-            for n, p in list(m.named_parameters(recurse=False)) + list(m.named_buffers(recurse=False)):
-                if p.is_floating_point() and p.numel() and not bool(torch.isfinite(p).all()):
-                    bad.append(f"{namer.module(m)}.{n}")
-        return bad
-
-    def _localize_forward(self, r: _Row, namer) -> dict[str, Any] | None:
-        w = r.win
-        seq = self._first_bad_seq(r)
-        if seq is None:
-            return None
-        role, m, cid, step0, idx, _alias = w.recs[seq]
-        ev: dict[str, Any] = {"step": step0 + 1, "record": seq, "records": len(w.recs)}
-        if r.neg_inf_before is not None:
-            rec = w.recs[r.neg_inf_before]
-            ev["earlier_neg_inf"] = (f"{namer.module(rec[1])} ({type(rec[1]).__name__}) "
-                                     f"{'output' if rec[0] == 'out' else 'input'} held -Inf "
-                                     f"before (a mask?)")
-        if role == "out":
-            ev["what"] = "forward"
-            ev.update(self._call_info(r, cid, namer))
-            ev["output_index"] = idx
-            ev["outputs"] = self._io(r, cid, "out")
-            ev["inputs"] = self._io(r, cid, "in")
-            ev["nonfinite_params"] = self._params_state(m, namer)
-            ev["parent"] = (namer.module(w.calls[w.parents[cid]]) if w.parents[cid] >= 0 else None)
-            return ev
-        # a module received a non-finite input while every earlier output was finite: the
-        # caller's own code (between its child modules) made it, or the data did (root call)
-        parent = w.parents[cid]
-        ev["receiver"] = {"module": namer.module(m), "module_class": type(m).__name__,
-                          "input_index": idx, "minmax": self._minmax(r, seq)}
-        if parent < 0:
-            ev["what"] = "input"
-            ev.update(self._call_info(r, cid, namer))
-            ev["inputs"] = self._io(r, cid, "in")
-            return ev
-        ev["what"] = "forward"
-        ev["between_children"] = True
-        ev.update(self._call_info(r, parent, namer))
-        ev["inputs"] = self._io(r, parent, "in")
-        ev["nonfinite_params"] = self._params_state(w.calls[parent], namer)
-        return ev
-
-    def _localize_loss(self, r: _Row, namer) -> dict[str, Any] | None:
-        w = r.win
-        if r.loss_vec is None:
-            return None
-        vals = [_num(x) for x in r.loss_vec.tolist()]
-        ev: dict[str, Any] = {"what": "loss", "loss": vals[:8]}
-        first = None
-        pos = 0
-        for info in w.loss_info:
-            n = 1 if info["scalar"] else 2
-            if any(not isinstance(v, float) for v in vals[pos:pos + n]):
-                first = info
-                break
-            pos += n
-        if first is not None:
-            ev["step"] = first["step"]
-            ev["loss_shape"] = first["shape"]
-            ev["loss_dtype"] = first["dtype"]
-        if w.root_outs:
-            seq = w.root_outs[-1]
-            rec = w.recs[seq]
-            ev["model_output"] = {"module": namer.module(rec[1]), "module_class": type(rec[1]).__name__,
-                                  "minmax": self._minmax(r, seq)}
-        return ev
-
-    def _localize_grads(self, r: _Row, namer) -> dict[str, Any] | None:
-        torch = self.torch
-        if r.norms is None:
-            return None
-        bad_idx = [int(i) for i in (~torch.isfinite(r.norms)).nonzero().flatten().tolist()]
-        params = r.params
-        norm_vals = r.norms.tolist()
-        confirmed = None
-        if r.live:  # the gradients are still the ones measured: confirm exactly
-            with torch.no_grad():
-                exact = [i for i in bad_idx if not bool(torch.isfinite(params[i].grad).all())]
-            confirmed = True
-            bad_idx = exact
-        if not bad_idx:  # finite gradients whose float32 norm overflowed: an explosion, not NaN
-            if r.live:
-                with torch.no_grad():
-                    n64 = torch._foreach_norm([p.grad for p in params], 2, dtype=torch.float64)
-                    r.gnorm64 = float(torch.linalg.vector_norm(torch.stack([n.cpu() for n in n64])))
-            self.ctx.emit("grad_norm_overflow", step=r.step, norm=r.gnorm64)
-            return None
-        order = r.win.order if r.win is not None else {}
-
-        def key(i: int) -> tuple:
-            owner = namer.owner(params[i])
-            return (order.get(id(owner), -1) if owner is not None else -1, i)
-
-        first = max(bad_idx, key=key)
-        p = params[first]
-        ev: dict[str, Any] = {"what": "gradient", "param": namer.param(p, f"param {first}"),
-                              "param_shape": list(p.shape),
-                              "param_dtype": str(p.dtype).replace("torch.", ""),
-                              "grad_norm": _num(norm_vals[first]),
-                              "bad_params": [namer.param(params[i], f"param {i}")
-                                             for i in sorted(bad_idx, key=key, reverse=True)[:MAX_BAD_PARAMS]],
-                              "bad_count": len(bad_idx), "params_with_grad": len(params),
-                              "order": "backward" if order else "optimizer",
-                              "confirmed": bool(confirmed)}
-        owner = namer.owner(p)
-        if owner is not None:
-            ev["module"] = namer.module(owner)
-            ev["module_class"] = type(owner).__name__
-            from torchdoctor.numerics.names import forward_source
-
-            src = forward_source(owner)
-            if src:
-                ev["forward_source"] = src
-        if r.live:
-            from torchdoctor.numerics.tensors import exact_stats
-
-            ev["grad_stats"] = exact_stats(p.grad)
-            with torch.no_grad():
-                ev["param_finite"] = bool(torch.isfinite(p).all())
-        return ev
-
-
-def _num(x: Any) -> Any:
-    """JSON-safe float: NaN/Inf as strings."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
-    return x
