@@ -12,6 +12,7 @@ import json
 import runpy
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,8 @@ def run_inprocess(probe: str, script: Path, args=(), options=None) -> Evidence:
     core = Core(ctx, _armed(probe))
     result = {"outcome": "exit", "exit_code": 0}
     argv, path0 = sys.argv, sys.path[0]
+    quiet = warnings.catch_warnings(record=True)  # the scripts' (and anomaly mode's) warnings
+    quiet.__enter__()
     core.install()
     try:
         sys.argv = [str(script), *args]
@@ -51,6 +54,7 @@ def run_inprocess(probe: str, script: Path, args=(), options=None) -> Evidence:
         sys.argv, sys.path[0] = argv, path0
         result["steps"] = ctx.step
         core.uninstall()
+        quiet.__exit__(None, None, None)
         write_json(d / RESULT, result)
         writer.close()
     return Evidence.load(d)
@@ -115,7 +119,6 @@ HEALTHY = ["nan/healthy_mlp.py", "nan/healthy_accum.py", "nan/healthy_frozen.py"
            "nan/healthy_amp.py", "nan/healthy_gan.py", "nan/masked_attention.py"]
 
 
-@pytest.mark.filterwarnings("ignore:Error detected in")
 @pytest.mark.parametrize("script,args,options,expected,steps", SICK, ids=[s[0] for s in SICK])
 def test_sick_fixture_raises_exactly_its_codes(script, args, options, expected, steps):
     before = _global_hook_counts()
@@ -176,7 +179,6 @@ def test_input_nan_blames_the_data_not_a_layer():
     assert "the data" in f.title and f.evidence["module"] == "model"
 
 
-@pytest.mark.filterwarnings("ignore:Error detected in")
 def test_inplace_followup_names_forward_line_and_custom_function():
     f = by_code(judge("nan", SCRIPTS / "training/inplace.py"), "inplace-modified")
     assert f.evidence["forward_op"] == "Sigmoid"
