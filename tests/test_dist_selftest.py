@@ -59,7 +59,7 @@ def test_cpu_selftest_timeout_is_reported_and_every_rank_is_gone(cli, tmp_path):
 
 # --------------------------------------------------------------------------- usage (fast)
 @pytest.mark.parametrize("args,needle", [
-    (["train.py", "--lr", "1"], "needs the runner (not built yet)"),
+    (["train.py", "--lr", "1"], "script not found: train.py"),
     (["--backend", "mpi"], "--backend must be auto, nccl or gloo"),
     (["--sizes", "3"], "multiple of 4 bytes"),
     (["--sizes", "big"], "cannot read size"),
