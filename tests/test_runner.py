@@ -177,3 +177,11 @@ def test_out_dir_keeps_run_dir_and_report(tmp_path):
     p, r = checkup("--steps", "4", "--out", str(tmp_path / "o"), "healthy.py")
     assert (tmp_path / "o" / "run" / "events.jsonl").exists()
     assert json.loads((tmp_path / "o" / "report.json").read_text())["command"] == "checkup"
+
+
+def test_crash_json_matches_golden():
+    """The normalised --json of a deterministic crash (metrics, context, version left out)."""
+    p, r = checkup("crash.py")
+    golden = json.loads((RUN / "crash.golden.json").read_text())
+    got = {k: r[k] for k in golden}
+    assert got == golden
