@@ -185,3 +185,20 @@ def test_crash_json_matches_golden():
     golden = json.loads((RUN / "crash.golden.json").read_text())
     got = {k: r[k] for k in golden}
     assert got == golden
+
+
+def test_timeout_on_a_progressing_run_stops_it_cleanly_and_judges_it(tmp_path):
+    """--timeout bounds a run that still makes steps: it ends at a step boundary, fully judged."""
+    script = tmp_path / "slow_steps.py"
+    script.write_text(
+        "import time, torch\ntorch.manual_seed(0)\nm = torch.nn.Linear(4, 1)\n"
+        "opt = torch.optim.SGD(m.parameters(), lr=0.01)\nfor _ in range(1000):\n"
+        "    opt.zero_grad(); m(torch.randn(8, 4)).pow(2).mean().backward(); opt.step()\n"
+        "    time.sleep(0.2)\n")
+    t0 = time.monotonic()
+    p, r = checkup("--timeout", "4", "--steps", "0", str(script), timeout=60)
+    assert time.monotonic() - t0 < 30
+    assert r["status"] == "ok" and codes(r) == [], r["findings"]
+    assert r["metrics"]["run"]["outcome"] == "stopped"
+    assert r["metrics"]["run"]["reason"] == "--timeout reached"
+    assert r["metrics"]["run"]["steps"] >= 5

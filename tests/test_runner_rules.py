@@ -82,13 +82,16 @@ def test_cpu_oversubscribed_structural_and_load():
     [f] = cpu_oversubscribed(Evidence.from_events(steps(10) + [cpu]))
     assert "8 intra-op threads" in f.title
     ok = {**cpu, "torch_threads": 1, "window_steps": [2, 10], "window_s": 0.09,
-          "main_thread_cpu_s": 0.085, "other_load_cores": 1.5, "logical_cpus": 2}
+          "threads_on_cpu_s": 0.085, "threads_runqueue_wait_s": 0.005, "other_load_cores": 1.5,
+          "logical_cpus": 2}
     assert cpu_oversubscribed(Evidence.from_events(steps(10) + [ok])) == []
-    starved = {**ok, "main_thread_cpu_s": 0.03}
+    starved = {**ok, "threads_runqueue_wait_s": 0.09}
     [f] = cpu_oversubscribed(Evidence.from_events(steps(10) + [starved]))
-    assert "host is loaded" in f.title
+    assert "host is loaded" in f.title and "waited for a CPU 51%" in f.title
     quiet = {**starved, "other_load_cores": 0.2}
     assert cpu_oversubscribed(Evidence.from_events(steps(10) + [quiet])) == []
+    sleeper = {**starved, "threads_on_cpu_s": 0.01, "threads_runqueue_wait_s": 0.01}  # mostly asleep
+    assert cpu_oversubscribed(Evidence.from_events(steps(10) + [sleeper])) == []
 
 
 def test_unseeded_run():

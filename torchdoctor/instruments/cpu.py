@@ -5,8 +5,11 @@ end of the run it records: torch's intra-op thread count, the usable cores (affi
 capped by a cgroup CPU quota), ``LOCAL_WORLD_SIZE`` processes on the host, the main thread's
 CPU time (``time.thread_time``) and wall time over the judged steps, and the CPU time the
 whole host and this process tree used in that window (``/proc/stat``, psutil) — the
-difference is the neighbours' load. Cost: two ``thread_time`` reads per step; the
-``/proc/stat`` and psutil reads happen twice per run. Event: ``cpu`` at the end.
+difference is the neighbours' load — and, per thread of this process, the time spent
+runnable but waiting for a CPU (``/proc/self/task/*/schedstat``: the scheduler's own
+run-queue delay, so a thread that sleeps or waits on I/O is not "starved"). Cost: two
+``thread_time`` reads per step; the ``/proc`` and psutil reads happen twice per run.
+Event: ``cpu`` at the end.
 """
 
 from __future__ import annotations
@@ -45,6 +48,24 @@ def _host_busy_s() -> float | None:
         return None
 
 
+def _runqueue_ns() -> tuple[int, int] | None:
+    """(ns on a CPU, ns runnable but waiting for a CPU) summed over this process's threads."""
+    run = wait = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    seen = False
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                a, b = f.read().split()[:2]
+            run, wait, seen = run + int(a), wait + int(b), True
+        except (OSError, ValueError):
+            continue
+    return (run, wait) if seen else None
+
+
 def _tree_cpu_s() -> float | None:
     try:
         import psutil
@@ -70,7 +91,7 @@ class CpuContention(Instrument):
     def install(self, ctx: Any) -> None:
         self.t0 = self.cpu0 = None
         self.t1 = self.cpu1 = None
-        self.host0 = self.tree0 = None
+        self.host0 = self.tree0 = self.rq0 = None
         self.threads = None
 
     def on_step_end(self, ctx: Any, step: int) -> None:
@@ -80,6 +101,7 @@ class CpuContention(Instrument):
 
             self.threads = torch.get_num_threads()
             self.host0, self.tree0 = _host_busy_s(), _tree_cpu_s()
+            self.rq0 = _runqueue_ns()
             self.t0, self.cpu0, self.step0 = time.perf_counter(), time.thread_time(), step
         else:
             self.t1, self.cpu1, self.step1 = now, cpu, step
@@ -102,6 +124,10 @@ class CpuContention(Instrument):
             info.update(window_steps=[self.step0 + 1, self.step1], window_s=round(wall, 4),
                         main_thread_cpu_s=round(self.cpu1 - self.cpu0, 4))
             host1, tree1, t2 = _host_busy_s(), _tree_cpu_s(), time.perf_counter()
+            rq1 = _runqueue_ns()
+            if self.rq0 is not None and rq1 is not None:
+                run_s, wait_s = (rq1[0] - self.rq0[0]) / 1e9, (rq1[1] - self.rq0[1]) / 1e9
+                info.update(threads_on_cpu_s=round(run_s, 4), threads_runqueue_wait_s=round(wait_s, 4))
             span = t2 - self.t0
             if None not in (self.host0, host1, self.tree0, tree1) and span > 0:
                 host_cores = (host1 - self.host0) / span

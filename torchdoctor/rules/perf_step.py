@@ -25,7 +25,8 @@ DATA_SHARE = 0.30
 GPU_BUSY_MAX = 0.75
 MOVE_STEP_FRACTION = 0.5
 MOVE_COST_SHARE = 0.01
-STARVED_CPU_SHARE = 0.5
+RUNQUEUE_WAIT_SHARE = 0.3  # of the threads' runnable time spent waiting for a CPU
+MIN_CPU_S = 0.05  # below this much CPU work the run is not CPU-bound enough to judge
 OTHER_LOAD_CORES = 1.0
 
 
@@ -151,24 +152,25 @@ def cpu_oversubscribed(ev: Evidence) -> list[Finding]:
                 f"{max(1, cores // procs)}) so threads × processes ≤ usable cores")]
     if ev.has("step_device"):
         return []  # on GPU the main thread legitimately waits; the load check is CPU-only
-    if cpu.get("main_thread_cpu_s") is None or cpu.get("other_load_cores") is None:
-        raise NotApplicable("needs a few training steps to measure CPU share")
+    if cpu.get("threads_runqueue_wait_s") is None or cpu.get("other_load_cores") is None:
+        raise NotApplicable("needs a few training steps and /proc schedstat to measure CPU waits")
     first, last = cpu.get("window_steps", [0, 0])
     steps = [s for s in ev.of("step") if first <= int(s["step"]) <= last]
-    data = sum(float(s.get("data_s", 0.0)) for s in steps)
-    compute_wall = float(cpu["window_s"]) - data
-    if compute_wall <= 0 or len(steps) < MIN_STEPS:
-        raise NotApplicable("too few steps to measure CPU share")
-    got = float(cpu["main_thread_cpu_s"]) / compute_wall
+    if len(steps) < MIN_STEPS:
+        raise NotApplicable("too few steps to measure CPU waits")
+    run_s, wait_s = float(cpu["threads_on_cpu_s"]), float(cpu["threads_runqueue_wait_s"])
     other = float(cpu["other_load_cores"])
-    if got >= STARVED_CPU_SHARE or other < OTHER_LOAD_CORES:
+    wait_share = wait_s / (run_s + wait_s) if run_s + wait_s > 0 else 0.0
+    if run_s < MIN_CPU_S or wait_share < RUNQUEUE_WAIT_SHARE or other < OTHER_LOAD_CORES:
         return []
-    ev_out.update(main_thread_cpu_share=round(got, 3), other_processes_cores=other,
+    ev_out.update(runqueue_wait_share=round(wait_share, 3), threads_on_cpu_s=run_s,
+                  threads_runqueue_wait_s=wait_s, other_processes_cores=other,
                   host_busy_cores=cpu.get("host_busy_cores"), loadavg_1m=cpu.get("loadavg_1m"))
     return [finding(
         "cpu-oversubscribed",
         f"the host is loaded: other processes used {other:.1f} of {cpu.get('logical_cpus')} "
-        f"CPUs and the training thread got only {got:.0%} of the CPU time it needed",
+        f"CPUs and the training threads waited for a CPU {wait_share:.0%} of the time they "
+        f"were ready to run",
         ev_out,
         fix="Run on an idle machine or pin the job to free cores (taskset), and lower "
             "torch.set_num_threads so the job and its neighbours fit the cores")]

@@ -127,6 +127,9 @@ def _run_target(meta: dict[str, Any]) -> None:
     exec(code, mod.__dict__)
 
 
+STOP_BY_TIMEOUT = "--timeout reached"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     run_dir = Path(args[0])
@@ -148,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
 
     writer = EvidenceWriter(run_dir)
     ctx = HarnessContext(meta.get("probe", "run"), run_dir, meta.get("options", {}), writer)
+    if hasattr(signal, "SIGUSR2") and not ranked:
+        # --timeout reached while the script still makes steps: the parent asks for a clean stop
+        # at the next step boundary, so every instrument still writes its summary.
+        signal.signal(signal.SIGUSR2, lambda _s, _f: ctx.request_stop(STOP_BY_TIMEOUT))
     result: dict[str, Any] = {"outcome": "exit", "exit_code": 0}
     core = None
     try:

@@ -33,6 +33,7 @@ from typing import Any, Callable
 from torchdoctor.runner.rundir import EVENTS, META, RESULT, read_json, write_json
 
 STACK_DUMP_WAIT_S = 1.0
+STOP_GRACE_MIN_S, STOP_GRACE_MAX_S = 2.0, 15.0  # a progressing run's clean stop after --timeout
 INTERRUPT_GRACE_S = 10.0
 EXIT_GRACE_S = 15.0  # after result.json is written, the script gets this long to exit
 TAIL_LINES = 40
@@ -58,6 +59,9 @@ class _Progress:
         self.path, self.total, self.on_event, self.show, self.lock = path, total, on_event, show, lock
         self.pos = 0
         self.steps = 0
+        self.last_seen: float | None = None  # monotonic time the newest step event was read
+        self.step_interval: float | None = None  # seconds per step, from the events' own clock
+        self._first: tuple[int, float] | None = None
         self.buf = b""
         self.drawn = False
 
@@ -84,11 +88,26 @@ class _Progress:
                 continue
             if ev.get("kind") == "step":
                 self.steps = int(ev.get("step", self.steps))
+                self._note_step(self.steps, float(ev.get("t", 0.0)))
                 changed = True
             if self.on_event is not None:
                 self.on_event(ev)
         if changed and self.show:
             self.draw()
+
+    def _note_step(self, step: int, t: float) -> None:
+        self.last_seen = time.monotonic()
+        if self._first is None:
+            self._first = (step, t)
+            self.step_interval = t / max(step, 1)
+        elif step > self._first[0]:
+            self.step_interval = (t - self._first[1]) / (step - self._first[0])
+
+    def progressing(self, now: float) -> bool:
+        """Steps still come: the newest was read within two step intervals (+ the 0.25 s flush)."""
+        if self.last_seen is None or self.step_interval is None:
+            return False
+        return now - self.last_seen <= max(STOP_GRACE_MIN_S, 2 * self.step_interval) + 0.5
 
     def draw(self) -> None:
         total = f"/{self.total}" if self.total else ""
@@ -176,6 +195,7 @@ def launch(run_dir: str | os.PathLike, probe: str, argv: list[str], *, module: b
     pump.start()
 
     timed_out = interrupted = False
+    soft_stop_at: float | None = None
     deadline = t0 + timeout if timeout else None
     kill_at: float | None = None
     result_seen_at: float | None = None
@@ -192,6 +212,17 @@ def launch(run_dir: str | os.PathLike, probe: str, argv: list[str], *, module: b
                 if result_seen_at is None and (ranks.results_written() if ranks is not None
                                                else (d / RESULT).exists()):
                     result_seen_at = now
+            if (deadline is not None and now >= deadline and ranks is None and soft_stop_at is None
+                    and progress.progressing(now)):
+                # still making steps: ask for a clean stop at the next step boundary (SIGUSR2),
+                # and give it two steps' time (2-15 s) before treating the run as hung
+                soft_stop_at = now
+                try:
+                    os.kill(proc.pid, signal.SIGUSR2)
+                except ProcessLookupError:
+                    pass
+                grace = 2 * (progress.step_interval or 0.0) + 0.5
+                deadline = now + min(STOP_GRACE_MAX_S, max(STOP_GRACE_MIN_S, grace))
             if deadline is not None and now >= deadline and not timed_out:
                 timed_out = True
                 if ranks is not None:  # every rank's stacks and flight recorder, not torchrun's
@@ -254,6 +285,8 @@ def launch(run_dir: str | os.PathLike, probe: str, argv: list[str], *, module: b
             result = {**result, "outcome": "interrupted"}
         else:  # os._exit() or a harness failure before result.json
             result = {**result, "outcome": "exit", "exit_code": rc, "no_result": True}
+    if soft_stop_at is not None and not timed_out:
+        result["stopped_by_timeout"] = timeout
     if interrupted:
         result["interrupted"] = True
     result.update(returncode=rc, wall_s=round(wall, 3), output_tail=list(tail))
