@@ -8,10 +8,9 @@ error caught at import (and by ``tests/test_codes.py``).
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from dataclasses import dataclass
 
+from torchdoctor.discovery import import_submodules
 from torchdoctor.skills import ALL_SKILLS
 
 SEVERITIES = ("error", "warning", "info")
@@ -30,7 +29,6 @@ class CodeInfo:
 
 
 _CODES: dict[str, CodeInfo] = {}
-_loaded = False
 
 
 def declare(code: str, skill: str, severity: str, summary: str) -> CodeInfo:
@@ -48,11 +46,7 @@ def declare(code: str, skill: str, severity: str, summary: str) -> CodeInfo:
 
 def catalog() -> dict[str, CodeInfo]:
     """All declared codes, importing every family module on first call."""
-    global _loaded
-    if not _loaded:
-        for mod in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-            importlib.import_module(f"{__name__}.{mod}")
-        _loaded = True
+    import_submodules(__name__, __path__)
     return dict(_CODES)
 
 

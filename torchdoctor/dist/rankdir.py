@@ -23,6 +23,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from torchdoctor.dist.procs import die_with_parent
+
 RANKED_ENV = "TORCHDOCTOR_RANKED"  # set by the parent for every rank launched through torchrun
 PID = "pid"
 COLLECTIVES = "collectives.jsonl"
@@ -39,18 +41,6 @@ def rank_dir(run_dir: str | os.PathLike, rank: int) -> Path:
 def is_ranked() -> bool:
     """True inside a rank process launched by a ranked run."""
     return bool(os.environ.get(RANKED_ENV)) and "RANK" in os.environ
-
-
-def die_with_parent() -> None:
-    """Linux: SIGKILL this rank when the torchrun agent dies, so no rank outlives the launch."""
-    try:
-        import ctypes
-        import signal
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
-    except Exception:  # noqa: BLE001 - best effort; the parent also kills by pid
-        pass
 
 
 def enter_rank_dir(run_dir: str | os.PathLike, meta: dict[str, Any]) -> tuple[Path, dict[str, Any]]:

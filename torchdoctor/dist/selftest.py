@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import torchdoctor
+from torchdoctor.dist.procs import live_cmdline
 from torchdoctor.dist.busbw import allreduce_bandwidth, median
 
 MiB = 1 << 20
@@ -105,15 +106,8 @@ def kill_workers(out: Path) -> bool:
 
 def is_our_worker(pid: int, out: Path) -> bool:
     """pid is alive (not a zombie) and runs selftest_worker on ``out``."""
-    try:
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    if stat.rsplit(")", 1)[-1].split()[0] == "Z":
-        return False
-    args = [c.decode(errors="replace") for c in cmd]
-    return "torchdoctor.dist.selftest_worker" in args and str(out) in args
+    args = live_cmdline(pid)
+    return args is not None and "torchdoctor.dist.selftest_worker" in args and str(out) in args
 
 
 def group_alive(pgid: int) -> bool:

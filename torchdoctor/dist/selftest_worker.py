@@ -30,6 +30,8 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
+from torchdoctor.dist.procs import die_with_parent
+
 CHECK_NUMEL = (1 << 16) + 3  # odd on purpose: catches padding/chunking bugs
 
 
@@ -212,18 +214,6 @@ def device_facts(torch, index: int) -> dict:
         facts["pci"] = {"domain": getattr(props, "pci_domain_id", 0), "bus": bus,
                         "device": getattr(props, "pci_device_id", 0)}
     return facts
-
-
-def die_with_parent() -> None:
-    """Linux: get SIGKILL when the torchrun agent dies, so no rank outlives a killed launch."""
-    try:
-        import ctypes
-        import signal
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
-    except Exception:  # noqa: BLE001 - best effort; the parent also kills by pid
-        pass
 
 
 def main(argv: list[str] | None = None) -> int:

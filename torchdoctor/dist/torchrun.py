@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from torchdoctor.dist.procs import live_cmdline
 from torchdoctor.dist.rankdir import (DUMP_DONE, DUMP_REQUEST, PID, RANKED_ENV, rank_dir)
 from torchdoctor.runner.rundir import EVENTS, RESULT, read_json, write_json
 
@@ -169,14 +170,8 @@ class RankSet:
         return out
 
     def _ours(self, pid: int) -> bool:
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            return False
-        if stat.rsplit(")", 1)[-1].split()[0] == "Z":
-            return False
-        return str(self.run_dir).encode() in cmd
+        args = live_cmdline(pid)
+        return args is not None and any(str(self.run_dir) in a for a in args)
 
     def _launcher_children(self) -> list[int]:
         if not self.torchrun_pid:

@@ -17,9 +17,9 @@ catches and reports instrument failures, but a failure still costs the measureme
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from typing import Any
+
+from torchdoctor.discovery import import_submodules
 
 CALLBACKS = (
     "on_step_end",  # (ctx, step): an optimizer step finished; step = completed steps (1-based)
@@ -58,7 +58,6 @@ class Instrument:
 
 
 _REGISTRY: dict[str, type[Instrument]] = {}
-_loaded = False
 
 
 def register(cls: type[Instrument]) -> type[Instrument]:
@@ -71,11 +70,7 @@ def register(cls: type[Instrument]) -> type[Instrument]:
 
 
 def all_instruments() -> dict[str, type[Instrument]]:
-    global _loaded
-    if not _loaded:
-        for mod in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-            importlib.import_module(f"{__name__}.{mod}")
-        _loaded = True
+    import_submodules(__name__, __path__)
     return dict(_REGISTRY)
 
 

@@ -68,11 +68,15 @@ class HeapCounter:
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
+_STATM_FD: list[int] = []  # /proc/self/statm kept open: a pread costs ~1/4 of open+read+close
+
+
 def rss_bytes() -> int | None:
     """Resident set size of this process (reads /proc/self/statm; psutil as a fallback)."""
     try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * _PAGE
+        if not _STATM_FD or _STATM_FD[1] != os.getpid():
+            _STATM_FD[:] = [os.open("/proc/self/statm", os.O_RDONLY), os.getpid()]
+        return int(os.pread(_STATM_FD[0], 128, 0).split()[1]) * _PAGE
     except (OSError, ValueError, IndexError):
         pass
     try:

@@ -16,12 +16,9 @@ A family contributes report metrics with a function in its own module under
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from typing import Any, Callable
 
 _PROVIDERS: dict[str, Callable[[Any], dict | None]] = {}
-_loaded = False
 
 
 def metrics_provider(name: str):
@@ -36,14 +33,10 @@ def metrics_provider(name: str):
 
 def load_probe_modules() -> None:
     """Import every module of ``torchdoctor.probes`` once (providers and follow-ups register)."""
-    global _loaded
-    if _loaded:
-        return
     import torchdoctor.probes as pkg
+    from torchdoctor.discovery import import_submodules
 
-    for mod in sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)):
-        importlib.import_module(f"{pkg.__name__}.{mod}")
-    _loaded = True
+    import_submodules(pkg.__name__, pkg.__path__)
 
 
 def metrics_providers() -> dict[str, Callable[[Any], dict | None]]:

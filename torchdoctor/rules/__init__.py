@@ -17,12 +17,11 @@ crashes into an ``internal-error`` finding so the rest of the report still print
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 import traceback
 from dataclasses import dataclass
 from typing import Callable
 
+from torchdoctor.discovery import import_submodules
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Finding, Report, finding
 
@@ -39,7 +38,6 @@ class Rule:
 
 
 _RULES: dict[str, Rule] = {}
-_loaded = False
 
 
 def rule(name: str, probes: set[str] | frozenset[str]):
@@ -53,11 +51,7 @@ def rule(name: str, probes: set[str] | frozenset[str]):
 
 
 def all_rules() -> dict[str, Rule]:
-    global _loaded
-    if not _loaded:
-        for mod in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-            importlib.import_module(f"{__name__}.{mod}")
-        _loaded = True
+    import_submodules(__name__, __path__)
     return dict(_RULES)
 
 

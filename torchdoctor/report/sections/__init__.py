@@ -7,12 +7,11 @@ console renderer draws them between the header and the findings, in ``order``.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from typing import Any, Callable
 
+from torchdoctor.discovery import import_submodules
+
 _SECTIONS: list[tuple[int, str, Callable[[Any], Any]]] = []
-_loaded = False
 
 
 def section(name: str, order: int = 50):
@@ -24,9 +23,5 @@ def section(name: str, order: int = 50):
 
 
 def sections() -> list[tuple[int, str, Callable[[Any], Any]]]:
-    global _loaded
-    if not _loaded:
-        for mod in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-            importlib.import_module(f"{__name__}.{mod}")
-        _loaded = True
+    import_submodules(__name__, __path__)
     return sorted(_SECTIONS, key=lambda t: (t[0], t[1]))
