@@ -118,9 +118,11 @@ def script_command(app: typer.Typer, name: str, help: str, probe: str | None = N
             options["nproc_per_node"] = nproc  # torchrun, one run dir per rank (torchdoctor.dist)
         bound = f"up to {steps} steps, " if steps else ""
         bound = f"{nproc} ranks, {bound}" if nproc is not None else bound
+        from torchdoctor.probes.run import check_target, run_probe
+
+        check_target(target, bool(module))  # bad input: one line, before any banner
         eprint(f"torchdoctor {name}: running {'-m ' if module else ''}{target}"
                f"{' ' + ' '.join(args) if args else ''} ({bound}timeout {timeout:g} s)")
-        from torchdoctor.probes.run import run_probe
 
         report = run_probe(probe, target, args, options)
         if name != probe:
