@@ -57,6 +57,13 @@ def finding(code: str, title: str, evidence: dict[str, Any] | None = None, fix: 
     )
 
 
+def internal_finding(title: str, evidence: dict[str, Any] | None = None) -> Finding:
+    """A probe, rule or provider of torchdoctor itself failed: reported, not hidden."""
+    return finding("internal-error", title, evidence,
+                   fix="This is a torchdoctor bug; please report it with this evidence. "
+                       "The rest of the report still stands.")
+
+
 @dataclass
 class Skipped:
     rule: str

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from torchdoctor.envinfo.runner import is_failed
 from torchdoctor.envinfo.torchinfo import matmul_tf32_state
-from torchdoctor.findings import Finding, finding
+from torchdoctor.findings import Finding, finding, internal_finding
 from torchdoctor.rules import NotApplicable
 
 GPU_IN_USE_FRACTION = 0.10
@@ -215,8 +215,7 @@ def evaluate(env: dict) -> tuple[list[Finding], list[tuple[str, str]]]:
         except Skip as s:
             skipped.append((name, str(s) or "not applicable"))
         except Exception as e:  # noqa: BLE001 - a broken rule must not hide the others
-            findings.append(finding(
-                "internal-error", f"rule {name} failed: {type(e).__name__}: {e}",
-                {"rule": name, "traceback": traceback.format_exc(limit=6)},
-                fix="This is a torchdoctor bug; please report it with this evidence."))
+            findings.append(internal_finding(
+                f"rule {name} failed: {type(e).__name__}: {e}",
+                {"rule": name, "traceback": traceback.format_exc(limit=6)}))
     return findings, skipped

@@ -20,7 +20,7 @@ from typing import Any
 
 from torchdoctor.errors import DoctorError
 from torchdoctor.evidence import Evidence
-from torchdoctor.findings import Finding, Report, finding
+from torchdoctor.findings import Finding, Report, internal_finding
 from torchdoctor.runner.rundir import EVENTS, META, RESULT, STACKS
 
 RUN_FILES = (META, EVENTS, RESULT, STACKS)
@@ -86,9 +86,7 @@ def _context(ev: Evidence) -> dict[str, Any]:
 
 
 def _internal(title: str, evidence: dict[str, Any]) -> Finding:
-    return finding("internal-error", title, evidence,
-                   fix="This is a torchdoctor bug; please report it with this evidence. "
-                       "The rest of the report still stands.")
+    return internal_finding(title, evidence)
 
 
 def _instrument_errors(ev: Evidence, report: Report) -> None:

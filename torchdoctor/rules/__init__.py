@@ -23,7 +23,7 @@ from typing import Callable
 
 from torchdoctor.discovery import import_submodules
 from torchdoctor.evidence import Evidence
-from torchdoctor.findings import Finding, Report, finding
+from torchdoctor.findings import Finding, Report, internal_finding
 
 
 class NotApplicable(Exception):
@@ -70,9 +70,6 @@ def run_rules(probe: str, ev: Evidence, report: Report, only: set[str] | None = 
         except NotApplicable as na:
             report.skip(r.name, str(na) or "not applicable")
         except Exception as e:  # noqa: BLE001 - a broken rule must not hide the others
-            report.add(finding(
-                "internal-error",
+            report.add(internal_finding(
                 f"rule {r.name} failed: {type(e).__name__}: {e}",
-                {"rule": r.name, "traceback": traceback.format_exc(limit=6)},
-                fix="This is a torchdoctor bug; please report it with this evidence.",
-            ))
+                {"rule": r.name, "traceback": traceback.format_exc(limit=6)}))

@@ -13,7 +13,7 @@ import statistics
 from typing import Any
 
 from torchdoctor.evidence import Evidence
-from torchdoctor.findings import Finding, finding
+from torchdoctor.findings import Finding, finding, internal_finding
 from torchdoctor.rules import NotApplicable, rule
 
 PROBES = {"profile"}
@@ -110,10 +110,8 @@ def profiler_window_failed(ev: Evidence) -> list[Finding]:
     w = ev.last("profile_window")
     if not w or w.get("status") != "failed":
         return []
-    return [finding("internal-error", f"the profiler window failed: {w.get('error')}",
-                    {"traceback": w.get("traceback", "")},
-                    fix="This is a torchdoctor bug; please report it with this evidence. The "
-                        "step-clock findings still stand.")]
+    return [internal_finding(f"the profiler window failed: {w.get('error')}",
+                             {"traceback": w.get("traceback", "")})]
 
 
 @rule("host-sync-in-loop", probes=PROBES)
