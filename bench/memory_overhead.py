@@ -40,7 +40,12 @@ CHILD = ("import json, sys\n"
          "from torchdoctor.probes.run import run_probe\n"
          "r = run_probe(sys.argv[1], sys.argv[2], sys.argv[3:], "
          "{'steps': 0, 'timeout': float(%r), 'quiet': True})\n"
-         "print(json.dumps({'findings': [f.code for f in r.findings], 'status': r.status}))\n")
+         "m = r.metrics.get('memory') or {}\n"
+         "w = m.get('sites') or {}\n"
+         "print(json.dumps({'findings': [f.code for f in r.findings], 'status': r.status,\n"
+         "                  'site_window': {k: w.get(k) for k in ('reason', 'steps', 'boundary_ms')}\n"
+         "                  if w else None,\n"
+         "                  'heap_trend': (m.get('trend') or {}).get('heap')}))\n")
 
 
 def run_once(kind: str, workload: Path, wargs: list[str], timeout: float) -> dict:
@@ -84,6 +89,11 @@ def main() -> int:
             samples[k].append(run_once(k, workload, wargs, a.timeout))
         print(f"round {r + 1}/{a.rounds}: " + ", ".join(
             f"{k} {samples[k][-1]['step_ms']:.3f} ms" for k in kinds), file=sys.stderr, flush=True)
+        for k in kinds:
+            w = samples[k][-1].get("site_window")
+            if w:
+                print(f"  {k}: allocation-site window opened ({w['reason']} rising), steps "
+                      f"{w['steps']}, {w['boundary_ms']} ms at its boundaries", file=sys.stderr)
     med = {k: statistics.median(s["step_ms"] for s in samples[k]) for k in kinds}
     summary = {"machine": machine(), "workload": a.workload, "rounds": a.rounds, "kinds": {}}
     print(f"\n{summary['machine']}\nworkload {a.workload}, {a.rounds} alternating rounds\n")

@@ -184,6 +184,7 @@ def attribute(script: Path, workload: str, rounds: int) -> dict[str, float]:
                 times[name].append(timed(step, sync, warm, n))
             finally:
                 core.uninstall()
+                ctx._writer.close()  # its flush thread would otherwise wake for the rest
     base = st.median(times["bare"])
     print(f"\n{workload}: in-process attribution ({platform.node()}; median of {rounds})")
     print(f"{'config':<28} {'ms/step':>9} {'x bare':>7}")

@@ -257,6 +257,49 @@ def test_sampler_stays_quiet_on_a_healthy_loop():
     assert max(h) - min(h) < 256 * 1024
 
 
+def test_sampler_reads_rss_every_few_steps_while_the_heap_counter_works():
+    from torchdoctor.instruments.memory_sampler import RSS_EVERY, MemorySampler
+
+    ctx = FakeCtx(probe="checkup")
+    _loop([MemorySampler()], ctx, steps=2 * RSS_EVERY + 1)
+    mems = ctx.of("mem")
+    assert all(m["heap"] is not None for m in mems)
+    assert [m["step"] for m in mems if "rss" in m] == [1, RSS_EVERY + 1, 2 * RSS_EVERY + 1]
+    assert ctx.of("mem_end")[0]["rss"] > 0
+
+
+def test_site_window_waits_for_growth_the_rule_could_report():
+    """A steady rise of 8 KiB a step is above the per-step suspicion but 5 steps of it are
+    below the growth rule's minimum rise: no window until the total passes it."""
+    from torchdoctor.instruments import memory_sampler as ms
+    from torchdoctor.rules.memory import GROWTH_MIN_RISE
+
+    assert ms.SUSPECT_MIN_TOTAL == GROWTH_MIN_RISE
+    ctx = FakeCtx(probe="checkup")
+    sampler = ms.MemorySampler()
+    sampler.install(ctx)
+    heap = iter(range(10 << 20, 20 << 20, 8 * 1024))
+    sampler.heap = type("FakeHeap", (), {"read": lambda self: next(heap), "available": True})()
+    opened = []
+    ms.SiteWindow, real = (lambda step, **k: opened.append(step) or _NoWindow()), ms.SiteWindow
+    try:
+        for step in range(1, 40):
+            ctx.step = step
+            sampler.on_step_end(ctx, step)
+    finally:
+        ms.SiteWindow = real
+        sampler.window = None
+        sampler.uninstall(ctx)
+    first_counted = ms.WARMUP_STEPS + 1
+    # armed once the rise since the first post-warm-up sample reaches the rule's minimum
+    assert opened == [first_counted + GROWTH_MIN_RISE // (8 * 1024)]
+
+
+class _NoWindow:
+    def boundary(self, step):
+        return False
+
+
 def test_sampler_oom_context_on_the_cpu():
     from torchdoctor.instruments.memory_sampler import MemorySampler
 

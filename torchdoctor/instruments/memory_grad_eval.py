@@ -17,10 +17,12 @@ and cost nothing but the check.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
 from torchdoctor.instruments import Instrument, register
+from torchdoctor.memory.frames import user_frames_from_frame
 
 MAX_EXAMPLES = 5
 MAX_OUTPUTS = 4  # output tensors looked at per forward (tuple/dict outputs)
@@ -86,8 +88,12 @@ class GradInEval(Instrument):
         import torch
 
         self.torch = torch
+        self._Tensor = torch.Tensor
+        self._grad_on = torch.is_grad_enabled
+        self.pid = os.getpid()
         self.ctx = ctx
         self.hooked: set[int] = set()
+        self.roots_seen: int | None = None
         self.handles: list[Any] = []
         self.graph_forwards = 0
         self.backpropagated = 0
@@ -96,6 +102,10 @@ class GradInEval(Instrument):
         self.examples: list[dict[str, Any]] = []
 
     def _hook_roots(self, ctx: Any) -> None:
+        seen = getattr(ctx, "models_seen", None)  # None: a context that cannot tell, look
+        if seen is not None and seen == self.roots_seen:
+            return
+        self.roots_seen = seen
         for m in ctx.models():
             if id(m) in self.hooked:
                 continue
@@ -116,14 +126,17 @@ class GradInEval(Instrument):
 
     # ---- per root forward ----------------------------------------------------------------
     def _post(self, module: Any, args: Any, output: Any) -> None:
-        if not self.torch.is_grad_enabled() or not self.ctx.in_owner_process():
+        if not self._grad_on() or os.getpid() != self.pid:
             return
-        ts = _tensors(output, self.torch.Tensor)
-        if not ts:
-            return
+        if type(output) is self._Tensor:  # the common case, inlined
+            if output.grad_fn is None:
+                return
+            ts = [output]
+        else:
+            ts = _tensors(output, self._Tensor)
+            if not ts:
+                return
         self.graph_forwards += 1
-        from torchdoctor.memory.frames import user_frames_from_frame
-
         frames = user_frames_from_frame(sys._getframe(1), limit=1)  # formatted only if reported
         rec = _Fwd(len(ts), self.ctx.step, type(module).__name__, bool(module.training),
                    frames[0] if frames else None)

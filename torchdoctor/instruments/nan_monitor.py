@@ -273,24 +273,28 @@ class NanMonitor(Instrument):
     def on_backward_begin(self, ctx: Any) -> None:
         if self.found:
             return
-        from torchdoctor.numerics.tensors import float_tensors
-
-        ts = float_tensors(ctx.last_backward_tensor, limit=4)
-        if not ts:
-            return
+        t = ctx.last_backward_tensor
+        if type(t) is self._Tensor and t.numel() == 1 and self._ok(t):  # a scalar loss: inlined
+            ts = (t,)
+        else:
+            ts = self._float_tensors(t, limit=4)
+            if not ts:
+                return
         torch = self.torch
         w = self.win
-        with torch.no_grad():
-            for t in ts:
-                d = t.detach()
-                if d.numel() == 1:
-                    v = d.reshape(1).float()
-                else:
-                    v = torch.stack(torch.aminmax(d)).float()
-                w.losses.append(v)
-                w.loss_info.append({"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
-                                    "scalar": d.numel() == 1, "after_records": len(w.recs),
-                                    "step": ctx.step + 1})
+        for t in ts:
+            d = t.detach()  # detached: the ops below are not recorded for autograd
+            scalar = d.numel() == 1
+            if scalar:
+                v = d.reshape(1)
+                if v.dtype != torch.float32:
+                    v = v.float()
+            else:
+                v = torch.stack(torch.aminmax(d)).float()
+            w.losses.append(v)
+            w.loss_info.append({"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
+                                "scalar": scalar, "after_records": len(w.recs),
+                                "step": ctx.step + 1})
 
     # ------------------------------------------------------------------ gradients / rows
     def _pre_step(self, opt, args, kwargs):
@@ -324,21 +328,35 @@ class NanMonitor(Instrument):
         The row holds, as present: ``fwd`` (0, or NaN when any watched tensor was non-finite:
         ``(stacked min/max * 0).sum()``), ``lossflag`` (same for the losses), ``loss`` (the last
         scalar loss) and ``gnorm`` (global L2 norm of the gradients: NaN/Inf when one is).
+
+        A row whose parts are all on the CPU is read at once into Python floats (a CPU read
+        costs no sync; the global norm is then summed in float64, so it cannot overflow); a
+        CUDA row stays a device tensor until :meth:`_read`.
         """
         torch = self.torch
         w = self.win
         self.win = _Window()
         self.records += len(w.recs)
-        gp = [p for p in params if p.grad is not None and p.grad.layout == torch.strided]
+        strided = torch.strided
+        gp = []
+        grads = []
+        for p in params:
+            g = p.grad
+            if g is not None and g.layout == strided:
+                gp.append(p)
+                grads.append(g)
         norms = loss_vec = None
         parts: list = []
         layout: list[str] = []
         stacks = {}
         with torch.no_grad():
-            if gp:
-                ns = torch._foreach_norm([p.grad for p in gp], 2, dtype=torch.float32)
+            if grads:
+                ns = torch._foreach_norm(grads, 2, dtype=torch.float32)
                 dev = ns[0].device
-                norms = torch.stack([n if n.device == dev else n.to(dev) for n in ns])
+                if dev.type == "cpu" and not self.async_test:
+                    norms = [n.item() for n in ns]  # per-parameter norms, read at once
+                else:
+                    norms = torch.stack([n if n.device == dev else n.to(dev) for n in ns])
             flags = []
             for key, (vals, _seqs) in w.groups.items():
                 st = torch.stack(vals)
@@ -351,7 +369,7 @@ class NanMonitor(Instrument):
                 layout.append("fwd")
             if len(w.losses) == 1 and w.loss_info[0]["scalar"]:
                 loss_vec = w.losses[0]  # one scalar loss: its value is its own flag
-                parts.append(loss_vec[0])
+                parts.append(loss_vec)
                 layout.append("loss")
             elif w.losses:
                 loss_vec = torch.cat([v.to(w.losses[0].device) for v in w.losses])
@@ -362,16 +380,26 @@ class NanMonitor(Instrument):
                     parts.append(loss_vec[last])
                     layout.append("loss")
             if norms is not None:
-                parts.append(torch.linalg.vector_norm(norms))
                 layout.append("gnorm")
-            if not parts:
+            if not layout:
                 return
-            dev = parts[-1].device
-            row = torch.stack([x if x.device == dev else x.to(dev) for x in parts])
+            on_cpu = all(not x.is_cuda for x in parts) and (norms is None or isinstance(norms, list))
+            if on_cpu and not self.async_test:
+                row: Any = [float(x) for x in parts]
+                if norms is not None:
+                    row.append(math.hypot(*norms))  # float64, exact to an ulp
+            else:
+                if isinstance(norms, list):  # CPU gradients, a CUDA loss
+                    parts.append(torch.tensor(math.hypot(*norms)))
+                elif norms is not None:
+                    parts.append(torch.linalg.vector_norm(norms))
+                dev = parts[-1].device
+                row = torch.stack([x.reshape(()) if x.device == dev else x.to(dev).reshape(())
+                                   for x in parts])
         for r in self.pending:
             r.live = False  # gradients / tensors of older rows may have changed since
         new = _Row(step, opt, row, w, gp, norms, stacks, loss_vec, layout)
-        if (row.is_cuda or self.async_test) and not self.sync_read:
+        if not isinstance(row, list) and not self.sync_read and (row.is_cuda or self.async_test):
             if self.reader is None:
                 from torchdoctor.numerics import hostread
 
@@ -419,10 +447,12 @@ class NanMonitor(Instrument):
             return
         self.reads += 1
         flat: list[float] = []
-        cpu = [r.row for r in rows if r.handle is None]
+        cpu = [r.row for r in rows if r.handle is None and not isinstance(r.row, list)]
         cpu_vals = torch.cat([x.to(cpu[-1].device) for x in cpu]).tolist() if cpu else []
         for r in rows:
-            if r.handle is None:
+            if isinstance(r.row, list):  # a CPU row, read when it was made
+                flat += r.row
+            elif r.handle is None:
                 n = len(r.layout)
                 flat += cpu_vals[:n]
                 cpu_vals = cpu_vals[n:]

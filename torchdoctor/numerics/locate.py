@@ -180,9 +180,10 @@ class Locator:
         torch = self.torch
         if r.norms is None:
             return None
-        bad_idx = [int(i) for i in (~torch.isfinite(r.norms)).nonzero().flatten().tolist()]
+        # per-parameter norms: a list of floats (CPU rows) or a device tensor (CUDA rows)
+        norm_vals = r.norms if isinstance(r.norms, list) else r.norms.tolist()
+        bad_idx = [i for i, v in enumerate(norm_vals) if not math.isfinite(v)]
         params = r.params
-        norm_vals = r.norms.tolist()
         confirmed = None
         if r.live:  # the gradients are still the ones measured: confirm exactly
             with torch.no_grad():

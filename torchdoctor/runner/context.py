@@ -84,6 +84,12 @@ class HarnessContext:
         """The torch optimizers seen stepping so far (still alive), in first-step order."""
         return [o for o in (r() for r in self._optimizers) if o is not None]
 
+    @property
+    def models_seen(self) -> int:
+        """How many root modules were ever recorded: changes exactly when ``models()`` may
+        hold a new one (a cheap "anything new?" test for per-step hooks)."""
+        return len(self._model_ids)
+
     def models(self) -> list[Any]:
         """Root ``nn.Module`` objects seen in forward so far (called while no other module ran).
 

@@ -39,6 +39,10 @@ def _default(o: Any) -> Any:
 FLUSH_S = 0.25  # evidence reaches the disk at most this long after it is written
 
 
+# one encoder for every event: json.dumps(..., default=...) builds a new one per call
+_ENCODE = json.JSONEncoder(default=_default, allow_nan=True).encode
+
+
 class EvidenceWriter:
     """Append-only JSONL writer used inside the child.
 
@@ -70,7 +74,7 @@ class EvidenceWriter:
         now = time.perf_counter()
         rec = {"kind": kind, "t": round(now - self._t0, 6), "pid": self._pid}
         rec.update(data)
-        self._queue.append(json.dumps(rec, default=_default, allow_nan=True))
+        self._queue.append(_ENCODE(rec))
         if now - self._last >= self._flush_s:
             self.flush()
 
