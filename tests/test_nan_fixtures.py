@@ -272,3 +272,23 @@ def test_cli_nan_bad_input(cli):
     r = cli("nan", "no/such/train.py")
     assert r.returncode == 2 and "script not found" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_passthrough_modules_alias_their_checked_input_and_the_source_is_still_named():
+    """ReLU(inplace)/Dropout/Flatten after a Linear are not reduced again (fewer reductions a
+    step), and the NaN the Linear makes is still named at the Linear, at its step."""
+    import torch
+
+    calls = []
+    real = torch.aminmax
+    torch.aminmax = lambda t, *a, **k: calls.append(tuple(t.shape)) or real(t, *a, **k)
+    try:
+        rep = judge("nan", SCRIPTS / "nan/through_passthrough.py", options={"rerun": False})
+    finally:
+        torch.aminmax = real
+    f = by_code(rep, "nonfinite-forward")
+    assert f.evidence["module"] == "model.0" and f.evidence["module_class"] == "Linear"
+    assert f.evidence["step"] == 5
+    # per healthy step: model input, Linear 0 out, Linear 4 out (the root's output is the
+    # last Linear's output): 3 reductions for 6 module calls, none for ReLU/Dropout/Flatten
+    assert len(calls) / 5 <= 3.2, calls[:12]

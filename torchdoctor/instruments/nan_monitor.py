@@ -50,6 +50,16 @@ LEARN_CONTAINED = 3  # windows with contained -Inf (masks) inspected to learn be
 MAX_PENDING = 256  # CUDA rows not yet copied back before the oldest is waited for
 
 
+def _passthrough_types(torch: Any) -> frozenset:
+    """Leaf module classes whose output is finite whenever their input is (see
+    :meth:`NanMonitor._alias_passthrough`); exact classes, not subclasses."""
+    nn = torch.nn
+    names = ("ReLU", "ReLU6", "LeakyReLU", "Identity", "Flatten", "Unflatten", "Dropout",
+             "Dropout1d", "Dropout2d", "Dropout3d", "MaxPool1d", "MaxPool2d", "MaxPool3d",
+             "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "AdaptiveMaxPool3d")
+    return frozenset(getattr(nn, n) for n in names if hasattr(nn, n))
+
+
 class _Window:
     """What one window recorded. ``recs[seq]`` = (role, module, cid, step, index, alias)."""
 
@@ -106,6 +116,8 @@ class NanMonitor(Instrument):
         from torchdoctor.numerics.tensors import _kit, float_tensors
 
         self._Tensor, self._ok = _kit()
+        self._grad_mode = (torch.is_grad_enabled, torch._C._set_grad_enabled)
+        self._passthrough = _passthrough_types(torch)
         self._float_tensors = float_tensors
         self._aminmax = torch.aminmax
         opts = ctx.options
@@ -225,6 +237,9 @@ class NanMonitor(Instrument):
         if output is None or cid < 0:
             return None
         if type(output) is self._Tensor:
+            if (type(module) in self._passthrough and w.last_out is not None
+                    and self._alias_passthrough(module, cid, args, output)):
+                return None
             ts = (output,) if self._ok(output) else ()
         else:
             ts = self._float_tensors(output)
@@ -234,10 +249,55 @@ class NanMonitor(Instrument):
                 w.root_outs.append(len(w.recs) - 1)
         return None
 
+    def _alias_passthrough(self, module: Any, cid: int, args: tuple, output: Any) -> bool:
+        """A leaf module that cannot make a non-finite value out of finite ones (ReLU, Identity,
+        Flatten, max-pooling; Dropout except in float16 training, whose 1/(1-p) scaling can
+        overflow float16): when its only input is the tensor checked just before, unmodified
+        since, its output is recorded as an alias of that check instead of being reduced again.
+        Its output is non-finite only if its input was, and that input's record comes first."""
+        w = self.win
+        if len(args) != 1 or args[0] is not w.last_out or not self._ok(output):
+            return False
+        if module.training and getattr(module, "p", 0) and output.dtype == self.torch.float16:
+            return False
+        a0 = args[0]
+        try:
+            unmodified = a0._version == w.last_ver or (a0 is output and getattr(module, "inplace", False))
+            ver = output._version
+        except RuntimeError:  # inference tensors have no version counter
+            return False
+        if not unmodified:
+            return False
+        seq = len(w.recs)
+        w.recs.append(("out", module, cid, self.ctx.step, 0, w.last_seq))
+        w.order[id(module)] = seq
+        w.last_out = output
+        w.last_ver = ver
+        if not w.stack:
+            w.root_outs.append(seq)
+        return True
+
     def _record(self, ts: list, role: str, module: Any, cid: int) -> None:
         aminmax = self._aminmax
         w = self.win
         step = self.ctx.step
+        grad_on, set_grad = self._grad_mode
+        was_on = grad_on()
+        if was_on:
+            set_grad(False)  # nothing recorded for autograd (cheaper than a detach per tensor)
+        try:
+            self._reduce(ts, role, module, cid, w, step, aminmax)
+        finally:
+            if was_on:
+                set_grad(True)
+        if role == "out":
+            w.order[id(module)] = len(w.recs) - 1
+        if len(w.recs) > FORCE_ROW_RECORDS:
+            self._close_row(None, [], step=self.ctx.step + 1)
+            self._maybe_read()
+
+    @staticmethod
+    def _reduce(ts, role, module, cid, w, step, aminmax) -> None:
         for i, t in enumerate(ts):
             seq = len(w.recs)
             if t is w.last_out:  # the tensor checked just before, unmodified: no new reduction
@@ -248,8 +308,8 @@ class NanMonitor(Instrument):
                 if same:
                     w.recs.append((role, module, cid, step, i, w.last_seq))
                     continue
-            mn, mx = aminmax(t.detach())  # detached: nothing recorded for autograd
-            key = (t.dtype, t.device)
+            mn, mx = aminmax(t)
+            key = (t.dtype, t.get_device())  # device index (-1: CPU): no device object made
             g = w.groups.get(key)
             if g is None:
                 g = w.groups[key] = ([], [])
@@ -263,11 +323,6 @@ class NanMonitor(Instrument):
                 w.last_ver = t._version
             except RuntimeError:
                 w.last_out = None
-        if role == "out":
-            w.order[id(module)] = len(w.recs) - 1
-        if len(w.recs) > FORCE_ROW_RECORDS:
-            self._close_row(None, [], step=self.ctx.step + 1)
-            self._maybe_read()
 
     # ------------------------------------------------------------------ loss
     def on_backward_begin(self, ctx: Any) -> None:

@@ -1,0 +1,162 @@
+"""Where the ``nan`` probe's per-step cost goes on one workload: host vs device.
+
+In one process (one model), alternating: the bare step, and the step under the ``nan`` probe's
+instruments. For each it prints wall ms/step and host CPU ms/step (``thread_time``: when it
+is close to the wall time, the loop is host-bound and every host microsecond the hooks add is
+a microsecond of step). Under ``nan`` it also prints the host time spent inside the numerics
+monitor's hooks per step (timed wrappers), how many module calls and reductions a step makes,
+and, from a short ``torch.profiler`` window, the device time of the monitor's reduction
+kernels against the step's total kernel time.
+
+    python bench/nan_breakdown.py --workload gpu-transformer [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import runpy
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+HOOKS = ("_fwd_pre", "_fwd_post", "_record", "_pre_step", "_close_row", "on_backward_begin",
+         "_maybe_read", "_read")
+
+
+def _timed_block(step, n: int) -> tuple[float, float]:
+    import torch
+
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    sync()
+    t0, c0 = time.perf_counter(), time.thread_time()
+    for _ in range(n):
+        step()
+    sync()
+    return (time.perf_counter() - t0) / n * 1e3, (time.thread_time() - c0) / n * 1e3
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", default="gpu-transformer")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=30)
+    a = ap.parse_args()
+    import nan_overhead
+    import torch
+
+    from torchdoctor.instruments import instruments_for
+    from torchdoctor.instruments.nan_monitor import NanMonitor
+    from torchdoctor.runner.context import HarnessContext
+    from torchdoctor.runner.core import Core
+    from torchdoctor.runner.rundir import EvidenceWriter
+
+    with tempfile.TemporaryDirectory() as td:
+        script = Path(td) / "w.py"
+        script.write_text(nan_overhead.WORKLOAD)
+        ns = runpy.run_path(str(script), run_name="nan_breakdown_workload")
+    step, _sync = ns["build"](a.workload)
+    for _ in range(10):
+        step()
+
+    acc: dict[str, float] = collections.defaultdict(float)
+    cnt: collections.Counter = collections.Counter()
+    originals = {h: getattr(NanMonitor, h) for h in HOOKS if hasattr(NanMonitor, h)}
+
+    def wrap(timing: bool) -> None:
+        for h, fn in originals.items():
+            if not timing:
+                setattr(NanMonitor, h, fn)
+                continue
+
+            def mk(fn=fn, h=h):
+                @functools.wraps(fn)
+                def w(*args, **kw):
+                    t = time.perf_counter()
+                    try:
+                        return fn(*args, **kw)
+                    finally:
+                        acc[h] += time.perf_counter() - t
+                        cnt[h] += 1
+                return w
+            setattr(NanMonitor, h, mk())
+
+    def under_nan(fn, timing=False):
+        wrap(timing)
+        d = tempfile.mkdtemp(prefix="td-nanbd-")
+        ctx = HarnessContext("nan", d, {"steps": 0}, EvidenceWriter(d))
+        core = Core(ctx, [c() for c in instruments_for("nan")])
+        core.install()
+        try:
+            for _ in range(3):  # discovery steps (global hooks) before timing
+                step()
+            return fn(), core
+        finally:
+            core.uninstall()
+            ctx._writer.close()
+            wrap(False)
+
+    res: dict[str, list] = {"bare": [], "nan": []}
+    for _ in range(a.rounds):
+        res["bare"].append(_timed_block(step, a.steps))
+        res["nan"].append(under_nan(lambda: _timed_block(step, a.steps))[0])
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+    print(f"workload {a.workload}: {gpu}, torch {torch.__version__}")
+    base = statistics.median(w for w, _ in res["bare"])
+    for k, xs in res.items():
+        w = statistics.median(x[0] for x in xs)
+        c = statistics.median(x[1] for x in xs)
+        print(f"{k:<5} wall {w:8.3f} ms/step  host CPU {c:8.3f} ms/step  x bare {w / base:5.3f}")
+
+    # host time inside the monitor's hooks (timed wrappers add ~0.3 us a call)
+    def timed_after_discovery():
+        acc.clear()
+        cnt.clear()
+        return _timed_block(step, a.steps)
+
+    under_nan(timed_after_discovery, timing=True)
+    n = a.steps
+    print("host time in the numerics monitor per step (ms), calls per step:")
+    for h in sorted(acc, key=lambda k: -acc[k]):
+        print(f"  {h:<18} {acc[h] / n * 1e3:8.3f} ms  {cnt[h] / n:7.1f} calls")
+
+    # device time of the monitor's kernels in a profiled window of 3 steps
+    from torch.profiler import ProfilerActivity, profile
+
+    def prof():
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+        with profile(activities=acts) as p:
+            for _ in range(3):
+                step()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+        return p
+
+    p, _core = under_nan(prof)
+    tot = 0.0
+    by: dict[str, float] = collections.defaultdict(float)
+    for e in p.key_averages():
+        dt = getattr(e, "self_device_time_total", None)
+        if dt is None:
+            dt = getattr(e, "self_cuda_time_total", 0.0)
+        if e.key.startswith("aten::") or not dt:
+            continue
+        tot += dt
+        by[e.key] += dt
+    mm = sum(v for k, v in by.items() if "minmax" in k.lower() or "MinMax" in k)
+    print(f"device kernel time per step {tot / 3 / 1e3:.3f} ms; kernels named *minmax*: "
+          f"{mm / 3 / 1e3:.3f} ms")
+    for k, v in sorted(by.items(), key=lambda kv: -kv[1])[:12]:
+        print(f"  {v / 3 / 1e3:8.3f} ms  {k[:110]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
