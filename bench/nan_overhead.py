@@ -100,17 +100,19 @@ def timed(step, sync, warmup, measure):
     for _ in range(warmup):
         step()
     sync()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     for _ in range(measure):
         step()
     sync()
+    timed.cpu_ms = (time.thread_time() - c0) / measure * 1e3  # host CPU of the loop's thread
     return (time.perf_counter() - t0) / measure * 1e3
 
 
 if __name__ == "__main__":
     out, kind, warmup, measure = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     step, sync = build(kind)
-    json.dump({"step_ms": timed(step, sync, warmup, measure)}, open(out, "w"))
+    ms = timed(step, sync, warmup, measure)
+    json.dump({"step_ms": ms, "cpu_ms": timed.cpu_ms}, open(out, "w"))
 '''
 
 SIZES = {"cpu-mlp": (50, 400), "gpu-mlp": (30, 300), "gpu-transformer": (10, 40)}
@@ -120,10 +122,12 @@ CONFIGS = {
     "checkup": ("checkup", {}),
     "checkup+watch": ("checkup", {"forward_watch": True}),
     "nan": ("nan", {}),
+    # the nan probe without the instruments every run arms (crash context, dist, anomaly)
+    "nan-only": ("nan", {}, "crashctx,dist_collectives,dist_sampler,dist_steps,training_anomaly"),
 }
 
 
-def _once(config: str, script: Path, workload: str, tmp: Path) -> float:
+def _once(config: str, script: Path, workload: str, tmp: Path) -> tuple[float, float]:
     import subprocess
 
     warm, n = SIZES[workload]
@@ -136,12 +140,24 @@ def _once(config: str, script: Path, workload: str, tmp: Path) -> float:
     else:
         from torchdoctor.probes.run import run_probe
 
-        probe, extra = spec
-        rep = run_probe(probe, str(script), args, {"steps": 0, "timeout": 900, "quiet": True, **extra})
+        probe, extra = spec[:2]
+        old = os.environ.get("TORCHDOCTOR_DISABLE")
+        if len(spec) > 2:
+            os.environ["TORCHDOCTOR_DISABLE"] = spec[2]
+        try:
+            rep = run_probe(probe, str(script), args, {"steps": 0, "timeout": 900, "quiet": True,
+                                                       **extra})
+        finally:
+            if len(spec) > 2:
+                if old is None:
+                    os.environ.pop("TORCHDOCTOR_DISABLE", None)
+                else:
+                    os.environ["TORCHDOCTOR_DISABLE"] = old
         bad = [f.code for f in rep.findings if f.severity in ("error", "warning")]
         if bad:
             print(f"  note: {config} reported {bad} on a healthy workload", file=sys.stderr)
-    return json.loads(out.read_text())["step_ms"]
+    r = json.loads(out.read_text())
+    return r["step_ms"], r.get("cpu_ms", float("nan"))
 
 
 def attribute(script: Path, workload: str, rounds: int) -> dict[str, float]:
@@ -221,20 +237,24 @@ def main() -> int:
             return 0
         for wl in workloads:
             samples: dict[str, list[float]] = {c: [] for c in configs}
+            cpu: dict[str, list[float]] = {c: [] for c in configs}
             for _ in range(args.rounds):
                 for c in configs:
-                    samples[c].append(_once(c, script, wl, tmp))
+                    ms, cms = _once(c, script, wl, tmp)
+                    samples[c].append(ms)
+                    cpu[c].append(cms)
             base = statistics.median(samples["bare"]) if "bare" in samples else None
             print(f"\n{wl}  ({platform.node()}, Python {platform.python_version()}; "
                   f"median of {args.rounds} rounds)")
-            print(f"{'config':<15} {'ms/step':>9} {'min':>8} {'max':>8} {'x bare':>7}")
+            print(f"{'config':<15} {'ms/step':>9} {'min':>8} {'max':>8} {'x bare':>7} {'host CPU ms':>12}")
             results[wl] = {}
             for c, xs in samples.items():
                 med = statistics.median(xs)
                 ratio = med / base if base else float("nan")
+                cmed = statistics.median(cpu[c])
                 results[wl][c] = {"median_ms": med, "min_ms": min(xs), "max_ms": max(xs),
-                                  "ratio": ratio}
-                print(f"{c:<15} {med:>9.3f} {min(xs):>8.3f} {max(xs):>8.3f} {ratio:>7.2f}")
+                                  "ratio": ratio, "host_cpu_ms": cmed}
+                print(f"{c:<15} {med:>9.3f} {min(xs):>8.3f} {max(xs):>8.3f} {ratio:>7.2f} {cmed:>12.3f}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0
