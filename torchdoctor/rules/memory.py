@@ -78,7 +78,9 @@ def _sites_for(ev: Evidence, key: str) -> tuple[list[str], list[str], str | None
         return [], [], None
     sites = (w.get("cuda_sites") or w.get("tensor_sites") or []) if key.startswith("cuda") \
         else (w.get("tensor_sites") or w.get("python_sites") or [])
-    sites = [s for s in sites if s.get("site") != "(no user frame)" or len(sites) == 1]
+    # a lone "(no user frame)" site names nothing: the graph-growth site, when there is one, does
+    sites = [s for s in sites if s.get("site") != "(no user frame)"
+             or (len(sites) == 1 and not w.get("graph_growth"))]
     graph = [f"{g['site']}{' in ' + g['function'] if g.get('function') else ''}: a tensor made "
              f"here holds an autograd graph growing by {g['nodes_per_step']:g} nodes per step "
              f"({g['graph_nodes']} now)" for g in (w.get("graph_growth") or [])]
