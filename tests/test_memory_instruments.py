@@ -40,6 +40,10 @@ class FakeCtx:
     def in_owner_process(self):
         return True
 
+    @property
+    def models_seen(self):
+        return len(self._models)
+
     def models(self):
         return list(self._models)
 

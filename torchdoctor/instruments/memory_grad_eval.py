@@ -102,8 +102,8 @@ class GradInEval(Instrument):
         self.examples: list[dict[str, Any]] = []
 
     def _hook_roots(self, ctx: Any) -> None:
-        seen = getattr(ctx, "models_seen", None)  # None: a context that cannot tell, look
-        if seen is not None and seen == self.roots_seen:
+        seen = ctx.models_seen
+        if seen == self.roots_seen:
             return
         self.roots_seen = seen
         for m in ctx.models():

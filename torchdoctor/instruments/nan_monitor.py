@@ -424,7 +424,7 @@ class NanMonitor(Instrument):
                 layout.append("fwd")
             if len(w.losses) == 1 and w.loss_info[0]["scalar"]:
                 loss_vec = w.losses[0]  # one scalar loss: its value is its own flag
-                parts.append(loss_vec)
+                parts.append(loss_vec.view(()))
                 layout.append("loss")
             elif w.losses:
                 loss_vec = torch.cat([v.to(w.losses[0].device) for v in w.losses])
@@ -449,8 +449,7 @@ class NanMonitor(Instrument):
                 elif norms is not None:
                     parts.append(torch.linalg.vector_norm(norms))
                 dev = parts[-1].device
-                row = torch.stack([x.reshape(()) if x.device == dev else x.to(dev).reshape(())
-                                   for x in parts])
+                row = torch.stack([x if x.device == dev else x.to(dev) for x in parts])
         for r in self.pending:
             r.live = False  # gradients / tensors of older rows may have changed since
         new = _Row(step, opt, row, w, gp, norms, stacks, loss_vec, layout)

@@ -84,7 +84,8 @@ class _Progress:
         self.buf = lines.pop()
         changed = False
         if self.on_event is None:  # progress needs only the newest step: parse that line alone
-            lines = [next((ln for ln in reversed(lines) if b'"kind": "step"' in ln), b"")][:1]
+            last = next((ln for ln in reversed(lines) if b'"kind": "step"' in ln), None)
+            lines = [last] if last is not None else []
         for line in lines:
             if b'"kind": "step"' not in line and self.on_event is None:
                 continue
