@@ -5,10 +5,13 @@ instruments. For each it prints wall ms/step and host CPU ms/step (``thread_time
 is close to the wall time, the loop is host-bound and every host microsecond the hooks add is
 a microsecond of step). Under ``nan`` it also prints the host time spent inside the numerics
 monitor's hooks per step (timed wrappers), how many module calls and reductions a step makes,
-and, from a short ``torch.profiler`` window, the device time of the monitor's reduction
-kernels against the step's total kernel time.
+a cProfile of the steps (own host time per function, ``--cprofile N``), the peak allocated
+CUDA memory of each configuration (what the monitor's held references cost), and, from a
+short ``torch.profiler`` window, the device time of the monitor's reduction kernels against
+the step's total kernel time. ``--probe checkup`` times ``checkup``'s instruments instead.
 
     python bench/nan_breakdown.py --workload gpu-transformer [--rounds 3]
+    python bench/nan_breakdown.py --workload cpu-mlp --probe checkup --steps 300
 """
 
 from __future__ import annotations
@@ -27,20 +30,25 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-HOOKS = ("_fwd_pre", "_fwd_post", "_record", "_pre_step", "_close_row", "on_backward_begin",
-         "_maybe_read", "_read")
+HOOKS = ("_fwd_pre", "_fwd_post", "_record", "_flush", "_pre_step", "_close_row",
+         "on_backward_begin", "_maybe_read", "_read")
 
 
-def _timed_block(step, n: int) -> tuple[float, float]:
+def _timed_block(step, n: int) -> tuple[float, float, float]:
+    """(wall ms/step, host CPU ms/step, peak allocated MiB on CUDA else 0)."""
     import torch
 
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    cuda = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     sync()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     t0, c0 = time.perf_counter(), time.thread_time()
     for _ in range(n):
         step()
     sync()
-    return (time.perf_counter() - t0) / n * 1e3, (time.thread_time() - c0) / n * 1e3
+    peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else 0.0
+    return (time.perf_counter() - t0) / n * 1e3, (time.thread_time() - c0) / n * 1e3, peak
 
 
 def main() -> int:
@@ -48,6 +56,11 @@ def main() -> int:
     ap.add_argument("--workload", default="gpu-transformer")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--cprofile", type=int, default=25, metavar="N",
+                    help="print the N functions with the most own host time under the probe "
+                         "(0: off)")
+    ap.add_argument("--probe", default="nan", help="the probe whose instruments are timed "
+                    "(nan, or checkup to see the light instruments' cost)")
     a = ap.parse_args()
     import nan_overhead
     import torch
@@ -91,8 +104,8 @@ def main() -> int:
     def under_nan(fn, timing=False):
         wrap(timing)
         d = tempfile.mkdtemp(prefix="td-nanbd-")
-        ctx = HarnessContext("nan", d, {"steps": 0}, EvidenceWriter(d))
-        core = Core(ctx, [c() for c in instruments_for("nan")])
+        ctx = HarnessContext(a.probe, d, {"steps": 0}, EvidenceWriter(d))
+        core = Core(ctx, [c() for c in instruments_for(a.probe)])
         core.install()
         try:
             for _ in range(3):  # discovery steps (global hooks) before timing
@@ -109,11 +122,13 @@ def main() -> int:
         res["nan"].append(under_nan(lambda: _timed_block(step, a.steps))[0])
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
     print(f"workload {a.workload}: {gpu}, torch {torch.__version__}")
-    base = statistics.median(w for w, _ in res["bare"])
+    base = statistics.median(x[0] for x in res["bare"])
     for k, xs in res.items():
         w = statistics.median(x[0] for x in xs)
         c = statistics.median(x[1] for x in xs)
-        print(f"{k:<5} wall {w:8.3f} ms/step  host CPU {c:8.3f} ms/step  x bare {w / base:5.3f}")
+        peak = max(x[2] for x in xs)
+        print(f"{k:<5} wall {w:8.3f} ms/step  host CPU {c:8.3f} ms/step  x bare {w / base:5.3f}"
+              f"  peak allocated {peak:9.1f} MiB")
 
     # host time inside the monitor's hooks (timed wrappers add ~0.3 us a call)
     def timed_after_discovery():
@@ -126,6 +141,27 @@ def main() -> int:
     print("host time in the numerics monitor per step (ms), calls per step:")
     for h in sorted(acc, key=lambda k: -acc[k]):
         print(f"  {h:<18} {acc[h] / n * 1e3:8.3f} ms  {cnt[h] / n:7.1f} calls")
+
+    if a.cprofile:
+        import cProfile
+        import io
+        import pstats
+
+        def cprof():
+            pr = cProfile.Profile()
+            pr.enable()
+            _timed_block(step, a.steps)
+            pr.disable()
+            return pr
+
+        pr, _core = under_nan(cprof)
+        buf = io.StringIO()
+        pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(a.cprofile)
+        print(f"cProfile of {a.steps} steps under {a.probe} (own time; the deterministic "
+              f"profiler slows Python calls):")
+        lines = buf.getvalue().splitlines()
+        head = next((i for i, line in enumerate(lines) if "ncalls" in line), 0)
+        print("\n".join(line for line in lines[head:] if line.strip()))
 
     # device time of the monitor's kernels in a profiled window of 3 steps
     from torch.profiler import ProfilerActivity, profile
@@ -150,9 +186,11 @@ def main() -> int:
             continue
         tot += dt
         by[e.key] += dt
-    mm = sum(v for k, v in by.items() if "minmax" in k.lower() or "MinMax" in k)
+    mm = sum(v for k, v in by.items() if "minmax" in k.lower())
+    ln = sum(v for k, v in by.items() if "lpnorm" in k.lower())
     print(f"device kernel time per step {tot / 3 / 1e3:.3f} ms; kernels named *minmax*: "
-          f"{mm / 3 / 1e3:.3f} ms")
+          f"{mm / 3 / 1e3:.3f} ms, *LpNorm* (fused forward checks + gradient norms): "
+          f"{ln / 3 / 1e3:.3f} ms")
     for k, v in sorted(by.items(), key=lambda kv: -kv[1])[:12]:
         print(f"  {v / 3 / 1e3:8.3f} ms  {k[:110]}")
     return 0

@@ -105,6 +105,7 @@ SICK = [
     ("nan/explode.py", (), {"steps": 20}, {"gradient-explosion"}, {}),
     ("nan/fp16_overflow.py", ("float16",), {}, {"nonfinite-forward"}, {"nonfinite-forward": 4}),
     ("nan/masked_attention.py", ("4",), {}, {"nonfinite-forward"}, {"nonfinite-forward": 5}),
+    ("nan/inplace_residual.py", (), {}, {"nonfinite-forward"}, {"nonfinite-forward": 4}),
     ("training/missing_zero_grad.py", (), {}, {"missing-zero-grad"}, {"missing-zero-grad": 2}),
     ("training/fp16_no_scaler.py", (), {}, {"fp16-without-scaler"}, {}),
     ("training/eval_mode.py", (), {}, {"eval-mode-training"}, {"eval-mode-training": 6}),
@@ -116,7 +117,8 @@ SICK = [
     ("training/inplace_custom_fn.py", (), {}, {"inplace-modified"}, {}),
 ]
 HEALTHY = ["nan/healthy_mlp.py", "nan/healthy_accum.py", "nan/healthy_frozen.py",
-           "nan/healthy_amp.py", "nan/healthy_gan.py", "nan/masked_attention.py"]
+           "nan/healthy_amp.py", "nan/healthy_gan.py", "nan/masked_attention.py",
+           "nan/refs_released.py"]
 
 
 @pytest.mark.parametrize("script,args,options,expected,steps", SICK, ids=[s[0] for s in SICK])
@@ -166,6 +168,48 @@ def test_deliberate_minus_inf_mask_is_not_the_culprit():
     f = by_code(judge("nan", SCRIPTS / "nan/masked_attention.py", ("4",)), "nonfinite-forward")
     assert f.evidence["module"] == "model" and f.evidence["op"] == "aten::_softmax"
     assert "PadMask" in f.evidence["earlier_neg_inf"]
+
+
+def test_output_modified_in_place_by_the_caller_names_the_caller_and_the_child():
+    """``out += x`` after a child made Inf: the child's own record is gone (modified before
+    the reduction), the caller is named with the child, and the re-run names the op."""
+    f = by_code(judge("nan", SCRIPTS / "nan/inplace_residual.py"), "nonfinite-forward")
+    assert f.evidence["module"] == "model.0" and f.evidence["module_class"] == "Block"
+    assert "model.0.damp (Damp)" in f.evidence["modified_in_place"]
+    assert f.evidence["op"] == "aten::div" and f.evidence["op_code"] == "return x / self.scale"
+
+
+# the fused CUDA reduction (max |x| per tensor, one call per dtype) run on CPU tensors
+FUSED = [
+    ("nan/forward_div.py", (), "nonfinite-forward", 6, "model.0"),
+    ("nan/input_nan.py", (), "nonfinite-forward", 4, "model"),
+    ("nan/between_children.py", (), "nonfinite-forward", 3, "net"),
+    ("nan/masked_attention.py", ("4",), "nonfinite-forward", 5, "model"),
+    ("nan/inplace_residual.py", (), "nonfinite-forward", 4, "model.0"),
+    ("nan/grad_sqrt.py", (), "nonfinite-gradient", 5, None),
+    ("nan/loss_log.py", (), "nonfinite-loss", 4, None),
+]
+
+
+@pytest.mark.parametrize("script,args,code,step,module", FUSED, ids=[s[0] for s in FUSED])
+def test_fused_reduction_finds_the_same_first_value(script, args, code, step, module):
+    rep = judge("nan", SCRIPTS / script, args, {"nan_fused_cpu": True, "rerun": False})
+    assert codes(rep) == {code}, [(f.code, f.title) for f in rep.findings]
+    f = by_code(rep, code)
+    assert f.evidence["step"] == step
+    if module is not None:
+        assert f.evidence["module"] == module
+    if script == "nan/masked_attention.py":
+        assert "PadMask" in f.evidence["earlier_neg_inf"] and "Inf (no NaN)" in f.evidence["earlier_neg_inf"]
+    if code == "nonfinite-forward" and "outputs" in f.evidence:
+        assert all("max|x|" in line for line in f.evidence["outputs"])
+
+
+@pytest.mark.parametrize("script", ["nan/healthy_mlp.py", "nan/masked_attention.py",
+                                    "nan/refs_released.py"])
+def test_fused_reduction_healthy_raises_nothing(script):
+    rep = judge("nan", SCRIPTS / script, options={"nan_fused_cpu": True})
+    assert codes(rep) == set(), [(f.code, f.title) for f in rep.findings]
 
 
 def test_gradient_names_the_parameter_nearest_the_loss():

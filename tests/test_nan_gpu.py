@@ -59,3 +59,43 @@ def test_at_most_one_sync_per_step(tmp_path):
     # steady state (after the first steps' one-off set-up): the probe adds <= 1 sync per step
     extra = [g - b for g, b in zip(got[3:], base[3:])]
     assert max(extra) <= 1, (base, got)
+
+
+@pytest.mark.parametrize("script,args,code,step,module", [
+    ("nan/masked_attention.py", ("4",), "nonfinite-forward", 5, "model"),
+    ("nan/inplace_residual.py", (), "nonfinite-forward", 4, "model.0"),
+    ("nan/forward_div.py", (), "nonfinite-forward", 6, "model.0"),
+    ("nan/grad_sqrt.py", (), "nonfinite-gradient", 5, None),
+])
+def test_cpu_fixtures_on_cuda_use_the_fused_check(script, args, code, step, module):
+    """The CPU fixtures with CUDA as the default device: the forward watch's fused max |x|
+    reduction (one ``_foreach_norm`` per dtype) finds the same first value at the same step."""
+    import torch
+
+    torch.set_default_device("cuda")
+    try:
+        rep = judge("nan", SCRIPTS / script, args, {"rerun": False})
+    finally:
+        torch.set_default_device(None)
+    assert codes(rep) == {code}, [(f.code, f.title) for f in rep.findings]
+    f = by_code(rep, code)
+    assert f.evidence["step"] == step
+    if module is not None:
+        assert f.evidence["module"] == module
+    if code == "nonfinite-forward" and "outputs" in f.evidence:
+        assert all("max|x|" in line for line in f.evidence["outputs"])
+    if script == "nan/masked_attention.py":
+        assert "PadMask" in f.evidence["earlier_neg_inf"]
+
+
+@pytest.mark.parametrize("script", ["nan/refs_released.py", "nan/masked_attention.py",
+                                    "nan/healthy_mlp.py"])
+def test_cpu_healthy_fixtures_on_cuda_raise_nothing(script):
+    import torch
+
+    torch.set_default_device("cuda")
+    try:
+        rep = judge("nan", SCRIPTS / script)
+    finally:
+        torch.set_default_device(None)
+    assert codes(rep) == set(), [(f.code, f.title) for f in rep.findings]

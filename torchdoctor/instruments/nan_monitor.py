@@ -45,6 +45,8 @@ from torchdoctor.numerics.locate import Locator
 from torchdoctor.numerics.locate import num as _num
 
 FORCE_ROW_RECORDS = 50_000  # a window this long (eval loop without steps) is reduced early
+FLUSH_AT = 512  # queued tensors reduced at once at the latest (bounds the references held)
+INF = float("inf")
 EMIT_EVERY = 32  # rows per ``numerics`` event
 LEARN_CONTAINED = 3  # windows with contained -Inf (masks) inspected to learn benign modules
 MAX_PENDING = 256  # CUDA rows not yet copied back before the oldest is waited for
@@ -61,13 +63,23 @@ def _passthrough_types(torch: Any) -> frozenset:
 
 
 class _Window:
-    """What one window recorded. ``recs[seq]`` = (role, module, cid, step, index, alias)."""
+    """What one window recorded. ``recs[seq]`` = (role, module, cid, step, index, alias).
 
-    __slots__ = ("groups", "recs", "calls", "parents", "grad_on", "losses", "loss_info",
-                 "stack", "last_out", "last_ver", "last_seq", "order", "root_outs")
+    Watched tensors wait in ``pend`` (per (dtype, device index): entries [tensor, version at
+    record time, seq]) until :meth:`NanMonitor._flush` reduces them, then their per-record
+    statistics sit in ``reduced`` (per key: lists of (n, k) device tensors and of seqs)."""
+
+    __slots__ = ("pend", "npend", "reduced", "modified", "last_entry", "inplace", "recs", "calls", "parents",
+                 "grad_on", "losses", "loss_info", "stack", "last_out", "last_ver", "last_seq",
+                 "order", "root_outs")
 
     def __init__(self) -> None:
-        self.groups: dict[Any, tuple[list, list]] = {}  # (dtype, device) -> (vals, seqs)
+        self.pend: dict[Any, list] = {}
+        self.npend = 0
+        self.reduced: dict[Any, tuple[list, list]] = {}
+        self.modified = 0  # records dropped: their tensor was modified in place before the flush
+        self.last_entry: list | None = None  # pend entry of ``last_out`` (None once flushed)
+        self.inplace: dict[int, int] = {}  # seq -> seq of the same tensor before an in-place op
         self.recs: list[tuple] = []
         self.calls: list[Any] = []  # cid -> module
         self.parents: list[int] = []  # cid -> parent cid (-1: root call)
@@ -120,7 +132,9 @@ class NanMonitor(Instrument):
         self._passthrough = _passthrough_types(torch)
         self._float_tensors = float_tensors
         self._aminmax = torch.aminmax
+        self.fused = hasattr(torch, "_foreach_norm")
         opts = ctx.options
+        self.fused_cpu = bool(opts.get("nan_fused_cpu"))  # the CUDA reduction on CPU (tests)
         fw = opts.get("forward_watch")
         self.watch = bool(ctx.probe == "nan" if fw is None else fw)
         every = opts.get("check_every")
@@ -143,6 +157,7 @@ class NanMonitor(Instrument):
         self.rows = 0
         self.reads = 0
         self.records = 0
+        self.modified = 0
         self.pre_steps_this_step = 0
         self.pre_steps_total = 0
         self.opt_ids: dict[int, int] = {}
@@ -193,8 +208,8 @@ class NanMonitor(Instrument):
         self._read()
         self._emit_series()
         ctx.emit("nan_monitor", forward_watch=self.watch, check_every=self.every, rows=self.rows,
-                 reads=self.reads, records=self.records, found=self.found, contained=self.contained,
-                 scaler_skips=self.scaler_skips)
+                 reads=self.reads, records=self.records, modified=self.modified, found=self.found,
+                 contained=self.contained, scaler_skips=self.scaler_skips)
 
     # ------------------------------------------------------------------ forward watch
     def _owner(self) -> bool:
@@ -204,6 +219,8 @@ class NanMonitor(Instrument):
         if self.found or not self._owner() or self._compiling():
             return None
         w = self.win
+        if w.npend and not w.stack:  # a new root call: the last one's tensors are reduced now
+            self._flush(w)
         cid = len(w.calls)
         w.calls.append(module)
         w.parents.append(w.stack[-1][1] if w.stack else -1)
@@ -247,6 +264,8 @@ class NanMonitor(Instrument):
             self._record(ts, "out", module, cid)
             if not st:
                 w.root_outs.append(len(w.recs) - 1)
+        if not st and w.npend and not w.grad_on[cid]:
+            self._flush(w)  # no backward follows a forward without grad: don't hold its tensors
         return None
 
     def _alias_passthrough(self, module: Any, cid: int, args: tuple, output: Any) -> bool:
@@ -268,6 +287,10 @@ class NanMonitor(Instrument):
             return False
         if not unmodified:
             return False
+        if a0 is output and w.last_entry is not None and w.last_entry[0] is a0:
+            # modified in place by a module that keeps NaN and +Inf (ReLU(inplace=True)): the
+            # queued source stays valid at the new version
+            w.last_entry[1] = ver
         seq = len(w.recs)
         w.recs.append(("out", module, cid, self.ctx.step, 0, w.last_seq))
         w.order[id(module)] = seq
@@ -278,56 +301,102 @@ class NanMonitor(Instrument):
         return True
 
     def _record(self, ts: list, role: str, module: Any, cid: int) -> None:
-        aminmax = self._aminmax
         w = self.win
-        step = self.ctx.step
-        grad_on, set_grad = self._grad_mode
-        was_on = grad_on()
-        if was_on:
-            set_grad(False)  # nothing recorded for autograd (cheaper than a detach per tensor)
-        try:
-            self._reduce(ts, role, module, cid, w, step, aminmax)
-        finally:
-            if was_on:
-                set_grad(True)
+        self._defer(ts, role, module, cid, w, self.ctx.step)
         if role == "out":
             w.order[id(module)] = len(w.recs) - 1
+        if w.npend >= FLUSH_AT:
+            self._flush(w)
         if len(w.recs) > FORCE_ROW_RECORDS:
             self._close_row(None, [], step=self.ctx.step + 1)
             self._maybe_read()
 
     @staticmethod
-    def _reduce(ts, role, module, cid, w, step, aminmax) -> None:
+    def _defer(ts, role, module, cid, w, step) -> None:
+        """Record each tensor; queue it for the window's next :meth:`_flush` (no device work)."""
         for i, t in enumerate(ts):
             seq = len(w.recs)
-            if t is w.last_out:  # the tensor checked just before, unmodified: no new reduction
-                try:
-                    same = t._version == w.last_ver
-                except RuntimeError:  # inference tensors have no version counter
-                    same = False
-                if same:
+            try:
+                ver = t._version
+            except RuntimeError:  # inference tensors have no version counter
+                ver = None
+            if t is w.last_out:
+                if ver == w.last_ver:
+                    # the tensor recorded just before, unmodified since: an alias, nothing queued
                     w.recs.append((role, module, cid, step, i, w.last_seq))
                     continue
-            mn, mx = aminmax(t)
+                if w.last_entry is not None and w.last_entry[0] is t:
+                    w.inplace[seq] = w.last_seq  # modified in place by the caller in between
             key = (t.dtype, t.get_device())  # device index (-1: CPU): no device object made
-            g = w.groups.get(key)
-            if g is None:
-                g = w.groups[key] = ([], [])
-            g[0].append(mn)
-            g[0].append(mx)
-            g[1].append(seq)
+            lst = w.pend.get(key)
+            if lst is None:
+                lst = w.pend[key] = []
+            entry = [t, ver, seq]
+            lst.append(entry)
+            w.npend += 1
             w.recs.append((role, module, cid, step, i, -1))
-            w.last_out = t
+            w.last_out = t if ver is not None else None
+            w.last_ver = ver
             w.last_seq = seq
-            try:
-                w.last_ver = t._version
-            except RuntimeError:
-                w.last_out = None
+            w.last_entry = entry
+
+    def _flush(self, w: _Window) -> None:
+        """Reduce the window's queued tensors on their device, one fused call per (dtype,
+        device) on CUDA: per record, ``max |x|`` (``torch._foreach_norm(ord=inf)``: NaN
+        propagates, an Inf is the max). Elsewhere ``torch.aminmax`` per tensor (the CPU's
+        inf-norm is 10x slower), giving [min, max]. Both are exact for finiteness.
+
+        A tensor whose version moved since it was recorded was modified in place (the caller's
+        ``out += identity``): its record is dropped (the values it had are gone); the next
+        module that receives it checks it as an input. Queued tensors are released here."""
+        if not w.npend:
+            return
+        torch = self.torch
+        grad_on, set_grad = self._grad_mode
+        was_on = grad_on()
+        if was_on:
+            set_grad(False)  # nothing recorded for autograd
+        try:
+            for key, lst in w.pend.items():
+                ts, seqs = [], []
+                for t, ver, seq in lst:
+                    if ver is not None and t._version != ver:
+                        w.modified += 1
+                        continue
+                    ts.append(t)
+                    seqs.append(seq)
+                if not ts:
+                    continue
+                st = None
+                if self.fused and (ts[0].is_cuda or self.fused_cpu):
+                    try:
+                        st = torch.stack(torch._foreach_norm(ts, INF)).unsqueeze(1)
+                    except RuntimeError:  # an older torch without the inf-norm: per tensor
+                        self.fused = False
+                if st is None:
+                    vals = []
+                    for t in ts:
+                        vals.extend(self._aminmax(t))
+                    st = torch.stack(vals).view(-1, 2)
+                got = w.reduced.get(key)
+                if got is None:
+                    w.reduced[key] = ([st], seqs)
+                else:
+                    got[0].append(st)
+                    got[1].extend(seqs)
+        finally:
+            if was_on:
+                set_grad(True)
+        w.pend = {}
+        w.npend = 0
+        w.last_entry = None
 
     # ------------------------------------------------------------------ loss
     def on_backward_begin(self, ctx: Any) -> None:
         if self.found:
             return
+        if self.win.npend:
+            self._flush(self.win)  # before backward frees the activations
         t = ctx.last_backward_tensor
         if type(t) is self._Tensor and t.numel() == 1 and self._ok(t):  # a scalar loss: inlined
             ts = (t,)
@@ -381,7 +450,7 @@ class NanMonitor(Instrument):
         """Reduce the current window on the device into a short row; start a new window.
 
         The row holds, as present: ``fwd`` (0, or NaN when any watched tensor was non-finite:
-        ``(stacked min/max * 0).sum()``), ``lossflag`` (same for the losses), ``loss`` (the last
+        ``(stacked per-record statistics * 0).sum()``), ``lossflag`` (same for the losses), ``loss`` (the last
         scalar loss) and ``gnorm`` (global L2 norm of the gradients: NaN/Inf when one is).
 
         A row whose parts are all on the CPU is read at once into Python floats (a CPU read
@@ -391,7 +460,9 @@ class NanMonitor(Instrument):
         torch = self.torch
         w = self.win
         self.win = _Window()
+        self._flush(w)
         self.records += len(w.recs)
+        self.modified += w.modified
         strided = torch.strided
         gp = []
         grads = []
@@ -411,11 +482,14 @@ class NanMonitor(Instrument):
                 if dev.type == "cpu" and not self.async_test:
                     norms = [n.item() for n in ns]  # per-parameter norms, read at once
                 else:
-                    norms = torch.stack([n if n.device == dev else n.to(dev) for n in ns])
+                    try:
+                        norms = torch.stack(ns)
+                    except RuntimeError:  # gradients on several devices
+                        norms = torch.stack([n.to(dev) for n in ns])
             flags = []
-            for key, (vals, _seqs) in w.groups.items():
-                st = torch.stack(vals)
-                stacks[key] = st
+            for key, (sts, seqs) in w.reduced.items():
+                st = sts[0] if len(sts) == 1 else torch.cat(sts)
+                stacks[key] = (st, seqs)
                 flags.append(st.mul(0).sum(dtype=torch.float32))
             if flags:
                 dev0 = flags[0].device

@@ -2,7 +2,9 @@
 
 Used by ``instruments/nan_monitor.py`` only when a row read back non-finite (rarely): these
 functions may synchronise the device. Inputs are the monitor's window (records in execution
-order, per-(dtype, device) stacks of each record's [min, max]) and row (gradients, norms).
+order) and row: per (dtype, device), an (n, k) tensor of each reduced record's statistics with
+the records' seqs (k = 2: [min, max]; k = 1: [max |x|], the fused CUDA reduction), and the
+gradients and their norms.
 """
 
 from __future__ import annotations
@@ -36,24 +38,27 @@ class Locator:
 
     def bad_records(self, r: Any) -> list[tuple[int, bool]]:
         """(seq, weak) of the window's non-finite records in execution order; ``weak``: the
-        record holds -Inf but no NaN and no +Inf."""
+        record holds Inf but no NaN and, where its sign is known ([min, max]), no +Inf (the
+        -Inf of a mask)."""
         torch = self.torch
         out: list[tuple[int, bool]] = []
-        for key, s in r.stacks.items():
-            mm = s.reshape(-1, 2).float()
+        for s, seqs in r.stacks.values():
+            mm = s.float()
             bad = ~torch.isfinite(mm).all(dim=1)
-            weak = (mm[:, 0] == float("-inf")) & torch.isfinite(mm[:, 1])
+            if mm.shape[1] == 2:
+                weak = (mm[:, 0] == float("-inf")) & torch.isfinite(mm[:, 1])
+            else:
+                weak = torch.isinf(mm[:, 0])
             idx = bad.nonzero().flatten()[:MAX_BAD_RECORDS]
             if idx.numel():
-                seqs = r.win.groups[key][1]
                 for i, w in zip(idx.tolist(), weak[idx].tolist()):
                     out.append((seqs[i], bool(w)))
         out.sort()
         return out
 
     def first_bad_seq(self, r: Any) -> int | None:
-        """The first non-finite record, skipping -Inf-only outputs of modules seen making -Inf
-        at earlier steps whose loss stayed finite (masks), and -Inf-only inputs after one."""
+        """The first non-finite record, skipping Inf-only outputs of modules seen making Inf
+        at earlier steps whose loss stayed finite (masks), and Inf-only inputs after one."""
         w = r.win
         first_benign = None
         for seq, weak in self.bad_records(r):
@@ -66,20 +71,20 @@ class Locator:
             return seq
         return first_benign
 
-    def minmax(self, r: Any, seq: int) -> list:
-        """[min, max] recorded for record ``seq`` (following aliases)."""
+    def stat(self, r: Any, seq: int) -> dict[str, Any]:
+        """What was measured for record ``seq`` (following aliases): {"minmax": [min, max]} or
+        {"absmax": max |x|}; {"minmax": None} when the record was not reduced (its tensor was
+        modified in place before the window was reduced)."""
         w = r.win
         rec = w.recs[seq]
         if rec[5] >= 0:
             seq = rec[5]
-            rec = w.recs[seq]
-        for key, (_vals, seqs) in w.groups.items():
-            # seqs is sorted: binary search
-            i = bisect.bisect_left(seqs, seq)
+        for s, seqs in r.stacks.values():
+            i = bisect.bisect_left(seqs, seq)  # seqs are in execution order: binary search
             if i < len(seqs) and seqs[i] == seq:
-                s = r.stacks[key]
-                return [num(float(f"{x:.6g}")) for x in s[2 * i: 2 * i + 2].tolist()]
-        return [None, None]
+                vals = [num(float(f"{x:.6g}")) for x in s[i].tolist()]
+                return {"minmax": vals} if len(vals) == 2 else {"absmax": vals[0]}
+        return {"minmax": None}
 
     def call_info(self, r: Any, cid: int, namer) -> dict[str, Any]:
         from torchdoctor.numerics.names import forward_source, is_user_module
@@ -100,7 +105,7 @@ class Locator:
 
     def io(self, r: Any, cid: int, role: str) -> list:
         w = r.win
-        return [{"index": rec[4], "minmax": self.minmax(r, seq)}
+        return [{"index": rec[4], **self.stat(r, seq)}
                 for seq, rec in enumerate(w.recs) if rec[2] == cid and rec[0] == role][:4]
 
     def params_state(self, m: Any, namer) -> list[str]:
@@ -122,8 +127,9 @@ class Locator:
         ev: dict[str, Any] = {"step": step0 + 1, "record": seq, "records": len(w.recs)}
         if r.neg_inf_before is not None:
             rec = w.recs[r.neg_inf_before]
+            sign = "-Inf" if "minmax" in self.stat(r, r.neg_inf_before) else "Inf (no NaN)"
             ev["earlier_neg_inf"] = (f"{namer.module(rec[1])} ({type(rec[1]).__name__}) "
-                                     f"{'output' if rec[0] == 'out' else 'input'} held -Inf "
+                                     f"{'output' if rec[0] == 'out' else 'input'} held {sign} "
                                      f"before (a mask?)")
         if role == "out":
             ev["what"] = "forward"
@@ -138,7 +144,14 @@ class Locator:
         # caller's own code (between its child modules) made it, or the data did (root call)
         parent = w.parents[cid]
         ev["receiver"] = {"module": namer.module(m), "module_class": type(m).__name__,
-                          "input_index": idx, "minmax": self.minmax(r, seq)}
+                          "input_index": idx, **self.stat(r, seq)}
+        src = w.inplace.get(seq)
+        if src is not None:  # the same tensor was an earlier record, then modified in place
+            srec = w.recs[src]
+            ev["modified_in_place"] = {"module": namer.module(srec[1]),
+                                       "module_class": type(srec[1]).__name__,
+                                       "role": "output" if srec[0] == "out" else "input",
+                                       **self.stat(r, src)}
         if parent < 0:
             ev["what"] = "input"
             ev.update(self.call_info(r, cid, namer))
@@ -173,7 +186,7 @@ class Locator:
             seq = w.root_outs[-1]
             rec = w.recs[seq]
             ev["model_output"] = {"module": namer.module(rec[1]), "module_class": type(rec[1]).__name__,
-                                  "minmax": self.minmax(r, seq)}
+                                  **self.stat(r, seq)}
         return ev
 
     def grads(self, r: Any, namer) -> dict[str, Any] | None:

@@ -38,9 +38,17 @@ def _f(x: Any) -> float | None:
         return None
 
 
-def _kind(minmax: list | None) -> str:
-    """'NaN' or 'Inf' from a [min, max] pair of a non-finite tensor."""
-    vals = [_f(v) for v in (minmax or [])]
+def _values(d: dict) -> list:
+    """The measured values of a record: [min, max] (``minmax``) or [max |x|] (``absmax``,
+    the fused CUDA reduction)."""
+    if d.get("absmax") is not None:
+        return [d["absmax"]]
+    return list(d.get("minmax") or [])
+
+
+def _kind(d: dict) -> str:
+    """'NaN' or 'Inf' from a non-finite record's measured values."""
+    vals = [_f(v) for v in _values(d)]
     if any(v is not None and math.isnan(v) for v in vals):
         return "NaN"
     if any(v is not None and math.isinf(v) for v in vals):
@@ -48,14 +56,18 @@ def _kind(minmax: list | None) -> str:
     return "NaN/Inf"
 
 
-def _fmt(minmax: list | None) -> str:
-    if not minmax:
-        return "?"
-    return f"[{minmax[0]}, {minmax[1]}]"
+def _fmt(d: dict) -> str:
+    """'min/max [a, b]', 'max|x| a', or 'not measured'."""
+    if d.get("absmax") is not None:
+        return f"max|x| {d['absmax']}"
+    mm = d.get("minmax")
+    if not mm:
+        return "not measured (modified in place before it was checked)"
+    return f"min/max [{mm[0]}, {mm[1]}]"
 
 
 def _io_lines(items: list | None) -> list[str]:
-    return [f"#{x.get('index', i)} min/max {_fmt(x.get('minmax'))}" for i, x in enumerate(items or [])]
+    return [f"#{x.get('index', i)} {_fmt(x)}" for i, x in enumerate(items or [])]
 
 
 def _series(ev: Evidence) -> dict[int, list[tuple[int, float | None]]]:
@@ -124,18 +136,25 @@ def _forward_finding(nf: dict[str, Any], ev: Evidence) -> Finding:
         evidence["earlier_neg_inf"] = nf["earlier_neg_inf"]
     if nf.get("between_children"):
         recv = nf.get("receiver") or {}
-        kind = _kind(recv.get("minmax"))
+        kind = _kind(recv)
         evidence["made_between_children"] = (
             f"{recv.get('module')} ({recv.get('module_class')}) received a non-finite ({kind}) "
-            f"input #{recv.get('input_index', 0)} although every module output before was finite")
+            f"input #{recv.get('input_index', 0)} although every module output checked before was finite")
         title = (f"first non-finite value ({kind}) at step {step}: made by {mod} ({cls})'s own "
                  f"forward code, between its submodules")
+        mip = nf.get("modified_in_place")
+        if mip:
+            evidence["modified_in_place"] = (
+                f"that input is the {mip.get('role', 'output')} of {mip.get('module')} "
+                f"({mip.get('module_class')}), modified in place by this code before it was "
+                f"checked (e.g. `out += identity`): the non-finite value came from that module "
+                f"or from the in-place op; the re-run names the op")
         if nf.get("inputs"):
             evidence["inputs"] = _io_lines(nf.get("inputs"))
     else:
         outs = nf.get("outputs") or []
         bad = next((o for o in outs if o.get("index") == nf.get("output_index")), outs[0] if outs else {})
-        kind = _kind(bad.get("minmax"))
+        kind = _kind(bad)
         title = (f"first non-finite value ({kind}) at step {step}: output of {mod} ({cls}) while "
                  f"its inputs were finite")
         evidence["outputs"] = _io_lines(outs)
@@ -153,10 +172,10 @@ def _forward_finding(nf: dict[str, Any], ev: Evidence) -> Finding:
 def _input_finding(nf: dict[str, Any]) -> Finding:
     step = nf.get("step")
     recv = nf.get("receiver") or {}
-    kind = _kind(recv.get("minmax"))
+    kind = _kind(recv)
     mod, cls = nf.get("module", "?"), nf.get("module_class", "?")
     evidence = {"step": step, "module": mod, "module_class": cls,
-                "input": f"#{recv.get('input_index', 0)} min/max {_fmt(recv.get('minmax'))}",
+                "input": f"#{recv.get('input_index', 0)} {_fmt(recv)}",
                 "inputs": _io_lines(nf.get("inputs"))}
     if not nf.get("grad_enabled", True):
         evidence["grad_enabled"] = False
@@ -175,7 +194,7 @@ def _loss_finding(nf: dict[str, Any], watched: bool, probe: str | None = None) -
         evidence["loss_dtype"] = nf.get("loss_dtype")
     mo = nf.get("model_output")
     if mo:
-        evidence["model_output"] = f"{mo.get('module')} ({mo.get('module_class')}) min/max {_fmt(mo.get('minmax'))}"
+        evidence["model_output"] = f"{mo.get('module')} ({mo.get('module_class')}) {_fmt(mo)}"
     if watched:
         title = (f"loss became {kind} at step {step} while every module output was finite: "
                  f"the loss computation made it")
