@@ -34,8 +34,9 @@ HOOKS = ("_fwd_pre", "_fwd_post", "_record", "_flush", "_pre_step", "_close_row"
          "on_backward_begin", "_maybe_read", "_read")
 
 
-def _timed_block(step, n: int) -> tuple[float, float, float]:
-    """(wall ms/step, host CPU ms/step, peak allocated MiB on CUDA else 0)."""
+def _timed_block(step, n: int) -> tuple[float, float, float, float]:
+    """(wall ms/step, host CPU ms/step, peak allocated MiB on CUDA else 0, share of step
+    starts at which the GPU had already finished everything queued: the host was behind)."""
     import torch
 
     cuda = torch.cuda.is_available()
@@ -43,12 +44,21 @@ def _timed_block(step, n: int) -> tuple[float, float, float]:
     sync()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
+        evs = [torch.cuda.Event(), torch.cuda.Event()]
+    idle = 0
     t0, c0 = time.perf_counter(), time.thread_time()
-    for _ in range(n):
-        step()
+    for i in range(n):
+        if cuda:
+            if i and evs[(i - 1) % 2].query():
+                idle += 1
+            step()
+            evs[i % 2].record()
+        else:
+            step()
     sync()
     peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else 0.0
-    return (time.perf_counter() - t0) / n * 1e3, (time.thread_time() - c0) / n * 1e3, peak
+    return ((time.perf_counter() - t0) / n * 1e3, (time.thread_time() - c0) / n * 1e3, peak,
+            idle / max(1, n - 1))
 
 
 def main() -> int:
@@ -101,10 +111,10 @@ def main() -> int:
                 return w
             setattr(NanMonitor, h, mk())
 
-    def under_nan(fn, timing=False):
+    def under_nan(fn, timing=False, options=None):
         wrap(timing)
         d = tempfile.mkdtemp(prefix="td-nanbd-")
-        ctx = HarnessContext(a.probe, d, {"steps": 0}, EvidenceWriter(d))
+        ctx = HarnessContext(a.probe, d, {"steps": 0, **(options or {})}, EvidenceWriter(d))
         core = Core(ctx, [c() for c in instruments_for(a.probe)])
         core.install()
         try:
@@ -116,10 +126,14 @@ def main() -> int:
             ctx._writer.close()
             wrap(False)
 
-    res: dict[str, list] = {"bare": [], "nan": []}
+    configs = {"bare": None, a.probe: {}, f"{a.probe}-nowatch": {"forward_watch": False}}
+    res: dict[str, list] = {k: [] for k in configs}
     for _ in range(a.rounds):
-        res["bare"].append(_timed_block(step, a.steps))
-        res["nan"].append(under_nan(lambda: _timed_block(step, a.steps))[0])
+        for k, opts in configs.items():
+            if opts is None:
+                res[k].append(_timed_block(step, a.steps))
+            else:
+                res[k].append(under_nan(lambda: _timed_block(step, a.steps), options=opts)[0])
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
     print(f"workload {a.workload}: {gpu}, torch {torch.__version__}")
     base = statistics.median(x[0] for x in res["bare"])
@@ -127,8 +141,9 @@ def main() -> int:
         w = statistics.median(x[0] for x in xs)
         c = statistics.median(x[1] for x in xs)
         peak = max(x[2] for x in xs)
-        print(f"{k:<5} wall {w:8.3f} ms/step  host CPU {c:8.3f} ms/step  x bare {w / base:5.3f}"
-              f"  peak allocated {peak:9.1f} MiB")
+        idle = statistics.median(x[3] for x in xs)
+        print(f"{k:<13} wall {w:8.3f} ms/step  host CPU {c:8.3f} ms/step  x bare {w / base:5.3f}"
+              f"  peak allocated {peak:9.1f} MiB  GPU idle at step start {idle:4.0%}")
 
     # host time inside the monitor's hooks (timed wrappers add ~0.3 us a call)
     def timed_after_discovery():
@@ -163,7 +178,7 @@ def main() -> int:
         head = next((i for i, line in enumerate(lines) if "ncalls" in line), 0)
         print("\n".join(line for line in lines[head:] if line.strip()))
 
-    # device time of the monitor's kernels in a profiled window of 3 steps
+    # device time per kernel in a profiled window of 3 steps, bare and under the probe
     from torch.profiler import ProfilerActivity, profile
 
     def prof():
@@ -173,26 +188,29 @@ def main() -> int:
                 step()
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
-        return p
+        by: dict[str, float] = collections.defaultdict(float)
+        for e in p.key_averages():
+            dt = getattr(e, "self_device_time_total", None)
+            if dt is None:
+                dt = getattr(e, "self_cuda_time_total", 0.0)
+            # kernels only: not aten ops (their device time is their kernels') nor annotations
+            if e.key.startswith("aten::") or "#" in e.key or not dt:
+                continue
+            by[e.key] += dt / 3 / 1e3  # ms per step
+        return by
 
-    p, _core = under_nan(prof)
-    tot = 0.0
-    by: dict[str, float] = collections.defaultdict(float)
-    for e in p.key_averages():
-        dt = getattr(e, "self_device_time_total", None)
-        if dt is None:
-            dt = getattr(e, "self_cuda_time_total", 0.0)
-        if e.key.startswith("aten::") or not dt:
-            continue
-        tot += dt
-        by[e.key] += dt
-    mm = sum(v for k, v in by.items() if "minmax" in k.lower())
-    ln = sum(v for k, v in by.items() if "lpnorm" in k.lower())
-    print(f"device kernel time per step {tot / 3 / 1e3:.3f} ms; kernels named *minmax*: "
-          f"{mm / 3 / 1e3:.3f} ms, *LpNorm* (fused forward checks + gradient norms): "
-          f"{ln / 3 / 1e3:.3f} ms")
-    for k, v in sorted(by.items(), key=lambda kv: -kv[1])[:12]:
-        print(f"  {v / 3 / 1e3:8.3f} ms  {k[:110]}")
+    bare_k = prof()
+    probe_k, _core = under_nan(prof)
+    tb, tp = sum(bare_k.values()), sum(probe_k.values())
+    mm = sum(v for k, v in probe_k.items() if "minmax" in k.lower())
+    ln = sum(v for k, v in probe_k.items() if "lpnorm" in k.lower())
+    print(f"device kernel time per step: bare {tb:.3f} ms, {a.probe} {tp:.3f} ms "
+          f"(+{tp - tb:.3f}); in {a.probe}: *minmax* kernels {mm:.3f} ms, *LpNorm* (fused "
+          f"forward checks + gradient norms) {ln:.3f} ms")
+    print(f"kernels with the largest added device time per step under {a.probe}:")
+    delta = {k: probe_k.get(k, 0.0) - bare_k.get(k, 0.0) for k in set(bare_k) | set(probe_k)}
+    for k, v in sorted(delta.items(), key=lambda kv: -kv[1])[:12]:
+        print(f"  {v:+8.3f} ms  {k[:110]}")
     return 0
 
 

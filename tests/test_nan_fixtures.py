@@ -336,3 +336,21 @@ def test_passthrough_modules_alias_their_checked_input_and_the_source_is_still_n
     # per healthy step: model input, Linear 0 out, Linear 4 out (the root's output is the
     # last Linear's output): 3 reductions for 6 module calls, none for ReLU/Dropout/Flatten
     assert len(calls) / 5 <= 3.2, calls[:12]
+
+
+def test_a_failing_hook_reports_and_never_reaches_the_script(monkeypatch):
+    """An exception inside a global hook the monitor registered itself: the script runs to its
+    end, the failure is one internal-error finding, and the monitor's hooks are gone."""
+    from torchdoctor.instruments.nan_monitor import NanMonitor
+
+    def boom(*a, **k):
+        raise ValueError("planted failure")
+
+    monkeypatch.setattr(NanMonitor, "_defer", staticmethod(boom))
+    before = _global_hook_counts()
+    ev = run_inprocess("nan", SCRIPTS / "nan/healthy_mlp.py")
+    assert _global_hook_counts() == before
+    assert ev.result["outcome"] == "exit", ev.result
+    errs = [e for e in ev.of("instrument_error") if e["instrument"] == "nan_monitor"]
+    assert len(errs) == 1 and errs[0]["callback"] == "_fwd_pre"
+    assert "planted failure" in errs[0]["traceback"]

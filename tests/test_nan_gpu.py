@@ -88,14 +88,18 @@ def test_cpu_fixtures_on_cuda_use_the_fused_check(script, args, code, step, modu
         assert "PadMask" in f.evidence["earlier_neg_inf"]
 
 
-@pytest.mark.parametrize("script", ["nan/refs_released.py", "nan/masked_attention.py",
-                                    "nan/healthy_mlp.py"])
-def test_cpu_healthy_fixtures_on_cuda_raise_nothing(script):
+@pytest.mark.parametrize("probe,script", [("nan", "nan/refs_released.py"),
+                                          ("nan", "nan/masked_attention.py"),
+                                          ("nan", "nan/healthy_mlp.py"),
+                                          ("checkup", "nan/healthy_mlp.py")])
+def test_cpu_healthy_fixtures_on_cuda_raise_nothing(probe, script):
+    """Also: a script that sets CUDA as the default device does not break the instruments'
+    own host buffers (the first version's pinned row buffer raised inside the script)."""
     import torch
 
     torch.set_default_device("cuda")
     try:
-        rep = judge("nan", SCRIPTS / script)
+        rep = judge(probe, SCRIPTS / script)
     finally:
         torch.set_default_device(None)
     assert codes(rep) == set(), [(f.code, f.title) for f in rep.findings]

@@ -36,6 +36,7 @@ class Instrument:
     name: str = ""
     probes: frozenset[str] = frozenset()
     priority: int = 50  # dispatch order, lower first (the step clock runs first)
+    _hook_failed: bool = False  # set by :meth:`hook_failed`
 
     def install(self, ctx: Any) -> None:
         """Install hooks. Called once before the script runs."""
@@ -55,6 +56,23 @@ class Instrument:
     def on_batch(self, ctx: Any, wait_s: float) -> None: ...
 
     def on_crash(self, ctx: Any, exc: BaseException) -> None: ...
+
+    def hook_failed(self, ctx: Any, callback: str) -> None:
+        """Call from ``except Exception`` in a hook this instrument registered itself (a global
+        module or optimizer hook, which the core does not wrap): reports the failure once, as
+        the core does for its callbacks (an ``instrument_error`` event: an internal-error
+        finding), and removes the instrument's hooks (``self.handles``) so that the user's
+        script goes on unharmed and unmeasured by it."""
+        import traceback
+
+        if self._hook_failed:
+            return
+        self._hook_failed = True
+        ctx.emit("instrument_error", instrument=self.name, callback=callback,
+                 traceback=traceback.format_exc(limit=8))
+        for h in getattr(self, "handles", None) or []:
+            h.remove()
+        self.handles = []
 
 
 _REGISTRY: dict[str, type[Instrument]] = {}

@@ -70,7 +70,7 @@ def fingerprint(batch: Any, torch: Any) -> str | None:
                 return
             flat = x.detach().reshape(-1)[:FINGERPRINT_ELEMS]
             v = flat.to(torch.float64)
-            w = torch.arange(v.numel(), dtype=torch.float64) % 1009 + 1
+            w = torch.arange(v.numel(), dtype=torch.float64, device="cpu") % 1009 + 1
             parts.append((tuple(x.shape), str(x.dtype), float(v.sum()), float((v * w).sum())))
         elif isinstance(x, dict):
             for k in sorted(x, key=str):

@@ -103,7 +103,7 @@ class GradInEval(Instrument):
 
     def _hook_roots(self, ctx: Any) -> None:
         seen = ctx.models_seen
-        if seen == self.roots_seen:
+        if seen == self.roots_seen or self._hook_failed:
             return
         self.roots_seen = seen
         for m in ctx.models():
@@ -126,28 +126,32 @@ class GradInEval(Instrument):
 
     # ---- per root forward ----------------------------------------------------------------
     def _post(self, module: Any, args: Any, output: Any) -> None:
-        if not self._grad_on() or os.getpid() != self.pid:
-            return
-        if type(output) is self._Tensor:  # the common case, inlined
-            if output.grad_fn is None:
+        try:
+            if not self._grad_on() or os.getpid() != self.pid:
                 return
-            ts = [output]
-        else:
-            ts = _tensors(output, self._Tensor)
-            if not ts:
-                return
-        self.graph_forwards += 1
-        frames = user_frames_from_frame(sys._getframe(1), limit=1)  # formatted only if reported
-        rec = _Fwd(len(ts), self.ctx.step, type(module).__name__, bool(module.training),
-                   frames[0] if frames else None)
-        self.live.add(rec)
-        for t in ts:
-            try:
-                t.grad_fn.register_prehook(_Mark(self, rec))
-            except Exception:  # noqa: BLE001
-                rec.alive -= 1
-        if rec.alive <= 0:
-            self.live.discard(rec)
+            if type(output) is self._Tensor:  # the common case, inlined
+                if output.grad_fn is None:
+                    return
+                ts = [output]
+            else:
+                ts = _tensors(output, self._Tensor)
+                if not ts:
+                    return
+            self.graph_forwards += 1
+            frames = user_frames_from_frame(sys._getframe(1), limit=1)  # formatted only if reported
+            rec = _Fwd(len(ts), self.ctx.step, type(module).__name__, bool(module.training),
+                       frames[0] if frames else None)
+            self.live.add(rec)
+            for t in ts:
+                try:
+                    t.grad_fn.register_prehook(_Mark(self, rec))
+                except Exception:  # noqa: BLE001
+                    rec.alive -= 1
+            if rec.alive <= 0:
+                self.live.discard(rec)
+        except Exception:  # noqa: BLE001 - never raise into the user's code
+            self.hook_failed(self.ctx, "_post")
+        return None
 
     def _ran(self, rec: _Fwd) -> None:
         if not rec.ran:

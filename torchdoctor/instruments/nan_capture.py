@@ -110,8 +110,12 @@ class NanCapture(Instrument):
 
     # ------------------------------------------------------------------ hooks
     def _opt_pre(self, opt, args, kwargs):
-        self.counts.clear()  # ordinals count calls per window, as the monitor's do
-        self.pre_steps += 1
+        try:
+            self.counts.clear()  # ordinals count calls per window, as the monitor's do
+            self.pre_steps += 1
+            return None
+        except Exception:  # noqa: BLE001 - never raise into the user's code
+            self.hook_failed(self.ctx, "_opt_pre")
         return None
 
     def on_step_end(self, ctx: Any, step: int) -> None:
@@ -122,60 +126,68 @@ class NanCapture(Instrument):
         self.pre_steps = 0
 
     def _pre(self, module, args):
-        if not self._here():
-            return None
-        if self.what == "loss" and self.depth == 0:
-            self._exit_mode()  # a root module starts: the loss code did not end in backward yet
-        self.depth += 1
-        if self.what == "step":
-            self.running.append(module)
-            if self.mode is None:
-                self._enter_mode()
-                self.mode.module_of = self._running_name
-            return None
-        if self.what != "call" or self.call is not None:
-            return None
-        n = self.counts.get(id(module), 0)
-        self.counts[id(module)] = n + 1
-        t = self.target
-        if type(module).__name__ != t.get("module_class") or n != t.get("ordinal"):
-            return None
-        rel = self._path(module)
-        if rel is None or rel[1] != t.get("path") or rel[0] != t.get("root_class"):
-            return None
-        from torchdoctor.numerics.names import user_stack
-        from torchdoctor.numerics.tensors import exact_stats, float_tensors
+        try:
+            if not self._here():
+                return None
+            if self.what == "loss" and self.depth == 0:
+                self._exit_mode()  # a root module starts: the loss code did not end in backward yet
+            self.depth += 1
+            if self.what == "step":
+                self.running.append(module)
+                if self.mode is None:
+                    self._enter_mode()
+                    self.mode.module_of = self._running_name
+                return None
+            if self.what != "call" or self.call is not None:
+                return None
+            n = self.counts.get(id(module), 0)
+            self.counts[id(module)] = n + 1
+            t = self.target
+            if type(module).__name__ != t.get("module_class") or n != t.get("ordinal"):
+                return None
+            rel = self._path(module)
+            if rel is None or rel[1] != t.get("path") or rel[0] != t.get("root_class"):
+                return None
+            from torchdoctor.numerics.names import user_stack
+            from torchdoctor.numerics.tensors import exact_stats, float_tensors
 
-        self.inputs = [exact_stats(x) for x in float_tensors(args)[:4]]
-        self.call_site = user_stack(limit=4, skip=2)
-        self.call = (module, self.depth)
-        self._enter_mode()
+            self.inputs = [exact_stats(x) for x in float_tensors(args)[:4]]
+            self.call_site = user_stack(limit=4, skip=2)
+            self.call = (module, self.depth)
+            self._enter_mode()
+            return None
+        except Exception:  # noqa: BLE001 - never raise into the user's code
+            self.hook_failed(self.ctx, "_pre")
         return None
 
     def _post(self, module, args, output):
-        if not self._here():
-            return None
-        if self.what == "step":
-            if self.running and self.running[-1] is module:
-                self.running.pop()
-            self.depth = max(0, self.depth - 1)
-            return None
-        if self.call is not None and module is self.call[0] and self.depth == self.call[1]:
-            mode = self._exit_mode()
-            from torchdoctor.numerics.names import source_line
-            from torchdoctor.numerics.tensors import exact_stats, float_tensors
+        try:
+            if not self._here():
+                return None
+            if self.what == "step":
+                if self.running and self.running[-1] is module:
+                    self.running.pop()
+                self.depth = max(0, self.depth - 1)
+                return None
+            if self.call is not None and module is self.call[0] and self.depth == self.call[1]:
+                mode = self._exit_mode()
+                from torchdoctor.numerics.names import source_line
+                from torchdoctor.numerics.tensors import exact_stats, float_tensors
 
-            outs = [exact_stats(x) for x in float_tensors(output)[:4]] if output is not None else []
-            bad = any(o["nan"] or o["inf"] or o["-inf"] for o in outs)
-            site = self.call_site[0] if self.call_site else None
-            self.call = None
-            self._finish(reproduced=bad, call_site=self.call_site, code=source_line(site) if site else None,
-                         inputs=self.inputs, outputs=outs,
-                         op=mode.found if mode is not None else None,
-                         ops_checked=mode.ops_checked if mode is not None else 0)
-        self.depth = max(0, self.depth - 1)
-        if self.what == "loss" and self.depth == 0 and not self.done:
-            self._enter_mode()
+                outs = [exact_stats(x) for x in float_tensors(output)[:4]] if output is not None else []
+                bad = any(o["nan"] or o["inf"] or o["-inf"] for o in outs)
+                site = self.call_site[0] if self.call_site else None
+                self.call = None
+                self._finish(reproduced=bad, call_site=self.call_site, code=source_line(site) if site else None,
+                             inputs=self.inputs, outputs=outs,
+                             op=mode.found if mode is not None else None,
+                             ops_checked=mode.ops_checked if mode is not None else 0)
+            self.depth = max(0, self.depth - 1)
+            if self.what == "loss" and self.depth == 0 and not self.done:
+                self._enter_mode()
+            return None
+        except Exception:  # noqa: BLE001 - never raise into the user's code
+            self.hook_failed(self.ctx, "_post")
         return None
 
     def _running_name(self) -> str | None:

@@ -3,20 +3,27 @@
 What is watched, per *window* (everything since the previous optimizer step):
 
 * every module's forward inputs and outputs (``nan`` probe only, or option ``forward_watch``):
-  global forward pre/post hooks run ``torch.aminmax`` on each floating tensor and keep the
-  two 0-dim results on the device (no sync). An input that is the very tensor the previous
-  module returned, unmodified (same object, same version), is not reduced again;
+  global forward pre/post hooks queue each floating tensor (a reference and its version
+  counter; no device work inside the forward). An input that is the very tensor the previous
+  module returned, unmodified (same object, same version), is not queued again. The queue is
+  reduced on the device (:meth:`NanMonitor._flush`, no sync) when backward begins, when a new
+  root module call starts, after a forward without grad, and whenever it holds
+  ``flush_bytes`` (4% of the CUDA memory allocated at the last backward start, at least
+  32 MiB): on CUDA one fused ``torch._foreach_norm(ord=inf)`` per dtype gives each tensor's
+  max |x|; on CPU ``torch.aminmax`` per tensor. A tensor modified in place between its record
+  and the reduction loses its record (the next module checks it as an input);
 * the loss: the tensor passed to the outermost ``backward`` (``ctx.last_backward_tensor``);
 * the gradients of the optimizer about to step (a global optimizer *pre*-step hook, so the
   gradients are exactly those the update will use): one fused ``torch._foreach_norm``.
 
 At the optimizer pre-step the window is reduced on the device to a short row (forward flag
-``(min/max values * 0).sum()``: NaN iff one is non-finite; the loss; the global grad norm).
+``(per-record values * 0).sum()``: NaN iff one is non-finite; the loss; the global grad norm).
 CPU rows are read with one ``.tolist()`` every ``check_every`` steps (1 for ``nan``, 8 for
 ``checkup``); CUDA rows are copied to pinned memory with ``non_blocking=True`` and read once
 their CUDA event has completed (``numerics/hostread.py``): no device sync in the loop.
-``aminmax`` is exact for finiteness (NaN propagates, an Inf is the min or max), unlike a sum,
-which can overflow to Inf on finite values.
+Both reductions are exact for finiteness (NaN propagates, an Inf is the min, max or max |x|;
+``bench/reduce_kernels.py`` checks it per dtype), unlike a sum, which can overflow to Inf on
+finite values.
 
 When a row is not finite, the window's records say where it started, in execution order:
 the first non-finite *output* of a module whose inputs were finite names that module; a
@@ -26,11 +33,13 @@ whose module ran last in forward, i.e. first in backward). That is written as on
 ``nonfinite`` event; the ``nan`` probe then stops the run at the step's end. A window whose
 forward held non-finite values that never reached the loss or the gradients (a -Inf
 attention mask) is not reported; the modules that made those -Inf values are remembered, and
-their -Inf is skipped when a later step does go bad (the NaN it caused is what gets named).
+their Inf-only values are skipped when a later step does go bad (the NaN it caused is what
+gets named).
 
 Events: ``numerics`` {steps, opt, loss, grad_norm} (every 32 rows); ``nonfinite`` {what, step,
 ...} once; ``nonfinite_contained`` once; ``grad_norm_overflow``; ``nan_monitor`` {forward_watch,
-check_every, rows, reads, records, found, contained, scaler_skips} at the end.
+check_every, rows, reads, records, flushes, modified, flush_bytes, found, contained,
+scaler_skips} at the end.
 """
 
 from __future__ import annotations
@@ -45,7 +54,11 @@ from torchdoctor.numerics.locate import Locator
 from torchdoctor.numerics.locate import num as _num
 
 FORCE_ROW_RECORDS = 50_000  # a window this long (eval loop without steps) is reduced early
-FLUSH_AT = 512  # queued tensors reduced at once at the latest (bounds the references held)
+FLUSH_AT = 512  # queued tensors reduced at once at the latest
+# queued bytes reduced at once at the latest: the tensors held for the reduction raise the
+# script's peak memory by about this much (those autograd does not keep anyway)
+FLUSH_MIN_BYTES = 32 << 20
+FLUSH_FRACTION = 0.04  # of the CUDA memory allocated when backward begins
 INF = float("inf")
 EMIT_EVERY = 32  # rows per ``numerics`` event
 LEARN_CONTAINED = 3  # windows with contained -Inf (masks) inspected to learn benign modules
@@ -69,13 +82,14 @@ class _Window:
     record time, seq]) until :meth:`NanMonitor._flush` reduces them, then their per-record
     statistics sit in ``reduced`` (per key: lists of (n, k) device tensors and of seqs)."""
 
-    __slots__ = ("pend", "npend", "reduced", "modified", "last_entry", "inplace", "recs", "calls", "parents",
+    __slots__ = ("pend", "npend", "qbytes", "reduced", "modified", "last_entry", "inplace", "recs", "calls", "parents",
                  "grad_on", "losses", "loss_info", "stack", "last_out", "last_ver", "last_seq",
                  "order", "root_outs")
 
     def __init__(self) -> None:
         self.pend: dict[Any, list] = {}
         self.npend = 0
+        self.qbytes = 0  # bytes of the queued tensors
         self.reduced: dict[Any, tuple[list, list]] = {}
         self.modified = 0  # records dropped: their tensor was modified in place before the flush
         self.last_entry: list | None = None  # pend entry of ``last_out`` (None once flushed)
@@ -135,6 +149,8 @@ class NanMonitor(Instrument):
         self.fused = hasattr(torch, "_foreach_norm")
         opts = ctx.options
         self.fused_cpu = bool(opts.get("nan_fused_cpu"))  # the CUDA reduction on CPU (tests)
+        self.flush_bytes = FLUSH_MIN_BYTES
+        self.flushes = 0
         fw = opts.get("forward_watch")
         self.watch = bool(ctx.probe == "nan" if fw is None else fw)
         every = opts.get("check_every")
@@ -187,10 +203,13 @@ class NanMonitor(Instrument):
             try:
                 return orig(gs, optimizer, *a, **k)
             finally:
-                if inst.pre_steps_total == before and inst._owner() and not inst.win.empty():
-                    inst.scaler_skips += 1
-                    inst._close_row(None, [], step=inst.ctx.step + 1)
-                    inst._maybe_read()
+                try:
+                    if inst.pre_steps_total == before and inst._owner() and not inst.win.empty():
+                        inst.scaler_skips += 1
+                        inst._close_row(None, [], step=inst.ctx.step + 1)
+                        inst._maybe_read()
+                except Exception:  # noqa: BLE001 - never raise into the user's code
+                    inst.hook_failed(inst.ctx, "GradScaler.step")
 
         step.__wrapped__ = orig
         GS.step = step
@@ -208,7 +227,8 @@ class NanMonitor(Instrument):
         self._read()
         self._emit_series()
         ctx.emit("nan_monitor", forward_watch=self.watch, check_every=self.every, rows=self.rows,
-                 reads=self.reads, records=self.records, modified=self.modified, found=self.found,
+                 reads=self.reads, records=self.records, flushes=self.flushes, modified=self.modified,
+                 flush_bytes=self.flush_bytes, found=self.found,
                  contained=self.contained, scaler_skips=self.scaler_skips)
 
     # ------------------------------------------------------------------ forward watch
@@ -216,56 +236,64 @@ class NanMonitor(Instrument):
         return os.getpid() == self.pid and threading.get_ident() == self.tid
 
     def _fwd_pre(self, module, args):
-        if self.found or not self._owner() or self._compiling():
-            return None
-        w = self.win
-        if w.npend and not w.stack:  # a new root call: the last one's tensors are reduced now
-            self._flush(w)
-        cid = len(w.calls)
-        w.calls.append(module)
-        w.parents.append(w.stack[-1][1] if w.stack else -1)
-        w.grad_on.append(self.torch.is_grad_enabled())
-        w.stack.append((module, cid))
-        if args:
-            a0 = args[0]
-            if len(args) == 1 and type(a0) is self._Tensor:  # the common case, inlined
-                if self._ok(a0):
-                    self._record((a0,), "in", module, cid)
+        try:
+            if self.found or not self._owner() or self._compiling():
                 return None
-            ts = self._float_tensors(args)
-            if ts:
-                self._record(ts, "in", module, cid)
+            w = self.win
+            if w.npend and not w.stack:  # a new root call: the last one's tensors are reduced now
+                self._flush(w)
+            cid = len(w.calls)
+            w.calls.append(module)
+            w.parents.append(w.stack[-1][1] if w.stack else -1)
+            w.grad_on.append(self.torch.is_grad_enabled())
+            w.stack.append((module, cid))
+            if args:
+                a0 = args[0]
+                if len(args) == 1 and type(a0) is self._Tensor:  # the common case, inlined
+                    if self._ok(a0):
+                        self._record((a0,), "in", module, cid)
+                    return None
+                ts = self._float_tensors(args)
+                if ts:
+                    self._record(ts, "in", module, cid)
+            return None
+        except Exception:  # noqa: BLE001 - never raise into the user's code
+            self.hook_failed(self.ctx, "_fwd_pre")
         return None
 
     def _fwd_post(self, module, args, output):
-        if self.found or not self._owner() or self._compiling():
-            return None
-        w = self.win
-        cid = -1
-        st = w.stack
-        if st and st[-1][0] is module:
-            cid = st.pop()[1]
-        else:  # an exception unwound some calls, or the window was reset mid-forward
-            for i in range(len(st) - 1, -1, -1):
-                if st[i][0] is module:
-                    cid = st[i][1]
-                    del st[i:]
-                    break
-        if output is None or cid < 0:
-            return None
-        if type(output) is self._Tensor:
-            if (type(module) in self._passthrough and w.last_out is not None
-                    and self._alias_passthrough(module, cid, args, output)):
+        try:
+            if self.found or not self._owner() or self._compiling():
                 return None
-            ts = (output,) if self._ok(output) else ()
-        else:
-            ts = self._float_tensors(output)
-        if ts:
-            self._record(ts, "out", module, cid)
-            if not st:
-                w.root_outs.append(len(w.recs) - 1)
-        if not st and w.npend and not w.grad_on[cid]:
-            self._flush(w)  # no backward follows a forward without grad: don't hold its tensors
+            w = self.win
+            cid = -1
+            st = w.stack
+            if st and st[-1][0] is module:
+                cid = st.pop()[1]
+            else:  # an exception unwound some calls, or the window was reset mid-forward
+                for i in range(len(st) - 1, -1, -1):
+                    if st[i][0] is module:
+                        cid = st[i][1]
+                        del st[i:]
+                        break
+            if output is None or cid < 0:
+                return None
+            if type(output) is self._Tensor:
+                if (type(module) in self._passthrough and w.last_out is not None
+                        and self._alias_passthrough(module, cid, args, output)):
+                    return None
+                ts = (output,) if self._ok(output) else ()
+            else:
+                ts = self._float_tensors(output)
+            if ts:
+                self._record(ts, "out", module, cid)
+                if not st:
+                    w.root_outs.append(len(w.recs) - 1)
+            if not st and w.npend and not w.grad_on[cid]:
+                self._flush(w)  # no backward follows a forward without grad: don't hold its tensors
+            return None
+        except Exception:  # noqa: BLE001 - never raise into the user's code
+            self.hook_failed(self.ctx, "_fwd_post")
         return None
 
     def _alias_passthrough(self, module: Any, cid: int, args: tuple, output: Any) -> bool:
@@ -305,7 +333,7 @@ class NanMonitor(Instrument):
         self._defer(ts, role, module, cid, w, self.ctx.step)
         if role == "out":
             w.order[id(module)] = len(w.recs) - 1
-        if w.npend >= FLUSH_AT:
+        if w.qbytes >= self.flush_bytes or w.npend >= FLUSH_AT:
             self._flush(w)
         if len(w.recs) > FORCE_ROW_RECORDS:
             self._close_row(None, [], step=self.ctx.step + 1)
@@ -334,6 +362,7 @@ class NanMonitor(Instrument):
             entry = [t, ver, seq]
             lst.append(entry)
             w.npend += 1
+            w.qbytes += t.nbytes
             w.recs.append((role, module, cid, step, i, -1))
             w.last_out = t if ver is not None else None
             w.last_ver = ver
@@ -351,6 +380,7 @@ class NanMonitor(Instrument):
         module that receives it checks it as an input. Queued tensors are released here."""
         if not w.npend:
             return
+        self.flushes += 1
         torch = self.torch
         grad_on, set_grad = self._grad_mode
         was_on = grad_on()
@@ -389,14 +419,21 @@ class NanMonitor(Instrument):
                 set_grad(True)
         w.pend = {}
         w.npend = 0
+        w.qbytes = 0
         w.last_entry = None
 
     # ------------------------------------------------------------------ loss
     def on_backward_begin(self, ctx: Any) -> None:
         if self.found:
             return
-        if self.win.npend:
-            self._flush(self.win)  # before backward frees the activations
+        w = self.win
+        if w.npend:
+            cuda = [k[1] for k in w.pend if k[1] >= 0]
+            self._flush(w)  # before backward frees the activations
+            if cuda and self.torch.cuda.is_initialized():
+                # the queue's budget: a small share of what the step holds now
+                alloc = self.torch.cuda.memory_allocated(cuda[0])
+                self.flush_bytes = max(FLUSH_MIN_BYTES, int(alloc * FLUSH_FRACTION))
         t = ctx.last_backward_tensor
         if type(t) is self._Tensor and t.numel() == 1 and self._ok(t):  # a scalar loss: inlined
             ts = (t,)
@@ -422,14 +459,18 @@ class NanMonitor(Instrument):
 
     # ------------------------------------------------------------------ gradients / rows
     def _pre_step(self, opt, args, kwargs):
-        if not self._owner():
+        try:
+            if not self._owner():
+                return None
+            self.pre_steps_this_step += 1
+            self.pre_steps_total += 1
+            oid = self.opt_ids.setdefault(id(opt), len(self.opt_ids))
+            params = [p for g in opt.param_groups for p in g["params"]]
+            self._close_row(oid, params, step=self.ctx.step + 1)
+            self._maybe_read()
             return None
-        self.pre_steps_this_step += 1
-        self.pre_steps_total += 1
-        oid = self.opt_ids.setdefault(id(opt), len(self.opt_ids))
-        params = [p for g in opt.param_groups for p in g["params"]]
-        self._close_row(oid, params, step=self.ctx.step + 1)
-        self._maybe_read()
+        except Exception:  # noqa: BLE001 - never raise into the user's code
+            self.hook_failed(self.ctx, "_pre_step")
         return None
 
     def on_step_end(self, ctx: Any, step: int) -> None:
@@ -519,7 +560,7 @@ class NanMonitor(Instrument):
                     row.append(math.hypot(*norms))  # float64, exact to an ulp
             else:
                 if isinstance(norms, list):  # CPU gradients, a CUDA loss
-                    parts.append(torch.tensor(math.hypot(*norms)))
+                    parts.append(torch.tensor(math.hypot(*norms), device="cpu"))
                 elif norms is not None:
                     parts.append(torch.linalg.vector_norm(norms))
                 dev = parts[-1].device

@@ -113,18 +113,22 @@ class TrainingGrads(Instrument):
 
     # ------------------------------------------------------------------ hooks
     def _post_step(self, opt, args, kwargs):
-        if os.getpid() != self.pid:
+        try:
+            if os.getpid() != self.pid:
+                return None
+            st = self.state
+            for g in opt.param_groups:
+                for p in g["params"]:
+                    gr = p.grad
+                    if gr is None:
+                        continue
+                    try:
+                        st[id(p)] = [p, weakref.ref(gr), gr._version, "consumed", self.ctx.step, None]
+                    except (TypeError, RuntimeError):
+                        pass
             return None
-        st = self.state
-        for g in opt.param_groups:
-            for p in g["params"]:
-                gr = p.grad
-                if gr is None:
-                    continue
-                try:
-                    st[id(p)] = [p, weakref.ref(gr), gr._version, "consumed", self.ctx.step, None]
-                except (TypeError, RuntimeError):
-                    pass
+        except Exception:  # noqa: BLE001 - never raise into the user's code
+            self.hook_failed(self.ctx, "_post_step")
         return None
 
     def on_backward_begin(self, ctx: Any) -> None:
@@ -175,28 +179,32 @@ class TrainingGrads(Instrument):
                         pass
 
     def _pre_step(self, opt, args, kwargs):
-        if os.getpid() != self.pid:
+        try:
+            if os.getpid() != self.pid:
+                return None
+            oid = self.opt_index.setdefault(id(opt), len(self.opt_index))
+            self.opt_steps[id(opt)] = self.opt_steps.get(id(opt), 0) + 1
+            st = self.state
+            stale, with_grad = [], 0
+            for g in opt.param_groups:
+                for p in g["params"]:
+                    if p.grad is None:
+                        continue
+                    with_grad += 1
+                    self.had_grad.add(id(p))
+                    s = st.get(id(p))
+                    if s is not None and s[3] == "stale" and p.grad is s[1]():
+                        stale.append(s)
+            if self.opt_steps[id(opt)] > 1:
+                self.judged += 1
+            if stale:
+                self.stale_steps += 1
+                if self.stale_events < MAX_STALE_EVENTS:
+                    self.stale_events += 1
+                    self._emit_stale(oid, stale, with_grad)
             return None
-        oid = self.opt_index.setdefault(id(opt), len(self.opt_index))
-        self.opt_steps[id(opt)] = self.opt_steps.get(id(opt), 0) + 1
-        st = self.state
-        stale, with_grad = [], 0
-        for g in opt.param_groups:
-            for p in g["params"]:
-                if p.grad is None:
-                    continue
-                with_grad += 1
-                self.had_grad.add(id(p))
-                s = st.get(id(p))
-                if s is not None and s[3] == "stale" and p.grad is s[1]():
-                    stale.append(s)
-        if self.opt_steps[id(opt)] > 1:
-            self.judged += 1
-        if stale:
-            self.stale_steps += 1
-            if self.stale_events < MAX_STALE_EVENTS:
-                self.stale_events += 1
-                self._emit_stale(oid, stale, with_grad)
+        except Exception:  # noqa: BLE001 - never raise into the user's code
+            self.hook_failed(self.ctx, "_pre_step")
         return None
 
     def _emit_stale(self, oid: int, stale: list, with_grad: int) -> None:

@@ -233,39 +233,43 @@ class TrainingModes(Instrument):
         self.eval_now = now
 
     def _pre_step(self, opt, args, kwargs):
-        if os.getpid() != self.pid:
-            return None
-        ctx = self.ctx
-        torch = self.torch
-        ids = {id(p) for g in opt.param_groups for p in g["params"]}
-        if not self.fp16_params:
-            for g in opt.param_groups:
-                for p in g["params"]:
-                    if p.dtype == torch.float16 and p.grad is not None:
-                        self.fp16_params = True
-                        if not self.last_bwd_scaled and self.first_unscaled is None:
-                            self.first_unscaled = ctx.step + 1
-                        break
-        self.eval_judged += 1
-        hits = []
-        for root, name, m, parent in self.eval_now:
-            if not any(id(p) in ids for p in root.parameters()):
-                continue
-            own = [p for p in m.parameters(recurse=False) if p.requires_grad]
-            around = parent is not None and any(p.requires_grad and id(p) in ids
-                                                for p in parent.parameters())
-            if own or around:
-                hits.append((root, name, m))
-        if hits:
-            self.eval_steps += 1
-            if self.eval_first is None:
-                from torchdoctor.numerics.names import Namer
+        try:
+            if os.getpid() != self.pid:
+                return None
+            ctx = self.ctx
+            torch = self.torch
+            ids = {id(p) for g in opt.param_groups for p in g["params"]}
+            if not self.fp16_params:
+                for g in opt.param_groups:
+                    for p in g["params"]:
+                        if p.dtype == torch.float16 and p.grad is not None:
+                            self.fp16_params = True
+                            if not self.last_bwd_scaled and self.first_unscaled is None:
+                                self.first_unscaled = ctx.step + 1
+                            break
+            self.eval_judged += 1
+            hits = []
+            for root, name, m, parent in self.eval_now:
+                if not any(id(p) in ids for p in root.parameters()):
+                    continue
+                own = [p for p in m.parameters(recurse=False) if p.requires_grad]
+                around = parent is not None and any(p.requires_grad and id(p) in ids
+                                                    for p in parent.parameters())
+                if own or around:
+                    hits.append((root, name, m))
+            if hits:
+                self.eval_steps += 1
+                if self.eval_first is None:
+                    from torchdoctor.numerics.names import Namer
 
-                namer = Namer(ctx.models())
-                self.eval_first = {
-                    "step": ctx.step + 1, "count": len(hits),
-                    "modules": [f"{namer.module(m)} ({type(m).__name__})" for _r, _n, m in hits[:MAX_NAMES]],
-                    "roots_training_flag": {namer.module(r): bool(r.training)
-                                            for r in {id(h[0]): h[0] for h in hits}.values()}}
-                ctx.emit("eval_mode", **self.eval_first)
+                    namer = Namer(ctx.models())
+                    self.eval_first = {
+                        "step": ctx.step + 1, "count": len(hits),
+                        "modules": [f"{namer.module(m)} ({type(m).__name__})" for _r, _n, m in hits[:MAX_NAMES]],
+                        "roots_training_flag": {namer.module(r): bool(r.training)
+                                                for r in {id(h[0]): h[0] for h in hits}.values()}}
+                    ctx.emit("eval_mode", **self.eval_first)
+            return None
+        except Exception:  # noqa: BLE001 - never raise into the user's code
+            self.hook_failed(self.ctx, "_pre_step")
         return None

@@ -23,7 +23,8 @@ class CudaRowReader:
         import torch
 
         self.torch = torch
-        self.buf = torch.empty(SLOT * SLOTS, dtype=torch.float32, pin_memory=True)
+        # explicit device: the script may have set torch.set_default_device("cuda")
+        self.buf = torch.empty(SLOT * SLOTS, dtype=torch.float32, device="cpu", pin_memory=True)
         self.pos = 0
 
     def submit(self, row: Any) -> tuple[Any, Any]:
