@@ -170,13 +170,16 @@ def main() -> int:
             return pr
 
         pr, _core = under_nan(cprof)
-        buf = io.StringIO()
-        pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(a.cprofile)
-        print(f"cProfile of {a.steps} steps under {a.probe} (own time; the deterministic "
-              f"profiler slows Python calls):")
-        lines = buf.getvalue().splitlines()
-        head = next((i for i, line in enumerate(lines) if "ncalls" in line), 0)
-        print("\n".join(line for line in lines[head:] if line.strip()))
+        for title, sort, restrict in (("own time", "tottime", ()),
+                                      ("torchdoctor's functions by cumulative time", "cumulative",
+                                       ("torchdoctor",))):
+            buf = io.StringIO()
+            pstats.Stats(pr, stream=buf).sort_stats(sort).print_stats(*restrict, a.cprofile)
+            print(f"cProfile of {a.steps} steps under {a.probe}, {title} (the deterministic "
+                  f"profiler slows Python calls):")
+            lines = buf.getvalue().splitlines()
+            head = next((i for i, line in enumerate(lines) if "ncalls" in line), 0)
+            print("\n".join(line for line in lines[head:] if line.strip()))
 
     # device time per kernel in a profiled window of 3 steps, bare and under the probe
     from torch.profiler import ProfilerActivity, profile

@@ -8,8 +8,8 @@ What is watched, per *window* (everything since the previous optimizer step):
   module returned, unmodified (same object, same version), is not queued again. The queue is
   reduced on the device (:meth:`NanMonitor._flush`, no sync) when backward begins, when a new
   root module call starts, after a forward without grad, and whenever it holds
-  ``flush_bytes`` (4% of the CUDA memory allocated at the last backward start, at least
-  32 MiB): on CUDA one fused ``torch._foreach_norm(ord=inf)`` per dtype gives each tensor's
+  ``flush_bytes`` (see :meth:`NanMonitor._budget`; those that autograd does not keep raise
+  the step's peak memory by at most that much): on CUDA one fused ``torch._foreach_norm(ord=inf)`` per dtype gives each tensor's
   max |x|; on CPU ``torch.aminmax`` per tensor. A tensor modified in place between its record
   and the reduction loses its record (the next module checks it as an input);
 * the loss: the tensor passed to the outermost ``backward`` (``ctx.last_backward_tensor``);
@@ -58,7 +58,8 @@ FLUSH_AT = 512  # queued tensors reduced at once at the latest
 # queued bytes reduced at once at the latest: the tensors held for the reduction raise the
 # script's peak memory by about this much (those autograd does not keep anyway)
 FLUSH_MIN_BYTES = 32 << 20
-FLUSH_FRACTION = 0.04  # of the CUDA memory allocated when backward begins
+FLUSH_OF_ALLOCATED = 0.25  # at most this share of the CUDA memory allocated at backward start
+FLUSH_OF_HEADROOM = 0.5  # and at most this share of the device memory not reserved then
 INF = float("inf")
 EMIT_EVERY = 32  # rows per ``numerics`` event
 LEARN_CONTAINED = 3  # windows with contained -Inf (masks) inspected to learn benign modules
@@ -80,7 +81,7 @@ class _Window:
 
     Watched tensors wait in ``pend`` (per (dtype, device index): entries [tensor, version at
     record time, seq]) until :meth:`NanMonitor._flush` reduces them, then their per-record
-    statistics sit in ``reduced`` (per key: lists of (n, k) device tensors and of seqs)."""
+    statistics sit in ``reduced`` (per (key, k): the 0-dim values, k per record, and the seqs)."""
 
     __slots__ = ("pend", "npend", "qbytes", "reduced", "modified", "last_entry", "inplace", "recs", "calls", "parents",
                  "grad_on", "losses", "loss_info", "stack", "last_out", "last_ver", "last_seq",
@@ -90,7 +91,7 @@ class _Window:
         self.pend: dict[Any, list] = {}
         self.npend = 0
         self.qbytes = 0  # bytes of the queued tensors
-        self.reduced: dict[Any, tuple[list, list]] = {}
+        self.reduced: dict[Any, tuple[list, list]] = {}  # ((dtype, dev), k) -> (0-dim values, seqs)
         self.modified = 0  # records dropped: their tensor was modified in place before the flush
         self.last_entry: list | None = None  # pend entry of ``last_out`` (None once flushed)
         self.inplace: dict[int, int] = {}  # seq -> seq of the same tensor before an in-place op
@@ -150,6 +151,8 @@ class NanMonitor(Instrument):
         opts = ctx.options
         self.fused_cpu = bool(opts.get("nan_fused_cpu"))  # the CUDA reduction on CPU (tests)
         self.flush_bytes = FLUSH_MIN_BYTES
+        self.budget_step = -1
+        self.total_mem: int | None = None
         self.flushes = 0
         fw = opts.get("forward_watch")
         self.watch = bool(ctx.probe == "nan" if fw is None else fw)
@@ -397,22 +400,23 @@ class NanMonitor(Instrument):
                     seqs.append(seq)
                 if not ts:
                     continue
-                st = None
+                vals = None
                 if self.fused and (ts[0].is_cuda or self.fused_cpu):
                     try:
-                        st = torch.stack(torch._foreach_norm(ts, INF)).unsqueeze(1)
+                        vals = torch._foreach_norm(ts, INF)  # 0-dim max |x| per tensor
+                        k = 1
                     except RuntimeError:  # an older torch without the inf-norm: per tensor
                         self.fused = False
-                if st is None:
+                if vals is None:
                     vals = []
                     for t in ts:
                         vals.extend(self._aminmax(t))
-                    st = torch.stack(vals).view(-1, 2)
-                got = w.reduced.get(key)
+                    k = 2
+                got = w.reduced.get((key, k))
                 if got is None:
-                    w.reduced[key] = ([st], seqs)
+                    w.reduced[(key, k)] = (list(vals), seqs)
                 else:
-                    got[0].append(st)
+                    got[0].extend(vals)
                     got[1].extend(seqs)
         finally:
             if was_on:
@@ -427,13 +431,12 @@ class NanMonitor(Instrument):
         if self.found:
             return
         w = self.win
-        if w.npend:
-            cuda = [k[1] for k in w.pend if k[1] >= 0]
+        if w.npend or w.reduced:
+            dev = next((k[1] for k in (*w.pend, *(r[0] for r in w.reduced)) if k[1] >= 0), -1)
             self._flush(w)  # before backward frees the activations
-            if cuda and self.torch.cuda.is_initialized():
-                # the queue's budget: a small share of what the step holds now
-                alloc = self.torch.cuda.memory_allocated(cuda[0])
-                self.flush_bytes = max(FLUSH_MIN_BYTES, int(alloc * FLUSH_FRACTION))
+            if dev >= 0 and self.budget_step != ctx.step:
+                self.budget_step = ctx.step
+                self.flush_bytes = self._budget(dev)
         t = ctx.last_backward_tensor
         if type(t) is self._Tensor and t.numel() == 1 and self._ok(t):  # a scalar loss: inlined
             ts = (t,)
@@ -456,6 +459,21 @@ class NanMonitor(Instrument):
             w.loss_info.append({"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
                                 "scalar": scalar, "after_records": len(w.recs),
                                 "step": ctx.step + 1})
+
+    def _budget(self, dev: int) -> int:
+        """Bytes the forward watch may queue before reducing (``flush_bytes``), set when
+        backward begins, when the step holds about its most: a quarter of the CUDA memory
+        allocated, at most half of the device memory not reserved by PyTorch's allocator (a
+        script near its memory limit gets small batches, not an out-of-memory), at least
+        32 MiB. Fewer, larger batches cost less host time (one fused call per batch)."""
+        cuda = self.torch.cuda
+        if not cuda.is_initialized():
+            return FLUSH_MIN_BYTES
+        if self.total_mem is None:
+            self.total_mem = cuda.get_device_properties(dev).total_memory
+        headroom = max(0, self.total_mem - cuda.memory_reserved(dev))
+        want = min(cuda.memory_allocated(dev) * FLUSH_OF_ALLOCATED, headroom * FLUSH_OF_HEADROOM)
+        return max(FLUSH_MIN_BYTES, int(want))
 
     # ------------------------------------------------------------------ gradients / rows
     def _pre_step(self, opt, args, kwargs):
@@ -528,9 +546,9 @@ class NanMonitor(Instrument):
                     except RuntimeError:  # gradients on several devices
                         norms = torch.stack([n.to(dev) for n in ns])
             flags = []
-            for key, (sts, seqs) in w.reduced.items():
-                st = sts[0] if len(sts) == 1 else torch.cat(sts)
-                stacks[key] = (st, seqs)
+            for (key, k), (vals, seqs) in w.reduced.items():
+                st = torch.stack(vals).view(-1, k)  # one row of k statistics per record
+                stacks[key, k] = (st, seqs)
                 flags.append(st.mul(0).sum(dtype=torch.float32))
             if flags:
                 dev0 = flags[0].device
