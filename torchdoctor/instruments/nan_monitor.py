@@ -151,7 +151,7 @@ class NanMonitor(Instrument):
         opts = ctx.options
         self.fused_cpu = bool(opts.get("nan_fused_cpu"))  # the CUDA reduction on CPU (tests)
         self.flush_bytes = FLUSH_MIN_BYTES
-        self.budget_step = -1
+        self.budget_step = 0  # the step at which the queue's budget is next re-read
         self.total_mem: int | None = None
         self.flushes = 0
         fw = opts.get("forward_watch")
@@ -434,8 +434,10 @@ class NanMonitor(Instrument):
         if w.npend or w.reduced:
             dev = next((k[1] for k in (*w.pend, *(r[0] for r in w.reduced)) if k[1] >= 0), -1)
             self._flush(w)  # before backward frees the activations
-            if dev >= 0 and self.budget_step != ctx.step:
-                self.budget_step = ctx.step
+            if dev >= 0 and ctx.step >= self.budget_step:
+                # steps 0, 1, 2, 4, ... 64, then every 64: the allocator's statistics cost
+                # ~0.2 ms a read, and a step's memory settles after the first few
+                self.budget_step = min(2 * ctx.step, ctx.step + 64) or 1
                 self.flush_bytes = self._budget(dev)
         t = ctx.last_backward_tensor
         if type(t) is self._Tensor and t.numel() == 1 and self._ok(t):  # a scalar loss: inlined
