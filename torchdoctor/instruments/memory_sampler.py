@@ -39,6 +39,11 @@ SUSPECT_MIN_RISE = 4 * KiB  # mean rise per step (bytes) that arms it
 # minimum fitted rise (GROWTH_MIN_RISE), so a window is never spent on growth too small to
 # report (on a GPU the window's dispatch tracker and snapshots cost a step or more)
 SUSPECT_MIN_TOTAL = 128 * KiB
+# and it must have risen this much per step on average since warm-up: a burst of a few
+# steps on a flat series (a dict resize, the harness's own bookkeeping) is not the sustained
+# growth the rule reports (>= 4 KiB/step over the whole series); such a burst armed a window
+# that cost 0.5 s on the CPU box's MLP benchmark and found nothing
+SUSPECT_MIN_SLOPE_SINCE = SUSPECT_MIN_RISE // 2
 WINDOW_STEPS = 4  # steps recorded by the site window
 TRACEMALLOC_FRAMES = 8  # Python frames kept per traced allocation (window on host memory only)
 MAX_WINDOWS = 1
@@ -171,7 +176,7 @@ class MemorySampler(Instrument):
         self.devices_reported: set[int] = set()
         self._bwd: list | None = None
         self.recent: dict[str, deque] = {}
-        self.after_warmup: dict[str, int] = {}  # first post-warm-up value per series
+        self.after_warmup: dict[str, tuple[int, int]] = {}  # (first post-warm-up value, step)
         self.window: SiteWindow | None = None
         self.windows = 0
         self.oom: dict[str, Any] | None = None
@@ -264,10 +269,12 @@ class MemorySampler(Instrument):
             if q is None:
                 q = self.recent[key] = deque(maxlen=SUSPECT_SAMPLES + 1)
             q.append(v)
-            first = self.after_warmup.setdefault(key, v)
+            first, first_step = self.after_warmup.setdefault(key, (v, step))
             # the mean rise bounds the test from above: most steps stop at this subtraction
             if (len(q) == q.maxlen and q[-1] - q[0] >= SUSPECT_MIN_RISE * SUSPECT_SAMPLES
-                    and v - first >= SUSPECT_MIN_TOTAL and rising(list(q), SUSPECT_MIN_RISE)):
+                    and v - first >= max(SUSPECT_MIN_TOTAL,
+                                         (step - first_step) * SUSPECT_MIN_SLOPE_SINCE)
+                    and rising(list(q), SUSPECT_MIN_RISE)):
                 armed = key
         if armed:
             self.windows += 1
