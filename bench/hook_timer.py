@@ -1,0 +1,121 @@
+"""Per-hook host time of a probe's instruments, in one process, on a CPU workload.
+
+Wraps every instrument callback and hook of PROBE (methods named ``_pre*``, ``_post*``,
+``on_*``, ``_fwd*``, ``opt_*``, ``mod_*``), the core's hooks, the evidence writer and the memory
+sampler's parts with ``perf_counter`` timers, runs the ``bench/nan_overhead.py`` workload bare
+and then under the probe, and prints µs per step for each (nested timings overlap: a
+callback's time includes the helpers it calls). It also says whether the memory sampler's
+allocation-site window opened (a one-off cost of ~0.5 s on this box).
+
+    python bench/hook_timer.py --probe checkup [--workload cpu-mlp] [--steps 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import json
+import runpy
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--probe", default="checkup")
+    ap.add_argument("--workload", default="cpu-mlp")
+    ap.add_argument("--steps", type=int, default=2000)
+    a = ap.parse_args()
+    import nan_overhead
+
+    from torchdoctor.instruments import all_instruments, instruments_for
+    from torchdoctor.instruments import memory_sampler as ms
+    from torchdoctor.memory import host
+    from torchdoctor.runner.context import HarnessContext
+    from torchdoctor.runner.core import Core
+    from torchdoctor.runner.rundir import EVENTS, EvidenceWriter
+
+    with tempfile.TemporaryDirectory() as td:
+        script = Path(td) / "w.py"
+        script.write_text(nan_overhead.WORKLOAD)
+        ns = runpy.run_path(str(script), run_name="hook_timer_workload")
+    step, sync = ns["build"](a.workload)
+    for _ in range(50):
+        step()
+
+    acc: dict[str, float] = collections.defaultdict(float)
+    cnt: collections.Counter = collections.Counter()
+
+    def wrap(cls, names):
+        for n in names:
+            fn = cls.__dict__.get(n)
+            if fn is None or not callable(fn):
+                continue
+
+            def mk(fn=fn, key=f"{cls.__name__}.{n}"):
+                @functools.wraps(fn)
+                def w(*args, **kw):
+                    t = time.perf_counter()
+                    try:
+                        return fn(*args, **kw)
+                    finally:
+                        acc[key] += time.perf_counter() - t
+                        cnt[key] += 1
+                return w
+            setattr(cls, n, mk())
+
+    for cls in all_instruments().values():
+        if a.probe in cls.probes:
+            wrap(cls, [n for n in vars(cls)
+                       if n.startswith(("_pre", "_post", "on_", "_fwd", "opt_", "mod_"))])
+    wrap(Core, ["_opt_pre", "_opt_post", "_boundary", "_bwd_begin", "_bwd_end", "_root_pre",
+                "_root_post", "_g_fwd_pre", "_g_fwd_post"])
+    wrap(EvidenceWriter, ["write"])
+    wrap(ms.MemorySampler, ["_window_tick", "_refresh_devices", "_finish_window"])
+    wrap(host.HeapCounter, ["read"])
+
+    def timed(n):
+        sync()
+        t = time.perf_counter()
+        for _ in range(n):
+            step()
+        sync()
+        return (time.perf_counter() - t) / n * 1e6
+
+    bare = statistics.median(timed(a.steps // 4) for _ in range(3))
+    d = tempfile.mkdtemp(prefix="td-hooktimer-")
+    writer = EvidenceWriter(d)
+    ctx = HarnessContext(a.probe, d, {"steps": 0}, writer)
+    core = Core(ctx, [c() for c in instruments_for(a.probe)])
+    core.install()
+    try:
+        for _ in range(20):
+            step()
+        acc.clear()
+        cnt.clear()
+        under = timed(a.steps)
+    finally:
+        core.uninstall()
+        writer.close()
+    n = a.steps
+    print(f"workload {a.workload}: bare {bare:.1f} us/step; under {a.probe} with the timers "
+          f"{under:.1f} us/step")
+    for k in sorted(acc, key=lambda k: -acc[k]):
+        print(f"  {acc[k] / n * 1e6:8.1f} us/step  {cnt[k] / n:5.1f}/step  {k}")
+    events = [json.loads(line) for line in open(Path(d) / EVENTS)]
+    kinds = collections.Counter(e["kind"] for e in events)
+    print("events per step:", {k: round(v / n, 2) for k, v in kinds.items() if v >= n / 2})
+    print("allocation-site window opened:", any(e["kind"] == "mem_sites" for e in events))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
