@@ -8,6 +8,12 @@ callback's time includes the helpers it calls). It also says whether the memory 
 allocation-site window opened (a one-off cost of ~0.5 s on this box).
 
     python bench/hook_timer.py --probe checkup [--workload cpu-mlp] [--steps 2000]
+    python bench/hook_timer.py --probe checkup --script bench/workloads/cpu_mlp.py \
+        --steps 600 --warmup 20 --result /tmp/r.json      # a whole script, run in-process
+
+With ``--script``, the script runs (``runpy``, its remaining arguments passed on) once bare
+and once under the probe, and the timings are divided by the steps the step clock counted;
+bench workloads also print the ``step_ms`` they measured themselves.
 """
 
 from __future__ import annotations
@@ -33,7 +39,10 @@ def main() -> int:
     ap.add_argument("--probe", default="checkup")
     ap.add_argument("--workload", default="cpu-mlp")
     ap.add_argument("--steps", type=int, default=2000)
-    a = ap.parse_args()
+    ap.add_argument("--script", default=None, help="run this script instead of a workload")
+    a, rest = ap.parse_known_args()
+    if a.script is not None:
+        rest = ["--steps", str(a.steps), *rest]
     import nan_overhead
 
     from torchdoctor.instruments import all_instruments, instruments_for
@@ -43,13 +52,14 @@ def main() -> int:
     from torchdoctor.runner.core import Core
     from torchdoctor.runner.rundir import EVENTS, EvidenceWriter
 
-    with tempfile.TemporaryDirectory() as td:
-        script = Path(td) / "w.py"
-        script.write_text(nan_overhead.WORKLOAD)
-        ns = runpy.run_path(str(script), run_name="hook_timer_workload")
-    step, sync = ns["build"](a.workload)
-    for _ in range(50):
-        step()
+    if a.script is None:
+        with tempfile.TemporaryDirectory() as td:
+            script = Path(td) / "w.py"
+            script.write_text(nan_overhead.WORKLOAD)
+            ns = runpy.run_path(str(script), run_name="hook_timer_workload")
+        step, sync = ns["build"](a.workload)
+        for _ in range(50):
+            step()
 
     acc: dict[str, float] = collections.defaultdict(float)
     cnt: collections.Counter = collections.Counter()
@@ -90,24 +100,43 @@ def main() -> int:
         sync()
         return (time.perf_counter() - t) / n * 1e6
 
-    bare = statistics.median(timed(a.steps // 4) for _ in range(3))
+    def run_script() -> str:
+        argv = sys.argv
+        sys.argv = [a.script, *rest]
+        t = time.perf_counter()
+        try:
+            runpy.run_path(a.script, run_name="__main__")
+        finally:
+            sys.argv = argv
+        res = ""
+        if "--result" in rest:
+            res = Path(rest[rest.index("--result") + 1]).read_text()
+        return f"{time.perf_counter() - t:.2f} s {res}"
+
+    if a.script is None:
+        bare = f"{statistics.median(timed(a.steps // 4) for _ in range(3)):.1f} us/step"
+    else:
+        bare = run_script()
     d = tempfile.mkdtemp(prefix="td-hooktimer-")
     writer = EvidenceWriter(d)
     ctx = HarnessContext(a.probe, d, {"steps": 0}, writer)
     core = Core(ctx, [c() for c in instruments_for(a.probe)])
     core.install()
     try:
-        for _ in range(20):
-            step()
-        acc.clear()
-        cnt.clear()
-        under = timed(a.steps)
+        if a.script is None:
+            for _ in range(20):
+                step()
+            acc.clear()
+            cnt.clear()
+            under = f"{timed(a.steps):.1f} us/step"
+        else:
+            under = run_script()
     finally:
         core.uninstall()
         writer.close()
-    n = a.steps
-    print(f"workload {a.workload}: bare {bare:.1f} us/step; under {a.probe} with the timers "
-          f"{under:.1f} us/step")
+    n = a.steps if a.script is None else max(1, ctx.step)
+    print(f"{a.script or 'workload ' + a.workload}: bare {bare}; under {a.probe} with the "
+          f"timers {under}")
     for k in sorted(acc, key=lambda k: -acc[k]):
         print(f"  {acc[k] / n * 1e6:8.1f} us/step  {cnt[k] / n:5.1f}/step  {k}")
     events = [json.loads(line) for line in open(Path(d) / EVENTS)]

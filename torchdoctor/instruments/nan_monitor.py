@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 import os
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 from torchdoctor.instruments import Instrument, register
 from torchdoctor.numerics.locate import Locator
@@ -64,6 +64,20 @@ INF = float("inf")
 EMIT_EVERY = 32  # rows per ``numerics`` event
 LEARN_CONTAINED = 3  # windows with contained -Inf (masks) inspected to learn benign modules
 MAX_PENDING = 256  # CUDA rows not yet copied back before the oldest is waited for
+
+
+class LossInfo(NamedTuple):
+    """One tensor passed to ``backward`` in a window (formatted only when reported)."""
+
+    shape: tuple
+    dtype: Any
+    scalar: bool
+    after_records: int  # records of the window before it
+    step: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"shape": list(self.shape), "dtype": str(self.dtype).replace("torch.", ""),
+                "scalar": self.scalar, "after_records": self.after_records, "step": self.step}
 
 
 def _passthrough_types(torch: Any) -> frozenset:
@@ -99,8 +113,8 @@ class _Window:
         self.calls: list[Any] = []  # cid -> module
         self.parents: list[int] = []  # cid -> parent cid (-1: root call)
         self.grad_on: list[bool] = []  # cid -> grad mode at the call
-        self.losses: list[Any] = []  # 1-D float32 device tensors
-        self.loss_info: list[dict] = []
+        self.losses: list[Any] = []  # detached: scalar losses as given, others [min, max] float32
+        self.loss_info: list[LossInfo] = []
         self.stack: list[tuple[Any, int]] = []
         self.last_out = None
         self.last_ver = -1
@@ -441,26 +455,18 @@ class NanMonitor(Instrument):
                 self.flush_bytes = self._budget(dev)
         t = ctx.last_backward_tensor
         if type(t) is self._Tensor and t.numel() == 1 and self._ok(t):  # a scalar loss: inlined
-            ts = (t,)
-        else:
-            ts = self._float_tensors(t, limit=4)
-            if not ts:
-                return
+            w.losses.append(t.detach())
+            w.loss_info.append(LossInfo(t.shape, t.dtype, True, len(w.recs), ctx.step + 1))
+            return
+        ts = self._float_tensors(t, limit=4)
+        if not ts:
+            return
         torch = self.torch
-        w = self.win
         for t in ts:
             d = t.detach()  # detached: the ops below are not recorded for autograd
             scalar = d.numel() == 1
-            if scalar:
-                v = d.reshape(1)
-                if v.dtype != torch.float32:
-                    v = v.float()
-            else:
-                v = torch.stack(torch.aminmax(d)).float()
-            w.losses.append(v)
-            w.loss_info.append({"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
-                                "scalar": scalar, "after_records": len(w.recs),
-                                "step": ctx.step + 1})
+            w.losses.append(d if scalar else torch.stack(torch.aminmax(d)).float())
+            w.loss_info.append(LossInfo(t.shape, t.dtype, scalar, len(w.recs), ctx.step + 1))
 
     def _budget(self, dev: int) -> int:
         """Bytes the forward watch may queue before reducing (``flush_bytes``), set when
@@ -536,7 +542,11 @@ class NanMonitor(Instrument):
         parts: list = []
         layout: list[str] = []
         stacks = {}
-        with torch.no_grad():
+        grad_on, set_grad = self._grad_mode
+        was_on = grad_on()
+        if was_on:
+            set_grad(False)  # nothing recorded for autograd (cheaper than a no_grad block)
+        try:
             if grads:
                 ns = torch._foreach_norm(grads, 2, dtype=torch.float32)
                 dev = ns[0].device
@@ -557,12 +567,17 @@ class NanMonitor(Instrument):
                 parts.append(flags[0] if len(flags) == 1 else
                              torch.stack([f.to(dev0) for f in flags]).sum())
                 layout.append("fwd")
-            if len(w.losses) == 1 and w.loss_info[0]["scalar"]:
+            if len(w.losses) == 1 and w.loss_info[0].scalar:
                 loss_vec = w.losses[0]  # one scalar loss: its value is its own flag
-                parts.append(loss_vec.view(()))
+                if loss_vec.dim():
+                    loss_vec = loss_vec.reshape(())
+                if loss_vec.dtype != torch.float32:
+                    loss_vec = loss_vec.float()
+                parts.append(loss_vec)
                 layout.append("loss")
             elif w.losses:
-                loss_vec = torch.cat([v.to(w.losses[0].device) for v in w.losses])
+                dev0 = w.losses[0].device
+                loss_vec = torch.cat([v.reshape(-1).float().to(dev0) for v in w.losses])
                 parts.append(loss_vec.mul(0).sum())
                 layout.append("lossflag")
                 last = self._last_scalar(w)
@@ -585,6 +600,9 @@ class NanMonitor(Instrument):
                     parts.append(torch.linalg.vector_norm(norms))
                 dev = parts[-1].device
                 row = torch.stack([x if x.device == dev else x.to(dev) for x in parts])
+        finally:
+            if was_on:
+                set_grad(True)
         for r in self.pending:
             r.live = False  # gradients / tensors of older rows may have changed since
         new = _Row(step, opt, row, w, gp, norms, stacks, loss_vec, layout)
@@ -615,9 +633,9 @@ class NanMonitor(Instrument):
         pos = 0
         last = None
         for info in w.loss_info:
-            if info["scalar"]:
+            if info.scalar:
                 last = pos
-            pos += 1 if info["scalar"] else 2
+            pos += 1 if info.scalar else 2
         return last
 
     def _read(self, block: bool = True) -> None:
@@ -707,7 +725,7 @@ class NanMonitor(Instrument):
         ev["forward_watch"] = self.watch
         ev["optimizer"] = r.opt
         if w is not None:
-            ev["losses"] = [dict(i) for i in w.loss_info[:4]]
+            ev["losses"] = [i.as_dict() for i in w.loss_info[:4]]
         self.found = True
         ctx.emit("nonfinite", **ev)
         if self.stop_on_bad:

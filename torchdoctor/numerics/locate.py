@@ -168,14 +168,14 @@ class Locator:
         w = r.win
         if r.loss_vec is None:
             return None
-        vals = [num(x) for x in r.loss_vec.tolist()]
+        vals = [num(x) for x in r.loss_vec.reshape(-1).tolist()]
         ev: dict[str, Any] = {"what": "loss", "loss": vals[:8]}
         first = None
         pos = 0
         for info in w.loss_info:
-            n = 1 if info["scalar"] else 2
+            n = 1 if info.scalar else 2
             if any(not isinstance(v, float) for v in vals[pos:pos + n]):
-                first = info
+                first = info.as_dict()
                 break
             pos += n
         if first is not None:
