@@ -339,9 +339,30 @@ def test_grad_in_eval_counts_graphs_never_backpropagated():
         model(torch.randn(8, 16))
     g.uninstall(ctx)
     last = ctx.of("grad_eval")[-1]
-    assert last["dropped"] == 4 and last["graph_forwards"] == 4 and last["in_eval_mode"] == 4
+    # the first eval forward only sets the "awaiting a backward" flag (cheap phase); the second
+    # finds it set and switches to exact tracking, from itself on
+    assert last["graph_forwards"] == 4 and last["unchecked"] == 1
+    assert last["dropped"] == 3 and last["in_eval_mode"] == 3
+    assert last["exact_from_step"] == ctx.step + 1
     [ex] = last["examples"]
     assert ex["site"].endswith(f"{HERE}:{_line_of('no torch.no_grad(): a graph per call')}")
+
+
+def test_grad_in_eval_stays_cheap_while_every_forward_is_backpropagated():
+    from torchdoctor.instruments.memory_grad_eval import GradInEval
+
+    ctx = FakeCtx()
+    g = GradInEval()
+    model, _ = _loop([g], ctx, steps=3, out_features=4)
+    g.install(ctx)
+    g.on_step_end(ctx, ctx.step)  # hooks the roots
+    for _ in range(5):
+        model(torch.randn(8, 16)).sum().backward()
+        g.on_backward_begin(ctx)  # the core calls it as backward begins
+    g.uninstall(ctx)
+    last = ctx.of("grad_eval")[-1]
+    assert last["graph_forwards"] == 5 and last["backpropagated"] == 5
+    assert last["exact_from_step"] is None and last["dropped"] == 0 and last["unchecked"] == 0
 
 
 def _line_of(marker: str) -> int:

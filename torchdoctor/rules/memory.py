@@ -244,6 +244,10 @@ def grad_in_eval(ev: Evidence) -> list[Finding]:
         "where": [f"{e['count']}x {e['module']} in {e['mode']} mode called at {e['site']} "
                   f"(steps {e['first_step']}-{e['last_step']}), graph {e['outputs']}" for e in ex],
     }
+    if g.get("unchecked"):
+        evid["unchecked"] = (f"{g['unchecked']} forward(s) before the exact tracking began (it starts "
+                             f"when a graph-building forward follows another with no backward "
+                             f"between, at step {g.get('exact_from_step')})")
     in_eval = int(g.get("in_eval_mode") or 0)
     mode = f" ({in_eval} with the model in eval mode)" if in_eval else ""
     title = (f"{never} forward passes of {mod} built autograd graphs that were never "
