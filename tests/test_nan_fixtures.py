@@ -354,3 +354,22 @@ def test_a_failing_hook_reports_and_never_reaches_the_script(monkeypatch):
     errs = [e for e in ev.of("instrument_error") if e["instrument"] == "nan_monitor"]
     assert len(errs) == 1 and errs[0]["callback"] == "_fwd_pre"
     assert "planted failure" in errs[0]["traceback"]
+
+
+def test_fused_reduction_falls_back_to_aminmax_when_it_is_not_supported(monkeypatch):
+    """A torch or a tensor subclass without the fused inf-norm: reduced per tensor instead."""
+    import torch
+
+    real = torch._foreach_norm
+
+    def picky(ts, ord=2, **kw):
+        if ord == float("inf"):
+            raise NotImplementedError("no inf-norm here")
+        return real(ts, ord, **kw)
+
+    monkeypatch.setattr(torch, "_foreach_norm", picky)
+    rep = judge("nan", SCRIPTS / "nan/forward_div.py", options={"nan_fused_cpu": True, "rerun": False})
+    assert codes(rep) == {"nonfinite-forward"}, [(f.code, f.title) for f in rep.findings]
+    f = by_code(rep, "nonfinite-forward")
+    assert f.evidence["step"] == 6 and f.evidence["module"] == "model.0"
+    assert all("min/max" in line for line in f.evidence["outputs"])

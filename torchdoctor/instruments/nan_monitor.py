@@ -419,8 +419,8 @@ class NanMonitor(Instrument):
                     try:
                         vals = torch._foreach_norm(ts, INF)  # 0-dim max |x| per tensor
                         k = 1
-                    except RuntimeError:  # an older torch without the inf-norm: per tensor
-                        self.fused = False
+                    except (RuntimeError, NotImplementedError, TypeError):
+                        self.fused = False  # an older torch, a tensor subclass: per tensor
                 if vals is None:
                     vals = []
                     for t in ts:
