@@ -435,10 +435,11 @@ class NanMonitor(Instrument):
         finally:
             if was_on:
                 set_grad(True)
-        w.pend = {}
-        w.npend = 0
-        w.qbytes = 0
-        w.last_entry = None
+            # released even when the reduction failed (e.g. out of memory): never hold them
+            w.pend = {}
+            w.npend = 0
+            w.qbytes = 0
+            w.last_entry = None
 
     # ------------------------------------------------------------------ loss
     def on_backward_begin(self, ctx: Any) -> None:
