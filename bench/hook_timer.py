@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import functools
 import json
 import runpy
 import statistics
@@ -52,45 +51,23 @@ def main() -> int:
     from torchdoctor.runner.core import Core
     from torchdoctor.runner.rundir import EVENTS, EvidenceWriter
 
+    from hooktimers import HookTimers
+
     if a.script is None:
-        with tempfile.TemporaryDirectory() as td:
-            script = Path(td) / "w.py"
-            script.write_text(nan_overhead.WORKLOAD)
-            ns = runpy.run_path(str(script), run_name="hook_timer_workload")
-        step, sync = ns["build"](a.workload)
+        step, sync = nan_overhead.build_workload(a.workload, "hook_timer_workload")
         for _ in range(50):
             step()
 
-    acc: dict[str, float] = collections.defaultdict(float)
-    cnt: collections.Counter = collections.Counter()
-
-    def wrap(cls, names):
-        for n in names:
-            fn = cls.__dict__.get(n)
-            if fn is None or not callable(fn):
-                continue
-
-            def mk(fn=fn, key=f"{cls.__name__}.{n}"):
-                @functools.wraps(fn)
-                def w(*args, **kw):
-                    t = time.perf_counter()
-                    try:
-                        return fn(*args, **kw)
-                    finally:
-                        acc[key] += time.perf_counter() - t
-                        cnt[key] += 1
-                return w
-            setattr(cls, n, mk())
-
+    timers = HookTimers()
     for cls in all_instruments().values():
         if a.probe in cls.probes:
-            wrap(cls, [n for n in vars(cls)
-                       if n.startswith(("_pre", "_post", "on_", "_fwd", "opt_", "mod_"))])
-    wrap(Core, ["_opt_pre", "_opt_post", "_boundary", "_bwd_begin", "_bwd_end", "_root_pre",
-                "_root_post", "_g_fwd_pre", "_g_fwd_post"])
-    wrap(EvidenceWriter, ["write"])
-    wrap(ms.MemorySampler, ["_window_tick", "_refresh_devices", "_finish_window"])
-    wrap(host.HeapCounter, ["read"])
+            timers.wrap(cls, [n for n in vars(cls)
+                              if n.startswith(("_pre", "_post", "on_", "_fwd", "opt_", "mod_"))])
+    timers.wrap(Core, ["_opt_pre", "_opt_post", "_boundary", "_bwd_begin", "_bwd_end", "_root_pre",
+                       "_root_post", "_g_fwd_pre", "_g_fwd_post"])
+    timers.wrap(EvidenceWriter, ["write"])
+    timers.wrap(ms.MemorySampler, ["_window_tick", "_refresh_devices", "_finish_window"])
+    timers.wrap(host.HeapCounter, ["read"])
 
     def timed(n):
         sync()
@@ -126,19 +103,18 @@ def main() -> int:
         if a.script is None:
             for _ in range(20):
                 step()
-            acc.clear()
-            cnt.clear()
+            timers.clear()
             under = f"{timed(a.steps):.1f} us/step"
         else:
             under = run_script()
     finally:
         core.uninstall()
         writer.close()
+        timers.restore()
     n = a.steps if a.script is None else max(1, ctx.step)
     print(f"{a.script or 'workload ' + a.workload}: bare {bare}; under {a.probe} with the "
           f"timers {under}")
-    for k in sorted(acc, key=lambda k: -acc[k]):
-        print(f"  {acc[k] / n * 1e6:8.1f} us/step  {cnt[k] / n:5.1f}/step  {k}")
+    print("\n".join(timers.lines(n)))
     events = [json.loads(line) for line in open(Path(d) / EVENTS)]
     kinds = collections.Counter(e["kind"] for e in events)
     print("events per step:", {k: round(v / n, 2) for k, v in kinds.items() if v >= n / 2})

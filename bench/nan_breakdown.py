@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import functools
-import runpy
 import statistics
 import sys
 import tempfile
@@ -81,38 +79,16 @@ def main() -> int:
     from torchdoctor.runner.core import Core
     from torchdoctor.runner.rundir import EvidenceWriter
 
-    with tempfile.TemporaryDirectory() as td:
-        script = Path(td) / "w.py"
-        script.write_text(nan_overhead.WORKLOAD)
-        ns = runpy.run_path(str(script), run_name="nan_breakdown_workload")
-    step, _sync = ns["build"](a.workload)
+    from hooktimers import HookTimers
+
+    step, _sync = nan_overhead.build_workload(a.workload, "nan_breakdown_workload")
     for _ in range(10):
         step()
-
-    acc: dict[str, float] = collections.defaultdict(float)
-    cnt: collections.Counter = collections.Counter()
-    originals = {h: getattr(NanMonitor, h) for h in HOOKS if hasattr(NanMonitor, h)}
-
-    def wrap(timing: bool) -> None:
-        for h, fn in originals.items():
-            if not timing:
-                setattr(NanMonitor, h, fn)
-                continue
-
-            def mk(fn=fn, h=h):
-                @functools.wraps(fn)
-                def w(*args, **kw):
-                    t = time.perf_counter()
-                    try:
-                        return fn(*args, **kw)
-                    finally:
-                        acc[h] += time.perf_counter() - t
-                        cnt[h] += 1
-                return w
-            setattr(NanMonitor, h, mk())
+    timers = HookTimers()
 
     def under_nan(fn, timing=False, options=None):
-        wrap(timing)
+        if timing:
+            timers.wrap(NanMonitor, HOOKS)
         d = tempfile.mkdtemp(prefix="td-nanbd-")
         ctx = HarnessContext(a.probe, d, {"steps": 0, **(options or {})}, EvidenceWriter(d))
         core = Core(ctx, [c() for c in instruments_for(a.probe)])
@@ -124,7 +100,7 @@ def main() -> int:
         finally:
             core.uninstall()
             ctx._writer.close()
-            wrap(False)
+            timers.restore()
 
     configs = {"bare": None, a.probe: {}, f"{a.probe}-nowatch": {"forward_watch": False}}
     res: dict[str, list] = {k: [] for k in configs}
@@ -147,15 +123,16 @@ def main() -> int:
 
     # host time inside the monitor's hooks (timed wrappers add ~0.3 us a call)
     def timed_after_discovery():
-        acc.clear()
-        cnt.clear()
+        timers.clear()
         return _timed_block(step, a.steps)
 
     under_nan(timed_after_discovery, timing=True)
     n = a.steps
+    acc, cnt = timers.acc, timers.cnt
     print("host time in the numerics monitor per step (ms), calls per step:")
-    for h in sorted(acc, key=lambda k: -acc[k]):
-        print(f"  {h:<18} {acc[h] / n * 1e3:8.3f} ms  {cnt[h] / n:7.1f} calls")
+    for k in sorted(acc, key=lambda k: -acc[k]):
+        h = k.split(".", 1)[1]
+        print(f"  {h:<18} {acc[k] / n * 1e3:8.3f} ms  {cnt[k] / n:7.1f} calls")
 
     if a.cprofile:
         import cProfile

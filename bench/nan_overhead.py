@@ -127,6 +127,18 @@ CONFIGS = {
 }
 
 
+def build_workload(kind: str, run_name: str):
+    """(step, sync) of workload ``kind``, built in this process from :data:`WORKLOAD` (the
+    in-process benches time the same code the separate-process runs do)."""
+    import runpy
+
+    with tempfile.TemporaryDirectory() as td:
+        script = Path(td) / "w.py"
+        script.write_text(WORKLOAD)
+        ns = runpy.run_path(str(script), run_name=run_name)
+    return ns["build"](kind)
+
+
 def _once(config: str, script: Path, workload: str, tmp: Path) -> tuple[float, float]:
     import subprocess
 

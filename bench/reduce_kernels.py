@@ -75,18 +75,10 @@ def propagation(torch, dev: str) -> list[str]:
 
 
 def activations(torch, dev: str) -> list:
-    import nan_overhead  # noqa: F401  (the workload's source)
-    import runpy
-    import tempfile
+    import nan_overhead
 
-    with tempfile.TemporaryDirectory() as td:
-        script = Path(td) / "w.py"
-        script.write_text(nan_overhead.WORKLOAD)
-        ns = runpy.run_path(str(script), run_name="reduce_kernels_workload")
-    if dev == "cuda":
-        step, _ = ns["build"]("gpu-transformer")
-    else:
-        step, _ = ns["build"]("cpu-mlp")
+    step, _ = nan_overhead.build_workload("gpu-transformer" if dev == "cuda" else "cpu-mlp",
+                                          "reduce_kernels_workload")
     outs: list = []
 
     def hook(_m, _a, out):

@@ -324,7 +324,8 @@ def test_sampler_oom_context_on_the_cpu():
     assert c["fixes"][0].startswith("One request of 1 PiB") or c["fixes"][0].startswith("One request of 1024 TiB")
 
 
-def test_grad_in_eval_counts_graphs_never_backpropagated():
+def _grad_eval_on_a_trained_model():
+    """(ctx, instrument, model): 3 training steps, then the instrument installed on the root."""
     from torchdoctor.instruments.memory_grad_eval import GradInEval
 
     ctx = FakeCtx()
@@ -332,6 +333,11 @@ def test_grad_in_eval_counts_graphs_never_backpropagated():
     model, _ = _loop([g], ctx, steps=3, out_features=4)
     g.install(ctx)
     g.on_step_end(ctx, ctx.step)  # hooks the roots
+    return ctx, g, model
+
+
+def test_grad_in_eval_counts_graphs_never_backpropagated():
+    ctx, g, model = _grad_eval_on_a_trained_model()
     model.eval()
     for _ in range(4):
         model(torch.randn(8, 16)).argmax(1)  # no torch.no_grad(): a graph per call
@@ -349,13 +355,7 @@ def test_grad_in_eval_counts_graphs_never_backpropagated():
 
 
 def test_grad_in_eval_stays_cheap_while_every_forward_is_backpropagated():
-    from torchdoctor.instruments.memory_grad_eval import GradInEval
-
-    ctx = FakeCtx()
-    g = GradInEval()
-    model, _ = _loop([g], ctx, steps=3, out_features=4)
-    g.install(ctx)
-    g.on_step_end(ctx, ctx.step)  # hooks the roots
+    ctx, g, model = _grad_eval_on_a_trained_model()
     for _ in range(5):
         model(torch.randn(8, 16)).sum().backward()
         g.on_backward_begin(ctx)  # the core calls it as backward begins

@@ -446,12 +446,12 @@ class NanMonitor(Instrument):
         if self.found:
             return
         w = self.win
-        if w.npend or w.reduced:
-            dev = next((k[1] for k in (*w.pend, *(r[0] for r in w.reduced)) if k[1] >= 0), -1)
-            self._flush(w)  # before backward frees the activations
-            if dev >= 0 and ctx.step >= self.budget_step:
-                # steps 0, 1, 2, 4, ... 64, then every 64: the allocator's statistics cost
-                # ~0.2 ms a read, and a step's memory settles after the first few
+        self._flush(w)  # before backward frees the activations (returns at once if empty)
+        if ctx.step >= self.budget_step and w.reduced:
+            # steps 0, 1, 2, 4, ... 64, then every 64: the allocator's statistics cost ~0.2 ms
+            # a read, and a step's memory settles after the first few
+            dev = next((key[1] for key, _k in w.reduced if key[1] >= 0), -1)
+            if dev >= 0:
                 self.budget_step = min(2 * ctx.step, ctx.step + 64) or 1
                 self.flush_bytes = self._budget(dev)
         t = ctx.last_backward_tensor
