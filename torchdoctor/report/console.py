@@ -7,11 +7,11 @@ import traceback
 from typing import Any
 
 from rich.console import Console, Group
-from rich.markup import escape
 from rich.padding import Padding
 from rich.text import Text
 
 from torchdoctor.findings import MARKS, Finding, Report
+from torchdoctor.report.safe import safe_text, visible
 
 STYLES = {"error": "bold red", "warning": "bold yellow", "info": "bold cyan"}
 
@@ -38,9 +38,9 @@ def header(report: Report) -> Text:
     t.append(report.command, style="bold magenta")
     if report.target:
         t.append("  ")
-        t.append(str(report.target), style="bold")
+        t.append(visible(report.target), style="bold")
     ctx = report.context
-    bits = [f"{k} {ctx[k]}" for k in ("device", "torch", "python") if ctx.get(k)]
+    bits = [f"{k} {visible(ctx[k])}" for k in ("device", "torch", "python") if ctx.get(k)]
     if bits:
         t.append("\n" + "  ·  ".join(bits), style="dim")
     return t
@@ -50,14 +50,17 @@ def finding_block(f: Finding) -> Group:
     title = Text()
     title.append(f"{MARKS.get(f.severity, '?')} ", style=STYLES.get(f.severity, ""))
     title.append(f"{f.code}", style=STYLES.get(f.severity, ""))
-    title.append(f"  {f.title}")
+    title.append(f"  {visible(f.title)}")
     lines: list[Any] = [title]
     for k, v in f.evidence.items():
         if k.startswith("_"):
             continue
-        lines.append(Padding(Text(f"{k}: {_fmt_value(v)}", style="dim"), (0, 0, 0, 4)))
+        lines.append(Padding(safe_text(f"{k}: {_fmt_value(v)}", style="dim", keep_newlines=True),
+                             (0, 0, 0, 4)))
     if f.fix:
-        lines.append(Padding(Text.from_markup(f"[bold]Fix:[/bold] {escape(f.fix)}"), (0, 0, 0, 4)))
+        fix = Text("Fix:", style="bold")
+        fix.append(" " + visible(f.fix, keep_newlines=True))
+        lines.append(Padding(fix, (0, 0, 0, 4)))
     if f.docs:
         lines.append(Padding(Text(f"{f.docs}  (torchdoctor explain {f.code})", style="dim italic"),
                              (0, 0, 0, 4)))
@@ -94,12 +97,12 @@ def render(report: Report, console: Console | None = None) -> None:
         con.print(finding_block(f))
     if report.skipped:
         con.print()
-        con.print(Text("Not judged: " + "; ".join(f"{s.rule} ({s.reason})" for s in report.skipped),
-                       style="dim"))
+        con.print(safe_text("Not judged: " + "; ".join(f"{s.rule} ({s.reason})" for s in report.skipped),
+                            style="dim"))
     if report.artifacts:
         con.print()
         for k, v in report.artifacts.items():
-            con.print(Text(f"{k}: {v}", style="cyan"))
+            con.print(safe_text(f"{k}: {v}", style="cyan"))
     con.print()
     con.print(footer(report))
 

@@ -1,0 +1,45 @@
+"""Untrusted text made safe to print: control bytes shown visibly, never parsed as markup.
+
+Everything that comes from a file (checkpoint keys, values, global names, metadata) or from a
+script (its output tail, exception messages, paths) is *data*. Printed raw, an ``ESC[1A ESC[2K``
+inside a checkpoint key erases the lines above it (a safety warning among them), and a ``[/x]``
+inside a ``str`` cell crashes rich's markup parser. So every renderer passes such strings
+through :func:`visible` and builds :class:`rich.text.Text` from them, never markup.
+
+C0 controls (``\\x00``-``\\x1f``), DEL and C1 controls (``\\x80``-``\\x9f``) become ``\\xNN``
+escapes; with ``keep_newlines`` a multi-line text (a traceback, an output tail) keeps its
+``\\n`` and ``\\t``. Unicode bidi overrides (which reorder what the eye reads) are escaped too.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+_BIDI = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f"
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f" + _BIDI + "]")
+_CONTROLS_KEEP_LINES = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f" + _BIDI + "]")
+
+
+def _escape(m: re.Match[str]) -> str:
+    c = ord(m.group(0))
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+def visible(value: Any, keep_newlines: bool = False) -> str:
+    """``str(value)`` with every control character shown as an escape (``\\x1b``)."""
+    s = value if isinstance(value, str) else str(value)
+    pattern = _CONTROLS_KEEP_LINES if keep_newlines else _CONTROLS
+    return pattern.sub(_escape, s)
+
+
+def safe_text(value: Any, style: str = "", keep_newlines: bool = False):
+    """A rich ``Text`` of untrusted ``value``: escaped controls, no markup parsing."""
+    from rich.text import Text
+
+    return Text(visible(value, keep_newlines=keep_newlines), style=style)
+
+
+def has_controls(value: str) -> bool:
+    """True when ``value`` holds a byte :func:`visible` would escape (tests, fuzzers)."""
+    return bool(_CONTROLS.search(value))
