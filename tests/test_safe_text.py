@@ -25,3 +25,13 @@ def test_finding_with_hostile_strings_renders_escaped():
     text = render_to_text(Report("checkpoint-audit", target="f\x1b[2K.pt", findings=[f]))
     assert "\x1b" not in text and "\x07" not in text
     assert "\\x1b[1A" in text and "[/x]" in text and "[red]" in text
+
+
+def test_env_and_dist_sections_escape_environment_values():
+    env = {"env_vars": {"NCCL_DEBUG": "\x1b[2J[/x]", "TORCH_X\x1b": "[bold]"},
+           "packages": {"related": {"torch": "2\x1b[1A"}}, "warnings": [{"category": "W", "message": "\x1b[2K"}]}
+    dist = {"backends": {"gloo": True}, "nccl_version": "\x1b[1A", "launch": {"RANK": "[/x]"},
+            "variables": {"NCCL_IB_HCA": "\x1b]0;t\x07[/y]"}, "topology": {"reason": "[/z]\x1b[2K"}}
+    text = render_to_text(Report("env", metrics={"env": env, "dist": dist}))
+    assert "\x1b" not in text and "\x07" not in text
+    assert "[/x]" in text and "\\x1b[2J" in text and "[/z]" in text

@@ -9,6 +9,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from torchdoctor.report.safe import safe_text
 from torchdoctor.report.sections import section
 
 
@@ -40,12 +41,13 @@ def dist_environment(report):
     t.add_column()
     backends = d.get("backends") or {}
     t.add_row("backends", ", ".join(f"{k} {'✓' if v else '✗'}" for k, v in backends.items()) or "none")
-    t.add_row("NCCL", d.get("nccl_version") or "—")
+    t.add_row("NCCL", safe_text(d.get("nccl_version") or "—"))
     launch = d.get("launch") or {}
-    t.add_row("launch", " ".join(f"{k}={v}" for k, v in launch.items()) or "not launched (no RANK/WORLD_SIZE)")
+    t.add_row("launch", safe_text(" ".join(f"{k}={v}" for k, v in launch.items())
+                                  or "not launched (no RANK/WORLD_SIZE)"))
     variables = d.get("variables") or {}
     if variables:
-        t.add_row("variables", " ".join(f"{k}={v}" for k, v in variables.items()))
+        t.add_row("variables", safe_text(" ".join(f"{k}={v}" for k, v in variables.items())))
     topo = d.get("topology") or {}
     if topo.get("available"):
         for g in topo.get("gpus", []):
@@ -54,7 +56,7 @@ def dist_environment(report):
             t.add_row("pair", f"GPU{p['a']}–GPU{p['b']}: {p.get('level_name') or '?'}, "
                               f"P2P {p.get('p2p_read') or '?'}, NVLink P2P {p.get('p2p_nvlink') or '?'}")
     else:
-        t.add_row("topology", topo.get("reason") or "unknown")
+        t.add_row("topology", safe_text(topo.get("reason") or "unknown"))
     cap = d.get("link_capacity")
     if cap and (cap.get("gbs") or (d.get("selftest") or {}).get("backend") == "nccl"):
         t.add_row("links allow", f"{cap['gbs']:g} GB/s per direction ({cap['basis']})" if cap.get("gbs")

@@ -12,6 +12,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from torchdoctor.report.safe import safe_text
 from torchdoctor.report.sections import section
 
 GIB = 1024 ** 3
@@ -43,7 +44,7 @@ def _kv(title: str, rows: list[tuple[str, Any]]) -> Table:
     t.add_column(style="dim", no_wrap=True)
     t.add_column(overflow="fold")
     for k, v in rows:
-        t.add_row(k, v if isinstance(v, Text) else Text(NA if v is None else str(v)))
+        t.add_row(safe_text(k), v if isinstance(v, Text) else safe_text(NA if v is None else v))
     return t
 
 
@@ -189,8 +190,8 @@ def _processes(gpus: list[dict]) -> list[Text]:
         for p in procs:
             size = _gib(p.get("used_bytes")) if p.get("used_bytes") is not None else "size n/a"
             me = " (this process)" if p.get("self") else ""
-            lines.append(Text(f"  GPU {g.get('index')}: pid {p.get('pid')} {p.get('name') or '?'} "
-                              f"{p.get('type')} {size}{me}"))
+            lines.append(safe_text(f"  GPU {g.get('index')}: pid {p.get('pid')} {p.get('name') or '?'} "
+                                   f"{p.get('type')} {size}{me}"))
     return lines
 
 
@@ -299,5 +300,5 @@ def packages_section(report):
     warns = env.get("warnings") or []
     if warns:
         parts.append(Text("Warnings while collecting:", style="bold yellow"))
-        parts += [Text(f"  {w.get('category')}: {w.get('message')}", style="yellow") for w in warns]
+        parts += [safe_text(f"  {w.get('category')}: {w.get('message')}", style="yellow") for w in warns]
     return Group(*parts)
