@@ -32,7 +32,8 @@ def test_the_runners_stop_reason_is_recognised():
     assert ev.result["outcome"] == "stopped" and step_limit_cut(ev) == 7
     rep = _report(ev)
     assert rep.metrics["run"]["stopped_by"] == "steps"
-    assert rep.metrics["run"]["step_limit"] == 7 and rep.metrics["run"]["step_limit_default"] is False
+    assert rep.metrics["run"]["step_limit"] == 7
+    assert rep.metrics["run"]["step_limit_default"] is False
 
 
 def test_a_script_that_ends_before_the_limit_gets_no_note():

@@ -92,8 +92,9 @@ def numerics(report):
     replay = next((r for r in report.metrics.get("followups") or []
                    if r.get("by") == "replay_forward_watch"), None)
     if replay:  # checkup's replay with the forward watch (probes/followups_nan.py)
-        head.append(f"  ·  replayed to that step with the forward watch ({replay.get('seconds', 0):.1f} s):"
-                    f" see the finding", style="dim")
+        secs = float(replay.get("seconds") or 0)
+        head.append(f"  ·  replayed to that step with the forward watch ({secs:.1f} s): see the "
+                    f"finding", style="dim")
     series = m["series"]
     opts = sorted({p[1] for p in series if p[1] is not None})
     tbl = Table(show_header=True, header_style="bold", box=None, pad_edge=False, padding=(0, 2, 0, 0))
