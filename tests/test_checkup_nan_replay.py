@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from conftest import run_cli
 from test_nan_fixtures import SCRIPTS, by_code, codes, judge
 
@@ -118,3 +120,15 @@ def test_numerics_section_mentions_the_replay():
     rep.metrics["followups"] = [{"for": "nonfinite-loss", "by": "replay_forward_watch",
                                  "probe": "nan", "seconds": 2.25, "outcome": "stopped", "steps": 5}]
     assert "replayed to that step with the forward watch (2.2 s)" in render_to_text(rep, width=200)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_checkup_replay_on_cuda_names_the_layer_and_op(dtype):
+    """On CUDA the rows come back asynchronously; the replay still stops at the step and names
+    the module and op (as ``nan`` does in test_nan_gpu)."""
+    rep = judge("checkup", SCRIPTS / "nan/autocast_div.py", (dtype,))
+    assert codes(rep) == {"nonfinite-forward"}, [(f.code, f.title) for f in rep.findings]
+    e = by_code(rep, "nonfinite-forward").evidence
+    assert e["step"] == 6 and e["module"] == "model.1" and e["op"] == "aten::div"
+    assert "replay" in e and _replay_runs(rep)[0]["seconds"] > 0
