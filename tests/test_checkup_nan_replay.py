@@ -40,6 +40,14 @@ def test_checkup_replay_names_the_layer_the_op_and_the_line():
     assert runs[0]["seconds"] > 0 and runs[0]["steps"] == 5
 
 
+def test_checkup_replay_says_what_nan_says():
+    a = by_code(judge("checkup", SCRIPTS / "nan/log_features.py"), "nonfinite-forward").evidence
+    b = by_code(judge("nan", SCRIPTS / "nan/log_features.py"), "nonfinite-forward").evidence
+    for k in ("step", "module", "module_class", "forward_source", "outputs", "inputs", "op",
+              "op_line", "op_code"):
+        assert a[k] == b[k], k
+
+
 def test_checkup_replay_names_a_division_by_a_zero_variance_row():
     rep = judge("checkup", SCRIPTS / "nan/forward_div.py")
     assert codes(rep) == {"nonfinite-forward"}
