@@ -70,8 +70,8 @@ def judge(probe: str, script: Path, args=(), options=None) -> Report:
     run_rules("run", ev, report)
     run_rules(probe, ev, report)
 
-    def relaunch(extra):
-        return run_inprocess(probe, script, args, {**(options or {}), **extra})
+    def relaunch(extra, probe=None, _first=probe):  # a follow-up may re-run under another probe
+        return run_inprocess(probe or _first, script, args, {**(options or {}), **extra})
 
     _followups(report, ev, relaunch)
     _instrument_errors(ev, report)
@@ -254,7 +254,7 @@ def test_without_forward_watch_the_rerun_checks_the_whole_step(script, args, mod
 
 
 def test_checkup_sees_nonfinite_loss_without_forward_watch():
-    rep = judge("checkup", SCRIPTS / "nan/loss_log.py")
+    rep = judge("checkup", SCRIPTS / "nan/loss_log.py", options={"rerun": False})  # no replay
     f = by_code(rep, "nonfinite-loss")
     assert f.evidence["step"] == 4 and f.evidence.get("forward_watch") is False
 

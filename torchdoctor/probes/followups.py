@@ -12,18 +12,22 @@ line. A follow-up is registered for a finding code (in any module under
         ev2 = relaunch({"anomaly": True, "steps": ev.result.get("steps", 0) + 1})
         return {"forward_line": ...}   # merged into the finding's evidence
 
-``relaunch(extra_options) -> Evidence`` runs the same script with the same arguments and
-probe, the options updated with ``extra_options`` (the instruments read them from
+``relaunch(extra_options, probe=None) -> Evidence`` runs the same script with the same
+arguments and probe (or under another probe's instruments, e.g. ``checkup``'s NaN replay runs
+under ``nan``), the options updated with ``extra_options`` (the instruments read them from
 ``ctx.options``), still bounded by ``--timeout``; its output goes to stderr like the first
-run's. A follow-up that raises is reported as an ``internal-error`` finding; the original
-finding stays.
+run's. Each re-run is timed into ``metrics.followups``. The returned dict is merged into the
+finding's evidence, except two directives: ``_skill`` re-routes the finding, ``_replace`` (a
+``Finding``) takes its place — a re-run that located the problem better says so with a new
+finding rather than a patched title. A follow-up that raises is reported as an
+``internal-error`` finding; the original finding stays.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-Relaunch = Callable[[dict[str, Any]], Any]  # (extra_options) -> Evidence
+Relaunch = Callable[..., Any]  # (extra_options, probe=None) -> Evidence
 _FOLLOWUPS: dict[str, list[Callable[[Any, Relaunch], dict]]] = {}
 
 

@@ -13,7 +13,9 @@ import dataclasses
 import importlib.util
 import os
 import shutil
+import re
 import tempfile
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -111,12 +113,19 @@ def _metrics(ev: Evidence, report: Report) -> None:
 
 
 def _followups(report: Report, ev: Evidence, relaunch) -> None:
+    """Run the follow-ups of the report's findings. Each re-run is timed and listed in
+    ``report.metrics["followups"]`` ({for, by, probe, seconds, outcome, steps}). A follow-up's
+    result is merged into its finding's evidence; the keys ``_skill`` (re-route the skill) and
+    ``_replace`` (a Finding that takes the place of the original, e.g. a replay that located
+    the value more precisely) are directives, not evidence."""
     from torchdoctor.probes.followups import followups_for
 
+    runs: list[dict[str, Any]] = []
     for i, f in enumerate(list(report.findings)):
         for fn in followups_for(f.code):
+            timed = _timed_relaunch(relaunch, runs, f.code, fn.__name__, ev.meta.get("probe"))
             try:
-                extra = fn(ev, relaunch) or {}
+                extra = fn(ev, timed) or {}
             except Exception as e:  # noqa: BLE001
                 report.add(_internal(f"follow-up {fn.__name__} for {f.code} failed: "
                                      f"{type(e).__name__}: {e}",
@@ -124,9 +133,57 @@ def _followups(report: Report, ev: Evidence, relaunch) -> None:
                                       "traceback": traceback.format_exc(limit=6)}))
                 continue
             if extra:
+                replace = extra.pop("_replace", None)
                 skill = extra.pop("_skill", None)  # a follow-up may re-route the finding's skill
+                if replace is not None:
+                    f = replace
                 f = dataclasses.replace(f, evidence={**f.evidence, **extra}, skill=skill or f.skill)
                 report.findings[i] = f
+    if runs:
+        report.metrics["followups"] = runs
+
+
+def _timed_relaunch(relaunch, runs: list[dict[str, Any]], code: str, name: str,
+                    this_probe: str | None):
+    """``relaunch`` that records what each re-run cost."""
+
+    def timed(extra: dict[str, Any], probe: str | None = None) -> Evidence:
+        t0 = time.perf_counter()
+        ev2 = relaunch(extra, probe=probe) if probe else relaunch(extra)
+        res = getattr(ev2, "result", None) or {}
+        runs.append({"for": code, "by": name, "probe": probe or this_probe,
+                     "seconds": round(time.perf_counter() - t0, 3),
+                     "outcome": res.get("outcome"), "steps": res.get("steps")})
+        return ev2
+
+    return timed
+
+
+STEP_LIMIT_REASON = re.compile(r"--steps (\d+) reached")  # runner/core.py's stop reason
+
+
+def step_limit_cut(ev: Evidence) -> int | None:
+    """N when the run was ended by the ``--steps N`` limit (not by the script, an instrument's
+    stop, a crash or the timeout); else None."""
+    res = ev.result or {}
+    if res.get("outcome") != "stopped":
+        return None
+    m = STEP_LIMIT_REASON.fullmatch(str(res.get("reason") or ""))
+    if not m:
+        return None
+    return int(m.group(1))
+
+
+def _step_limit(ev: Evidence, report: Report) -> None:
+    """``metrics.run.stopped_by = "steps"`` (and ``step_limit``, ``step_limit_default``) when
+    the ``--steps`` limit cut the run; the console says it under the step table."""
+    n = step_limit_cut(ev)
+    if n is None:
+        return
+    run = report.metrics.setdefault("run", {})
+    run["stopped_by"] = "steps"
+    run["step_limit"] = n
+    run["step_limit_default"] = n == DEFAULT_STEPS
 
 
 def run_status(outcome: str | None) -> str | None:
@@ -160,8 +217,10 @@ def run_probe(probe: str, target: str, script_args: list[str], options: dict[str
     show = None if not options.get("quiet") else False
     tmp_dirs: list[Path] = []
 
-    def _launch(run_opts: dict[str, Any], d: Path) -> Evidence:
-        launch(d, probe, argv, module=module, options=run_opts, timeout=timeout,
+    first_probe = probe
+
+    def _launch(run_opts: dict[str, Any], d: Path, under: str = probe) -> Evidence:
+        launch(d, under, argv, module=module, options=run_opts, timeout=timeout,
                quiet_patterns=QUIET_PATTERNS, show_progress=show)
         return Evidence.load(d)
 
@@ -179,7 +238,8 @@ def run_probe(probe: str, target: str, script_args: list[str], options: dict[str
 
         n = [0]
 
-        def relaunch(extra: dict[str, Any]) -> Evidence:
+        def relaunch(extra: dict[str, Any], probe: str | None = None) -> Evidence:
+            """The same script and arguments again, under ``probe`` (default: this run's)."""
             n[0] += 1
             if opts.get("out"):
                 d = Path(opts["out"]) / f"followup-{n[0]}"
@@ -187,7 +247,7 @@ def run_probe(probe: str, target: str, script_args: list[str], options: dict[str
             else:
                 d = Path(tempfile.mkdtemp(prefix="torchdoctor-followup-"))
                 tmp_dirs.append(d)
-            return _launch({**opts, **extra, "followup": n[0]}, d)
+            return _launch({**opts, **extra, "followup": n[0]}, d, probe or first_probe)
 
         run_rules("run", ev, report)
         if probe != "run":
@@ -195,6 +255,7 @@ def run_probe(probe: str, target: str, script_args: list[str], options: dict[str
         _followups(report, ev, relaunch)
         _instrument_errors(ev, report)
         _metrics(ev, report)
+        _step_limit(ev, report)
         for a in ev.of("artifact"):
             if a.get("name") and a.get("path"):
                 report.artifacts[str(a["name"])] = str(a["path"])

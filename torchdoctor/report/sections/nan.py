@@ -89,6 +89,12 @@ def numerics(report):
         head.append("  ·  first non-finite: ", style="bold")
         head.append(f"step {first.get('step')}, {first.get('what')}"
                     + (f", {first['where']}" if first.get("where") else ""), style="bold red")
+    replay = next((r for r in report.metrics.get("followups") or []
+                   if r.get("by") == "replay_forward_watch"), None)
+    if replay:  # checkup's replay with the forward watch (probes/followups_nan.py)
+        secs = float(replay.get("seconds") or 0)
+        head.append(f"  ·  replayed to that step with the forward watch ({secs:.1f} s): see the "
+                    f"finding", style="dim")
     series = m["series"]
     opts = sorted({p[1] for p in series if p[1] is not None})
     tbl = Table(show_header=True, header_style="bold", box=None, pad_edge=False, padding=(0, 2, 0, 0))
