@@ -14,6 +14,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from torchdoctor.report.safe import visible
 from torchdoctor.report.sections import section
 
 BARS = "▁▂▃▄▅▆▇█"
@@ -87,8 +88,8 @@ def numerics(report):
     first = m.get("first_nonfinite")
     if first:
         head.append("  ·  first non-finite: ", style="bold")
-        head.append(f"step {first.get('step')}, {first.get('what')}"
-                    + (f", {first['where']}" if first.get("where") else ""), style="bold red")
+        head.append(visible(f"step {first.get('step')}, {first.get('what')}"
+                            + (f", {first['where']}" if first.get("where") else "")), style="bold red")
     replay = next((r for r in report.metrics.get("followups") or []
                    if r.get("by") == "replay_forward_watch"), None)
     if replay:  # checkup's replay with the forward watch (probes/followups_nan.py)
