@@ -61,7 +61,7 @@ def test_stdin_10k_line_log_answered_under_a_second_with_the_decisive_line(cli):
     d = json.loads(r.stdout)
     assert d["decisive_line"]["line"] == 10_000 and "CUDA out of memory" in d["decisive_line"]["text"]
     assert d["numbers"]["requested_bytes"] == round(1.5 * 2**30)
-    assert d["input"] == {"source": "stdin", "mode": "log", "lines": 10_000}
+    assert d["input"] == {"source": "stdin", "mode": "log", "lines": 10_000, "limits": []}
     assert best < 1.0, best
 
 

@@ -83,6 +83,7 @@ class Answer:
     also: list[dict[str, object]] = field(default_factory=list)  # other notable lines of a log
     corrections: list[tuple[str, str]] = field(default_factory=list)  # typos read as...
     script: str | None = None  # SCRIPT given with --run, substituted into commands
+    limits: list[str] = field(default_factory=list)  # caps that applied to this input (read, words)
 
     @property
     def next_command(self) -> str | None:
@@ -104,5 +105,5 @@ class Answer:
             "also": self.also,
             "corrections": [{"typed": a, "read_as": b} for a, b in self.corrections],
             "next": self.next_command,
-            "input": {"source": self.source, "mode": self.mode, "lines": self.lines},
+            "input": {"source": self.source, "mode": self.mode, "lines": self.lines, "limits": self.limits},
         }

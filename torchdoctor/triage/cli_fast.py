@@ -79,12 +79,22 @@ def read_stdin() -> str:
     return text
 
 
+def json_text(obj) -> str:
+    """JSON with every control character escaped: json escapes C0 itself; DEL, C1 and bidi controls
+    (untrusted text from a pasted log) become ``\\uXXXX`` too, so stdout never carries them raw."""
+    import json
+    import re
+
+    from torchdoctor.report.safe import _BIDI
+
+    text = json.dumps(obj, indent=2, ensure_ascii=False)
+    return re.sub("[\x7f-\x9f" + _BIDI + "]", lambda m: f"\\u{ord(m.group(0)):04x}", text)
+
+
 def _emit(answer, as_json: bool, to_stderr: bool = False) -> None:
     stream = sys.stderr if to_stderr else sys.stdout
     if as_json:
-        import json
-
-        stream.write(json.dumps(answer.to_dict(), indent=2, ensure_ascii=False) + "\n")
+        stream.write(json_text(answer.to_dict()) + "\n")
         stream.flush()
     else:
         from torchdoctor.triage.render import make_console, render

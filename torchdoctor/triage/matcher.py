@@ -24,6 +24,8 @@ from torchdoctor.triage.text import correct_typos, normalize
 
 MAX_ROUTES = 3
 LOG_MIN_LINES = 4
+MAX_QUERY_CHARS = 4000  # a question's words are read up to here; known error texts in all of it
+MAX_QUERY_SHOWN = 2000  # characters of a question echoed back (console and JSON)
 
 _GATES: list | None = None
 _RX: dict[str, re.Pattern] = {}
@@ -107,7 +109,7 @@ def looks_like_log(text: str) -> bool:
         return False
     n = 0
     for ln in text.splitlines():
-        if ln.strip():
+        if ln and not ln.isspace():
             n += 1
             if n >= LOG_MIN_LINES:
                 return True
@@ -205,18 +207,34 @@ def _short(s: str, n: int = 120) -> str:
     return s if len(s) <= n else s[: n - 1] + "…"
 
 
-def triage(text: str, source: str = "args") -> Answer:
+def _cut(text: str, n: int) -> str:
+    """``text`` up to ``n`` characters, cut at a blank when one is near."""
+    if len(text) <= n:
+        return text
+    cut = text.rfind(" ", n - 200, n)
+    return text[:cut if cut > 0 else n]
+
+
+def triage(text: str, source: str = "args", gap: tuple[int, int] | None = None) -> Answer:
+    """Route ``text``; ``gap`` = (line index, lines skipped) when a capped stdin left a gap there."""
     log_mode = looks_like_log(text)
-    sc = scan(text, nan=log_mode)
-    ans = Answer(query=text.strip() if not log_mode or len(text) <= 2000 else
-                 f"- ({source}, {sc.lines} lines)", source=source, mode="log" if log_mode else "query",
-                 lines=sc.lines)
+    sc = scan(text, nan=log_mode, gap=gap)
+    query = text.strip()
+    if log_mode and len(text) > MAX_QUERY_SHOWN:
+        query = f"- ({source}, {sc.lines} lines)"
+    elif len(query) > MAX_QUERY_SHOWN:
+        query = _cut(query, MAX_QUERY_SHOWN) + f" … ({len(query)} characters)"
+    ans = Answer(query=query, source=source, mode="log" if log_mode else "query", lines=sc.lines)
     found: list[Matched] = []
-    norm = normalize(text) if not log_mode else ""
+    words = _cut(text, MAX_QUERY_CHARS)
+    norm = normalize(words) if not log_mode else ""
     if log_mode:
         found.extend(_log_context(sc.lower))
     else:
-        found, ans.corrections = match_query(text)
+        found, ans.corrections = match_query(words)
+        if len(words) < len(text):
+            ans.limits.append(f"a question of {len(text)} characters: its words were read up to character "
+                              f"{len(words)} (known error texts in all of it)")
     # known error texts: all are recognised; the decisive one routes
     known, d = sc.known, sc.decisive
     if not log_mode:
