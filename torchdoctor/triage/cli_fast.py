@@ -67,16 +67,23 @@ def parse(argv: list[str]) -> Args:
     return a
 
 
-def read_stdin() -> str:
+def read_stdin():
+    """stdin within bounds (``triage.stdin``): a StdinText with the text, its gap and the limits met."""
     if sys.stdin is None:
         raise DoctorError("'-' reads stdin, but there is no stdin")
-    if sys.stdin.isatty():
+    try:
+        fd = sys.stdin.fileno()
+    except (OSError, ValueError):
+        raise DoctorError("'-' reads stdin, but there is no stdin") from None
+    tty = os.isatty(fd)
+    if tty:
         print("torchdoctor ask: reading a log from stdin (end with Ctrl-D)", file=sys.stderr, flush=True)
-    data = sys.stdin.buffer.read()
-    text = data.decode("utf-8", errors="replace")
-    if not text.strip():
+    from torchdoctor.triage.stdin import read_stdin_bounded
+
+    got = read_stdin_bounded(fd, tty=tty)
+    if not got.text.strip():
         raise DoctorError("nothing on stdin", hint="torchdoctor ask - < train.log")
-    return text
+    return got
 
 
 def json_text(obj) -> str:
@@ -106,8 +113,12 @@ def run(argv: list[str]) -> int:
     a = parse(argv)
     from torchdoctor.triage.matcher import triage
 
-    text = read_stdin() if a.stdin else " ".join(a.words)
-    answer = triage(text, source="stdin" if a.stdin else "args")
+    if a.stdin:
+        got = read_stdin()
+        answer = triage(got.text, source="stdin", gap=got.gap)
+        answer.limits[:0] = got.limits
+    else:
+        answer = triage(" ".join(a.words), source="args")
     if a.run is None:
         _emit(answer, a.as_json)
         return EXIT_OK
