@@ -68,6 +68,7 @@ class Hit:
     wrapped_by: Known | None = None  # a known wrapper above an unknown exception (DataLoader worker)
     match: re.Match | None = field(default=None, repr=False)  # the entry's match (numbers are read later)
     completed: bool = field(default=False, repr=False)  # numbers and where filled in
+    index: int | None = field(default=None, repr=False)  # line index in the scanned text (set by scan)
 
     @property
     def skill(self) -> str | None:
@@ -290,6 +291,7 @@ def scan(text: str, nan: bool = True, gap: tuple[int, int] | None = None) -> Sca
     reported = {id(h): h for h in (*known, decisive, first_nan, last_exc) if h is not None}
     for h in reported.values():
         _complete(t, h)
+        h.index = h.line_no - 1
     n_lines = len(t.lines)
     if gap is not None:
         g, skipped = gap

@@ -19,13 +19,15 @@ from torchdoctor.triage.gate import required_literals
 from torchdoctor.triage.logscan import Hit, scan
 from torchdoctor.triage.numbers import oom_notes
 from torchdoctor.triage.playbooks import PLAYBOOKS
+from torchdoctor.triage.refine import refine
 from torchdoctor.triage.symptoms import DBG, DIST, MP, SIGNALS
 from torchdoctor.triage.text import correct_typos, normalize
 
 MAX_ROUTES = 3
 LOG_MIN_LINES = 4
 MAX_QUERY_CHARS = 4000  # a question's words are read up to here; known error texts in all of it
-MAX_QUERY_SHOWN = 2000  # characters of a question echoed back (console and JSON)
+MAX_QUERY_SHOWN = 2000
+WHERE_RAISED = "where it was raised"  # label of the evidence ``refine`` adds  # characters of a question echoed back (console and JSON)
 
 _GATES: list | None = None
 _RX: dict[str, re.Pattern] = {}
@@ -184,7 +186,10 @@ def _why(skill: str, matched: list[Matched], corrections: list[tuple[str, str]],
     if any(m.kind == "nan-line" for m in matched):
         m = next(m for m in matched if m.kind == "nan-line")
         parts.append(f"first NaN/Inf at line {m.line}: \"{_short(m.text)}\"")
-    words = [m for m in matched if m.kind not in ("error", "nan-line")]
+    for m in matched:
+        if m.label == WHERE_RAISED:
+            parts.append(_short(m.text, 200))
+    words = [m for m in matched if m.kind not in ("error", "nan-line") and m.label != WHERE_RAISED]
     seen = set()
     quoted = []
     for m in sorted(words, key=lambda m: (-m.weight, m.pos)):
@@ -243,6 +248,11 @@ def triage(text: str, source: str = "args", gap: tuple[int, int] | None = None) 
             d = None
     for h in known:
         ans.recognized.append(_error_match(h))
+    if d is not None and d.entry is not None:
+        refined = refine(d, sc, text)
+        if refined is not None:  # where it was raised says whose problem it is
+            d.entry, where_why = refined
+            found.append(Matched(WHERE_RAISED, d.entry.skill, "context", where_why, 1, 10**9))
     if d is not None:
         ans.decisive = _decisive(d)
         ans.numbers = dict(d.numbers)
@@ -291,7 +301,8 @@ def _routes(found: list[Matched], corrections: list[tuple[str, str]]) -> list[Ro
     ranked = sorted(info, key=lambda s: (info[s]["tier"], -info[s]["score"], info[s]["pos"]))
     labels = {m.label for m in found}
     symptom_skills = {m.skill for m in found if m.kind in ("symptom", "error", "nan-line")}
-    ordered, before = order_mod.order_skills(ranked, labels, symptom_skills)
+    error_skills = {m.skill for m in found if m.kind == "error"}
+    ordered, before = order_mod.order_skills(ranked, labels, symptom_skills, error_skills)
     routes = []
     for skill in ordered[:MAX_ROUTES]:
         pb = PLAYBOOKS[skill]
