@@ -122,19 +122,17 @@ def run(argv: list[str]) -> int:
     if a.run is None:
         _emit(answer, a.as_json)
         return EXIT_OK
-    answer.script = a.run[0] if a.run[0] != "-m" or len(a.run) < 2 else f"-m {a.run[1]}"
     if not answer.routes:
         _emit(answer, False, to_stderr=True)  # the clarifying question
         raise DoctorError("no route to run yet: answer the question above first",
                           hint="describe the symptom, e.g. torchdoctor ask \"training is slow\" --run train.py")
-    from torchdoctor.triage.handoff import run_probe_for_route
+    from torchdoctor.triage.handoff import run_probe_for_route, script_of
 
     first = answer.routes[0]
-    route = {"query": answer.query, "skill": first.skill, "why": first.why, "probe": first.probe,
-             "then": [r.skill for r in answer.routes[1:]],
-             "steps": [f"{s['text']} [{s['by']}]" for s in first.steps]}
-    # the probe's own report (stdout) carries the route as metrics["route"], drawn first
-    return run_probe_for_route(first.skill, a.run, a.as_json, route=route)
+    answer.script = script_of(first.skill, a.run)
+    # one document: the probe's own report (stdout, its exit code) carries the route in full as
+    # metrics["route"] (why, probe, playbook, the routes after it, the decisive line), drawn first
+    return run_probe_for_route(first.skill, a.run, a.as_json, route=answer.route_for_run())
 
 
 def _silence_stdout() -> None:

@@ -52,9 +52,7 @@ def _fmt_number(k: str, v) -> str:
 
 
 def _sub(cmd: str, ans: Answer) -> str:
-    if ans.script:
-        return cmd.replace("[SCRIPT]", ans.script).replace("SCRIPT", ans.script).replace("PATH", ans.script)
-    return cmd
+    return ans.sub(cmd)
 
 
 def _query_line(ans: Answer) -> Text:
