@@ -117,7 +117,7 @@ KNOWN: tuple[Known, ...] = (
       "ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared "
       "memory (shm)."),
     K("dl-worker-exited", MEM, "DataLoader worker exited unexpectedly", "exited unexpectedly",
-      r"DataLoader worker \(pid(?:\(s\))? [\d, ]+\) exited unexpectedly",
+      r"DataLoader worker \(pid(?:\(s\))? [\d, ]{1,300}\) exited unexpectedly",
       "A worker process died without a Python error: usually killed for memory (host RAM or /dev/shm) "
       "or a crash in native code.",
       "Re-run with num_workers=0 to see the real error; check host RAM and /dev/shm while it runs.",
@@ -248,7 +248,7 @@ KNOWN: tuple[Known, ...] = (
       "so:libtorch_cpu.so", "mat1 and mat2 must have the same dtype, but got ",
       "RuntimeError: mat1 and mat2 must have the same dtype, but got Double and Float", numbers="groups"),
     K("mm-dtype", MOD, "mm inputs of different dtypes", "to have the same dtype, but got:",
-      r"expected m1 and m2 to have the same dtype, but got: (?P<a>[\w:]+) != (?P<b>[\w:]+)",
+      r"expected m1 and m2 to have the same dtype, but got: (?P<a>[\w:]{1,100}) != (?P<b>[\w:]{1,100})",
       "A matrix product mixes dtypes (float64 numpy data, or Half against Float outside autocast).",
       "Cast the data once (`.float()`); for half precision use `torch.autocast`.",
       "so:libtorch_cpu.so", "expected m1 and m2 to have the same dtype, but got: ",
@@ -367,7 +367,7 @@ KNOWN: tuple[Known, ...] = (
       "so:libtorch_cpu.so", "a leaf Variable that requires grad is being used in an in-place operation.",
       "RuntimeError: a leaf Variable that requires grad is being used in an in-place operation."),
     K("anomaly-nan", DBG, "anomaly mode: a backward function produced NaN", "returned nan values in its",
-      r"Function '(?P<function>\w{1,100})' returned nan values in its (?P<output>\d+)\w* output",
+      r"Function '(?P<function>\w{1,100})' returned nan values in its (?P<output>\d+)\w{0,4} output",
       "Anomaly detection caught the first backward node whose gradient is NaN.",
       "Read the 'Traceback of forward call' printed just before: that forward line is the op to make "
       "safe (eps, clamp, log_softmax); `torchdoctor nan SCRIPT` names the module.",
@@ -737,7 +737,7 @@ KNOWN: tuple[Known, ...] = (
       "so:libtorch_cpu.so", "\" not implemented for '",
       "RuntimeError: \"addmm_impl_cpu_\" not implemented for 'Half'", numbers="groups"),
     K("half-overflow", MP, "value overflows float16", "without overflow",
-      r"value cannot be converted to type (?P<dtype>[\w:]+) without overflow",
+      r"value cannot be converted to type (?P<dtype>[\w:]{1,100}) without overflow",
       "A constant or fill value exceeds the dtype's range (float16 max is 65504), e.g. a -1e9 mask.",
       "Use `torch.finfo(x.dtype).min` for masks instead of a literal, or bf16.",
       "so:libtorch_cpu.so", "value cannot be converted to type ",

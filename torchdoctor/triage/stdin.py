@@ -6,8 +6,10 @@ marker line stands in for them, so line numbers after it are the log's own. Read
 end of input, or:
 
 - ``QUIET_S`` seconds without new input once some has arrived, on a pipe that stays open
-  (``tail -f log |``); not on a terminal, where a person pastes and ends with Ctrl-D;
+  (``tail -f log |``);
 - ``WAIT_S`` seconds after the first input while input keeps coming (a live job's output);
+
+(neither on a terminal, where a person pastes and ends with Ctrl-D);
 - ``READ_MAX`` bytes read through a pipe (``yes |``): the rest of the stream is not read.
 
 A regular file on stdin (``ask - < train.log``) is not read through: its head and tail are read
@@ -177,10 +179,10 @@ def read_stdin_bounded(fd: int, tty: bool = False) -> StdinText:
     why = None
     while True:
         timeout = None
-        if first is not None:
+        if first is not None and not tty:  # a person at a terminal ends with Ctrl-D
             now = time.monotonic()
             left_wait = WAIT_S - (now - first)
-            left_quiet = QUIET_S - (now - last) if not tty else left_wait
+            left_quiet = QUIET_S - (now - last)
             timeout = min(left_wait, left_quiet)
             if timeout <= 0:
                 why = "wait" if left_wait <= 0 else "quiet"
