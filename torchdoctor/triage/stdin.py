@@ -189,7 +189,10 @@ def read_stdin_bounded(fd: int, tty: bool = False) -> StdinText:
                 break
         if not _wait(fd, timeout):
             continue  # the next turn sees the time out
-        chunk = os.read(fd, CHUNK)
+        try:
+            chunk = os.read(fd, CHUNK)
+        except OSError:  # EIO from a terminal that went away: answer on what arrived
+            chunk = b""
         if not chunk:
             break
         last = time.monotonic()
