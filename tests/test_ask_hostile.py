@@ -386,3 +386,18 @@ def test_reader_blocks_on_a_terminal_until_the_end(small_bounds):
     finally:
         os.close(fd)
     assert got.text == "RuntimeError: boom\nmore\n" and not got.limits
+
+
+def test_the_route_drawn_in_a_probe_report_escapes_the_pasted_text():
+    """`ask - --run`: the query and why quote the log; the probe's console report draws them."""
+    from torchdoctor.findings import Report
+    from torchdoctor.report.console import render_to_text
+
+    a = triage("RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB \x9b2J [/x] \u202eevil\x07",
+               source="args")
+    a.script = "train.py"
+    rep = Report(command="memory", target="train.py", metrics={"route": a.route_for_run()})
+    text = render_to_text(rep)
+    assert "Route: tensor-operations-and-memory" in text and "[/x]" in text
+    assert "\\x9b" in text and "\\u202e" in text and "\\x07" in text
+    assert _BAD_OUT.search(text) is None
