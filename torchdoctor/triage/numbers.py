@@ -127,8 +127,9 @@ def oom_notes(n: dict) -> list[str]:
     """Plain statements read off the OOM numbers (no guessing beyond them)."""
     notes = []
     if n.get("too_large"):
-        notes.append("numbers too large to be real sizes: " + ", ".join(n["too_large"])
-                     + " (a shape or dtype bug computing the size, or an edited message)")
+        names = ", ".join(x.removesuffix("_bytes").replace("_", " ") for x in n["too_large"])
+        notes.append(f"too large to be a real size: {names} (a shape or dtype bug computing the size, "
+                     "or an edited message)")
     req, free = n.get("requested_bytes"), n.get("free_bytes")
     if req is not None and free is not None:
         notes.append(f"requested {human(req)} with {human(free)} free on the device")
