@@ -66,3 +66,13 @@ def test_a_backward_frame_of_torch_itself_is_not_a_custom_function():
     tb = (FIX / "tb_inplace.txt").read_text().replace('in _inplace', 'in backward')
     a = triage(tb, source="stdin")
     assert _routes(a)[0] == DBG  # the user frame's code is `b.sum().backward()`: no ctx, no apply frame
+
+
+def test_a_helper_called_from_the_custom_backward_still_counts():
+    tb = (FIX / "tb_inplace_custom_function.txt").read_text().replace(
+        "    (x, out) = ctx.saved_tensors\n               ^^^^^^^^^^^^^^^^^\n",
+        "    return _gelu_grad(ctx, grad_out)\n"
+        '  File "/home/user/project/fused_ops.py", line 12, in _gelu_grad\n'
+        "    (x, out) = ctx.saved_tensors\n")
+    a = triage(tb, source="stdin")
+    assert _routes(a)[0] == AG and "fused_ops.py:31 in backward" in a.routes[0].why

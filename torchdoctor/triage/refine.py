@@ -44,10 +44,15 @@ class Refinement:
 
 
 def _in_custom_backward(frame: Frame | None, frames: list[Frame], text: str) -> str | None:
-    if frame is not None and frame.fn == "backward":
-        through_apply = any(FUNCTION_APPLY in f.file.replace("\\", "/") for f in frames)
-        if through_apply or "ctx." in frame.code:
-            return f"raised in backward() of a custom autograd.Function ({frame.where})"
+    """The user's ``backward`` called by autograd's Function.apply (the frames nearer the error than
+    that apply frame), or, without it, the nearest user frame is a ``backward`` reading ``ctx.``."""
+    apply_at = next((k for k, f in enumerate(frames) if FUNCTION_APPLY in f.file.replace("\\", "/")), None)
+    if apply_at is not None:
+        found = next((f for f in frames[:apply_at] if f.user and f.fn == "backward"), None)
+    else:
+        found = frame if frame is not None and frame.fn == "backward" and "ctx." in frame.code else None
+    if found is not None:
+        return f"raised in backward() of a custom autograd.Function ({found.where})"
     code = text[:CODE_SCAN]
     cls = re.search(_FUNCTION_CLASS, code)
     if cls and re.search(r"\bdef\s+backward\s*\(\s*ctx\b", code):
