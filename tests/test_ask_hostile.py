@@ -400,3 +400,12 @@ def test_the_route_drawn_in_a_probe_report_escapes_the_pasted_text():
     assert "Route: tensor-operations-and-memory" in text and "[/x]" in text
     assert "\\x9b" in text and "\\u202e" in text and "\\x07" in text
     assert _BAD_OUT.search(text) is None
+
+
+@pytest.mark.parametrize("extra", [(), ("--json",)])
+def test_words_that_are_not_utf8_do_not_crash_a_strict_stdout(extra):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONIOENCODING": "utf-8"}
+    r = subprocess.run([sys.executable, "-m", "torchdoctor", "ask", b"\xff\xfe loss goes nan", *extra],
+                       capture_output=True, env=env, cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stderr[-500:]
+    assert "debugging-techniques" in r.stdout.decode("utf-8")  # valid UTF-8 throughout

@@ -67,6 +67,12 @@ def parse(argv: list[str]) -> Args:
     return a
 
 
+def clean_arg(s: str) -> str:
+    """An argument as text: bytes that were not UTF-8 (kept by Python as lone surrogates, which a
+    strict stdout cannot encode) become U+FFFD, as on stdin."""
+    return s.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 def read_stdin():
     """stdin within bounds (``triage.stdin``): a StdinText with the text, its gap and the limits met."""
     if sys.stdin is None:
@@ -118,7 +124,7 @@ def run(argv: list[str]) -> int:
         answer = triage(got.text, source="stdin", gap=got.gap)
         answer.limits[:0] = got.limits
     else:
-        answer = triage(" ".join(a.words), source="args")
+        answer = triage(clean_arg(" ".join(a.words)), source="args")
     if a.run is None:
         _emit(answer, a.as_json)
         return EXIT_OK
@@ -129,7 +135,8 @@ def run(argv: list[str]) -> int:
     from torchdoctor.triage.handoff import run_probe_for_route, script_of
 
     first = answer.routes[0]
-    answer.script = script_of(first.skill, a.run)
+    script = script_of(first.skill, a.run)
+    answer.script = clean_arg(script) if script else None  # shown only; the probe gets a.run untouched
     # one document: the probe's own report (stdout, its exit code) carries the route in full as
     # metrics["route"] (why, probe, playbook, the routes after it, the decisive line), drawn first
     return run_probe_for_route(first.skill, a.run, a.as_json, route=answer.route_for_run())
