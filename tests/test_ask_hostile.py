@@ -187,7 +187,7 @@ def test_known_text_patterns_cannot_backtrack_without_bound(k):
 
 def _ask(args, data: bytes | None):
     """Run the CLI; returns (rc, stdout, stderr, cpu seconds of that process, peak RSS in MB)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "100"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "100", "PYTHONIOENCODING": "utf-8"}
     p = subprocess.Popen([sys.executable, "-m", "torchdoctor", "ask", *args], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT)
     out: dict = {}
