@@ -61,7 +61,7 @@ def test_stdin_10k_line_log_answered_under_a_second_with_the_decisive_line(cli):
     d = json.loads(r.stdout)
     assert d["decisive_line"]["line"] == 10_000 and "CUDA out of memory" in d["decisive_line"]["text"]
     assert d["numbers"]["requested_bytes"] == round(1.5 * 2**30)
-    assert d["input"] == {"source": "stdin", "mode": "log", "lines": 10_000}
+    assert d["input"] == {"source": "stdin", "mode": "log", "lines": 10_000, "limits": []}
     assert best < 1.0, best
 
 
@@ -102,6 +102,33 @@ def test_run_hands_off_to_the_first_routes_probe(cli, tmp_path):
     assert r.returncode == 1 and any(f["code"] == "ckpt-unreadable" for f in d["findings"])
 
 
+def test_run_json_keeps_the_route_its_why_and_the_playbook(cli, tmp_path):
+    """`ask --json --run`: one JSON document, the probe's report, with ask's route in full."""
+    junk = tmp_path / "last.pt"
+    junk.write_text("not a checkpoint")
+    r = cli("ask", "resume from checkpoint on 2 GPUs", "--json", "--run", str(junk))
+    d = json.loads(r.stdout)  # one document
+    route = d["metrics"]["route"]
+    asked = json.loads(cli("ask", "resume from checkpoint on 2 GPUs", "--json").stdout)
+    first = asked["routes"][0]
+    assert route["skill"] == first["skill"] and route["why"] == first["why"] and route["why"]
+    assert route["steps"] == first["steps"] and route["steps_detail"] == first["steps_detail"]
+    assert route["probe"] == f"torchdoctor checkpoint-audit {junk}"  # SCRIPT/PATH filled in
+    assert [t["skill"] for t in route["then"]] == [x["skill"] for x in asked["routes"][1:]]
+    assert all(t["why"] and t["steps"] for t in route["then"])
+    assert route["recognized"] == asked["recognized"] and route["query"] == asked["query"]
+
+
+def test_run_finds_the_script_after_the_probes_own_options():
+    from torchdoctor.triage.handoff import script_of
+    from torchdoctor.triage.symptoms import CKPT, PERF
+
+    assert script_of(PERF, ["--steps", "3", "--json", "train.py", "--lr", "1"]) == "train.py"
+    assert script_of(PERF, ["--timeout=30", "-m", "pkg.train", "--epochs", "1"]) == "-m pkg.train"
+    assert script_of(PERF, ["train.py", "--steps", "3"]) == "train.py"
+    assert script_of(CKPT, ["last.pt"]) == "last.pt"
+
+
 @pytest.mark.slow
 def test_run_profiles_a_script(cli, tmp_path):
     if not _probes_ready("profile"):
@@ -110,10 +137,13 @@ def test_run_profiles_a_script(cli, tmp_path):
     script.write_text("import torch\nm = torch.nn.Linear(8, 1)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
                       "for _ in range(5):\n    loss = m(torch.randn(4, 8)).pow(2).mean()\n"
                       "    opt.zero_grad(); loss.backward(); opt.step()\n")
-    r = cli("ask", "training is slow", "--json", "--run", str(script), timeout=600)
+    r = cli("ask", "training is slow", "--json", "--run", "--steps", "3", str(script), timeout=600)
     assert r.returncode in (0, 1), r.stderr[-2000:]
     d = json.loads(r.stdout)
     assert d["command"] == "profile" and d["metrics"]["route"]["skill"] == "performance-profiling"
+    assert d["metrics"]["run"]["steps"] == 3  # the probe's option, given before SCRIPT
+    route = d["metrics"]["route"]
+    assert route["why"] and route["steps"] and route["probe"] == f"torchdoctor profile {script}"
 
 
 def test_words_starting_with_a_dash_are_words(cli):

@@ -13,13 +13,18 @@ HELP = """Route a symptom, a pasted error or a whole log to the right diagnosis,
 
 \b
   torchdoctor ask SYMPTOM... [--json]
-  torchdoctor ask - [--json]                       read a log or traceback from stdin
-  torchdoctor ask SYMPTOM... --run SCRIPT [ARGS]...  then run the first route's probe on SCRIPT
+  torchdoctor ask - [--json]          read a log or traceback from stdin
+  torchdoctor ask SYMPTOM... [--json] --run [PROBE OPTIONS] SCRIPT [ARGS]...
 
 \b
 Options:
-  --json        print one JSON object (CONTRACT.md: query, clarify, routes, recognized, ...)
-  --run SCRIPT  run the first route's probe on SCRIPT; everything after SCRIPT is the script's
+  --json        one JSON object (CONTRACT.md); with --run, the probe's
+                report with the route in metrics.route
+  --run SCRIPT  run the first route's probe on SCRIPT; the probe's options
+                (--steps N) go before SCRIPT, what follows is the script's
+
+stdin keeps the first 1 MiB and the last 256 KiB of a log (line numbers
+stay right); on a pipe left open it answers 2 s after the last input.
 
 Each route says why (the words or log lines that matched), the playbook steps (measure first) and
 the command to run next. A query with no recognisable symptom gets one clarifying question.

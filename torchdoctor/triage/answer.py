@@ -83,6 +83,31 @@ class Answer:
     also: list[dict[str, object]] = field(default_factory=list)  # other notable lines of a log
     corrections: list[tuple[str, str]] = field(default_factory=list)  # typos read as...
     script: str | None = None  # SCRIPT given with --run, substituted into commands
+    limits: list[str] = field(default_factory=list)  # caps that applied to this input (read, words)
+
+    def sub(self, cmd: str) -> str:
+        """``cmd`` with SCRIPT / PATH replaced by the script given with --run."""
+        if self.script:
+            return cmd.replace("[SCRIPT]", self.script).replace("SCRIPT", self.script).replace("PATH", self.script)
+        return cmd
+
+    def route_for_run(self) -> dict[str, object]:
+        """What ``ask --run`` hands to the probe's report (``metrics.route``): the first route in
+        full (why, probe, playbook), the routes after it, and what the input showed."""
+        d = self.to_dict()
+        first = dict(d["routes"][0])
+        first["probe"] = self.sub(first["probe"])
+        return {
+            "query": self.query,
+            **first,
+            "then": [{"skill": r["skill"], "why": r["why"], "probe": self.sub(r["probe"]), "steps": r["steps"]}
+                     for r in d["routes"][1:]],
+            "decisive_line": d["decisive_line"],
+            "numbers": d["numbers"],
+            "notes": d["notes"],
+            "recognized": d["recognized"],
+            "input": d["input"],
+        }
 
     @property
     def next_command(self) -> str | None:
@@ -104,5 +129,5 @@ class Answer:
             "also": self.also,
             "corrections": [{"typed": a, "read_as": b} for a, b in self.corrections],
             "next": self.next_command,
-            "input": {"source": self.source, "mode": self.mode, "lines": self.lines},
+            "input": {"source": self.source, "mode": self.mode, "lines": self.lines, "limits": self.limits},
         }

@@ -67,24 +67,47 @@ def parse(argv: list[str]) -> Args:
     return a
 
 
-def read_stdin() -> str:
+def clean_arg(s: str) -> str:
+    """An argument as text: bytes that were not UTF-8 (kept by Python as lone surrogates, which a
+    strict stdout cannot encode) become U+FFFD, as on stdin."""
+    return s.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def read_stdin():
+    """stdin within bounds (``triage.stdin``): a StdinText with the text, its gap and the limits met."""
     if sys.stdin is None:
         raise DoctorError("'-' reads stdin, but there is no stdin")
-    if sys.stdin.isatty():
+    try:
+        fd = sys.stdin.fileno()
+    except (OSError, ValueError):
+        raise DoctorError("'-' reads stdin, but there is no stdin") from None
+    tty = os.isatty(fd)
+    if tty:
         print("torchdoctor ask: reading a log from stdin (end with Ctrl-D)", file=sys.stderr, flush=True)
-    data = sys.stdin.buffer.read()
-    text = data.decode("utf-8", errors="replace")
-    if not text.strip():
+    from torchdoctor.triage.stdin import read_stdin_bounded
+
+    got = read_stdin_bounded(fd, tty=tty)
+    if not got.text.strip():
         raise DoctorError("nothing on stdin", hint="torchdoctor ask - < train.log")
-    return text
+    return got
+
+
+def json_text(obj) -> str:
+    """JSON with every control character escaped: json escapes C0 itself; DEL, C1 and bidi controls
+    (untrusted text from a pasted log) become ``\\uXXXX`` too, so stdout never carries them raw."""
+    import json
+    import re
+
+    from torchdoctor.report.safe import _BIDI
+
+    text = json.dumps(obj, indent=2, ensure_ascii=False)
+    return re.sub("[\x7f-\x9f" + _BIDI + "]", lambda m: f"\\u{ord(m.group(0)):04x}", text)
 
 
 def _emit(answer, as_json: bool, to_stderr: bool = False) -> None:
     stream = sys.stderr if to_stderr else sys.stdout
     if as_json:
-        import json
-
-        stream.write(json.dumps(answer.to_dict(), indent=2, ensure_ascii=False) + "\n")
+        stream.write(json_text(answer.to_dict()) + "\n")
         stream.flush()
     else:
         from torchdoctor.triage.render import make_console, render
@@ -96,24 +119,27 @@ def run(argv: list[str]) -> int:
     a = parse(argv)
     from torchdoctor.triage.matcher import triage
 
-    text = read_stdin() if a.stdin else " ".join(a.words)
-    answer = triage(text, source="stdin" if a.stdin else "args")
+    if a.stdin:
+        got = read_stdin()
+        answer = triage(got.text, source="stdin", gap=got.gap)
+        answer.limits[:0] = got.limits
+    else:
+        answer = triage(clean_arg(" ".join(a.words)), source="args")
     if a.run is None:
         _emit(answer, a.as_json)
         return EXIT_OK
-    answer.script = a.run[0] if a.run[0] != "-m" or len(a.run) < 2 else f"-m {a.run[1]}"
     if not answer.routes:
         _emit(answer, False, to_stderr=True)  # the clarifying question
         raise DoctorError("no route to run yet: answer the question above first",
                           hint="describe the symptom, e.g. torchdoctor ask \"training is slow\" --run train.py")
-    from torchdoctor.triage.handoff import run_probe_for_route
+    from torchdoctor.triage.handoff import run_probe_for_route, script_of
 
     first = answer.routes[0]
-    route = {"query": answer.query, "skill": first.skill, "why": first.why, "probe": first.probe,
-             "then": [r.skill for r in answer.routes[1:]],
-             "steps": [f"{s['text']} [{s['by']}]" for s in first.steps]}
-    # the probe's own report (stdout) carries the route as metrics["route"], drawn first
-    return run_probe_for_route(first.skill, a.run, a.as_json, route=route)
+    script = script_of(first.skill, a.run)
+    answer.script = clean_arg(script) if script else None  # shown only; the probe gets a.run untouched
+    # one document: the probe's own report (stdout, its exit code) carries the route in full as
+    # metrics["route"] (why, probe, playbook, the routes after it, the decisive line), drawn first
+    return run_probe_for_route(first.skill, a.run, a.as_json, route=answer.route_for_run())
 
 
 def _silence_stdout() -> None:

@@ -77,7 +77,7 @@ KNOWN: tuple[Known, ...] = (
       "RuntimeError: MPS backend out of memory (MPS allocated: 17.01 GB, other allocations: 1.09 GB, max "
       "allowed: 18.13 GB). Tried to allocate 256.00 MB on private pool.", numbers="oom"),
     K("cuda-oom", MEM, "CUDA out of memory", "cuda out of memory",
-      r"CUDA out of memory(?:\.\s*Tried to allocate [\d.]+\s*\w+)?",
+      r"CUDA out of memory(?:\.\s*Tried to allocate [\d.]{1,40}\s*\w{1,100})?",
       "An allocation on the GPU failed: what PyTorch holds plus the request exceed what is free on the "
       "device.",
       "Run `torchdoctor memory SCRIPT` for the peak breakdown (parameters, gradients, optimizer state, "
@@ -101,7 +101,7 @@ KNOWN: tuple[Known, ...] = (
       "ext:aten/src/ATen/cuda/CublasHandlePool.cpp, CUDA builds", "CUBLAS_STATUS_ALLOC_FAILED",
       "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
     K("dl-worker-killed", MEM, "DataLoader worker killed by a signal", "is killed by signal",
-      r"DataLoader worker \(pid \d+\) is killed by signal: ?(?P<signal>[\w ]+)",
+      r"DataLoader worker \(pid \d+\) is killed by signal: ?(?P<signal>[\w ]{1,100})",
       "A DataLoader worker process died from a signal; 'Killed' (SIGKILL) is usually the host's OOM killer.",
       "Watch host RAM while it runs (each worker copies Python objects of the dataset); lower "
       "num_workers, keep dataset metadata in numpy arrays rather than Python lists, then "
@@ -117,7 +117,7 @@ KNOWN: tuple[Known, ...] = (
       "ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared "
       "memory (shm)."),
     K("dl-worker-exited", MEM, "DataLoader worker exited unexpectedly", "exited unexpectedly",
-      r"DataLoader worker \(pid(?:\(s\))? [\d, ]+\) exited unexpectedly",
+      r"DataLoader worker \(pid(?:\(s\))? [\d, ]{1,300}\) exited unexpectedly",
       "A worker process died without a Python error: usually killed for memory (host RAM or /dev/shm) "
       "or a crash in native code.",
       "Re-run with num_workers=0 to see the real error; check host RAM and /dev/shm while it runs.",
@@ -140,7 +140,7 @@ KNOWN: tuple[Known, ...] = (
       "RuntimeError: The size of tensor a (32) must match the size of tensor b (64) at non-singleton "
       "dimension 1", numbers="groups"),
     K("reshape-size", MEM, "reshape to an impossible shape", "is invalid for input of size",
-      r"shape '\[(?P<shape>[^\]]*)\]' is invalid for input of size (?P<numel>\d+)",
+      r"shape '\[(?P<shape>[^\]\n]{0,300})\]' is invalid for input of size (?P<numel>\d+)",
       "The target shape's element count differs from the tensor's.",
       "Compute the expected numel from the shape; use -1 for the inferred dimension; check the batch size "
       "of the last, smaller batch (drop_last).",
@@ -174,7 +174,7 @@ KNOWN: tuple[Known, ...] = (
       "so:libtorch_python.so", "Can't call numpy() on Tensor that requires grad",
       "RuntimeError: Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead."),
     K("numpy-cuda", MEM, "numpy() on a CUDA tensor", "device type tensor to numpy",
-      r"can't convert \S+ device type tensor to numpy",
+      r"can't convert \S{1,300} device type tensor to numpy",
       "numpy arrays live in host memory; a CUDA tensor must be copied first.",
       "Use `t.detach().cpu().numpy()` (once, outside the hot loop: it syncs the GPU).",
       "so:libtorch_python.so", " device type tensor to numpy. Use Tensor.cpu() to ",
@@ -223,7 +223,7 @@ KNOWN: tuple[Known, ...] = (
       "RuntimeError: Expected all tensors to be on the same device, but found at least two devices, cuda:0 "
       "and cpu!", numbers="devices"),
     K("input-weight-type", MOD, "input and weight differ in device or dtype", "should be the same",
-      r"Input type \((?P<input>[^)]+)\) and (?:weight|bias) type \((?P<weight>[^)]+)\) should be the same",
+      r"Input type \((?P<input>[^)\n]{1,300})\) and (?:weight|bias) type \((?P<weight>[^)\n]{1,300})\) should be the same",
       "A layer's input and its weights differ in device (cuda vs cpu tensor types) or dtype.",
       "Move the input to the model's device/dtype (`x.to(next(model.parameters()))`), or the model to the "
       "input's; under mixed precision let autocast cast instead of `.half()` by hand.",
@@ -231,7 +231,7 @@ KNOWN: tuple[Known, ...] = (
       "RuntimeError: Input type (torch.cuda.FloatTensor) and weight type (torch.FloatTensor) should be the "
       "same", numbers="groups"),
     K("dtype-mismatch", MOD, "mixed dtypes in one op", "expected scalar type",
-      r"expected scalar type (?P<expected>\w+) but found (?P<found>\w+)",
+      r"expected scalar type (?P<expected>\w{1,100}) but found (?P<found>\w{1,100})",
       "An op got tensors of different dtypes (e.g. float64 numpy data into a float32 model, Long "
       "targets where Float is needed).",
       "Cast the data once in the Dataset/collate (`torch.from_numpy(x).float()`); for losses check the "
@@ -239,8 +239,8 @@ KNOWN: tuple[Known, ...] = (
       "so:libtorch_cpu.so", "expected scalar type ",
       "RuntimeError: expected scalar type Float but found Double", numbers="groups"),
     K("matmul-dtype", MOD, "matmul inputs of different dtypes", "must have the same dtype, but got",
-      r"(?:mat1 and mat2|self and mat2|\w+ input tensors) must have the same dtype, but got (?P<a>\w+) and "
-      r"(?P<b>\w+)",
+      r"(?:mat1 and mat2|self and mat2|\b\w{1,100} input tensors) must have the same dtype, but got (?P<a>\w{1,100}) and "
+      r"(?P<b>\w{1,100})",
       "A matmul/Linear got float64 data with float32 weights (numpy's default dtype), or fp16 against fp32 "
       "outside autocast.",
       "Cast the data once in the Dataset/collate (`.float()`); for half precision use `torch.autocast` "
@@ -248,13 +248,13 @@ KNOWN: tuple[Known, ...] = (
       "so:libtorch_cpu.so", "mat1 and mat2 must have the same dtype, but got ",
       "RuntimeError: mat1 and mat2 must have the same dtype, but got Double and Float", numbers="groups"),
     K("mm-dtype", MOD, "mm inputs of different dtypes", "to have the same dtype, but got:",
-      r"expected m1 and m2 to have the same dtype, but got: (?P<a>[\w:]+) != (?P<b>[\w:]+)",
+      r"expected m1 and m2 to have the same dtype, but got: (?P<a>[\w:]{1,100}) != (?P<b>[\w:]{1,100})",
       "A matrix product mixes dtypes (float64 numpy data, or Half against Float outside autocast).",
       "Cast the data once (`.float()`); for half precision use `torch.autocast`.",
       "so:libtorch_cpu.so", "expected m1 and m2 to have the same dtype, but got: ",
       "RuntimeError: expected m1 and m2 to have the same dtype, but got: float != double", numbers="groups"),
     K("rnn-dtype", MOD, "RNN input dtype differs from its weights", "does not match weight dtype",
-      r"RNN input dtype \((?P<input>[\w.]+)\) does not match weight dtype \((?P<weight>[\w.]+)\)",
+      r"RNN input dtype \((?P<input>[\w.]{1,300})\) does not match weight dtype \((?P<weight>[\w.]{1,300})\)",
       "The RNN's input and weights have different dtypes (often float64 from numpy).",
       "Convert the input once (`x.float()`), or the model, as the message says.",
       "py:nn/modules/rnn.py", "does not match weight dtype (",
@@ -269,7 +269,7 @@ KNOWN: tuple[Known, ...] = (
       "so:libtorch_cpu.so", "mat1 and mat2 shapes cannot be multiplied (",
       "RuntimeError: mat1 and mat2 shapes cannot be multiplied (64x2048 and 512x10)", numbers="groups"),
     K("conv-channels", MOD, "conv input has the wrong channel count", "channels, but got",
-      r"expected input\[(?P<input>[^\]]+)\] to have (?P<expected>\d+) channels, but got (?P<got>\d+) "
+      r"expected input\[(?P<input>[^\]\n]{1,300})\] to have (?P<expected>\d+) channels, but got (?P<got>\d+) "
       r"channels instead",
       "The conv layer expects a different channel count (e.g. grayscale into an RGB model, or NHWC "
       "layout).",
@@ -279,7 +279,7 @@ KNOWN: tuple[Known, ...] = (
       "RuntimeError: Given groups=1, weight of size [64, 3, 7, 7], expected input[8, 1, 224, 224] to have "
       "3 channels, but got 1 channels instead", numbers="groups"),
     K("conv-ndim", MOD, "conv input has the wrong number of dimensions", "(unbatched) or",
-      r"Expected \d+D \(unbatched\) or \d+D \(batched\) input to \w+",
+      r"Expected \d+D \(unbatched\) or \d+D \(batched\) input to \w{1,100}",
       "The layer got a tensor without (or with an extra) batch or channel dimension.",
       "Check the input's shape: add the batch dimension with `unsqueeze(0)`, or fix the dataset's output "
       "shape.",
@@ -301,7 +301,7 @@ KNOWN: tuple[Known, ...] = (
       "py:nn/modules/module.py", "cannot assign module before Module.__init__() call",
       "AttributeError: cannot assign module before Module.__init__() call"),
     K("param-assign", MOD, "plain tensor assigned to a Parameter attribute", "(torch.nn.parameter or none expected)",
-      r"cannot assign '[^']+' as parameter '[^']+' \(torch\.nn\.Parameter or None expected\)",
+      r"cannot assign '[^'\n]{1,300}' as parameter '[^'\n]{1,300}' \(torch\.nn\.Parameter or None expected\)",
       "An attribute registered as a Parameter was overwritten with a plain tensor.",
       "Wrap it: `self.w = nn.Parameter(t)`, or update in place under `torch.no_grad()` "
       "(`self.w.copy_(t)`).",
@@ -325,7 +325,7 @@ KNOWN: tuple[Known, ...] = (
     # ---------------------------------------------------------------- debugging
     K("inplace-modified", DBG, "a tensor needed by backward was modified in place",
       "has been modified by an inplace operation",
-      r"modified by an inplace operation: \[(?P<tensor>[\w.]+ \[[^\]]*\])\](?:, which is output \d+ of (?P<op>\w+))?"
+      r"modified by an inplace operation: \[(?P<tensor>[\w.]{1,300} \[[^\]\n]{0,300}\])\](?:, which is output \d+ of (?P<op>\w{1,100}))?"
       r"(?:, is at version (?P<version>\d+); expected version (?P<expected_version>\d+))?",
       "Backward needs a value that an in-place op (`+=`, `relu_`, `x[...] = `, inplace=True) overwrote.",
       "Replay one step with `torch.autograd.set_detect_anomaly(True)` to get the forward line; replace "
@@ -367,14 +367,14 @@ KNOWN: tuple[Known, ...] = (
       "so:libtorch_cpu.so", "a leaf Variable that requires grad is being used in an in-place operation.",
       "RuntimeError: a leaf Variable that requires grad is being used in an in-place operation."),
     K("anomaly-nan", DBG, "anomaly mode: a backward function produced NaN", "returned nan values in its",
-      r"Function '(?P<function>\w+)' returned nan values in its (?P<output>\d+)\w* output",
+      r"Function '(?P<function>\w{1,100})' returned nan values in its (?P<output>\d+)\w{0,4} output",
       "Anomaly detection caught the first backward node whose gradient is NaN.",
       "Read the 'Traceback of forward call' printed just before: that forward line is the op to make "
       "safe (eps, clamp, log_softmax); `torchdoctor nan SCRIPT` names the module.",
       "so:libtorch_cpu.so", "' returned nan values in its ",
       "RuntimeError: Function 'LogBackward0' returned nan values in its 0th output.", numbers="groups"),
     K("anomaly-forward", DBG, "anomaly mode: forward trace of the failing node", "error detected in",
-      r"Error detected in (?P<function>\w+)\. Traceback of forward call",
+      r"Error detected in (?P<function>\w{1,100})\. Traceback of forward call",
       "Anomaly detection printed the forward line whose backward failed.",
       "Look at the last frame of that traceback in your code: make that op numerically safe.",
       "so:libtorch_cpu.so", "Error detected in ",
@@ -444,7 +444,7 @@ KNOWN: tuple[Known, ...] = (
       "so:libtorch_cpu.so", "Expected input batch_size (",
       "ValueError: Expected input batch_size (32) to match target batch_size (64).", numbers="groups"),
     K("target-size-broadcast", DBG, "loss input and target shapes differ (broadcast)", "using a target size",
-      r"Using a target size \((?P<target>[^)]*\)?)\) that is different to the input size",
+      r"Using a target size \((?P<target>[^)\n]{0,300}\)?)\) that is different to the input size",
       "The loss broadcasts [B] against [B, 1] into [B, B]: the value is silently wrong.",
       "Make both shapes equal (`out.squeeze(-1)` or `target.unsqueeze(-1)`).",
       "py:nn/functional.py", "Using a target size (",
@@ -464,7 +464,7 @@ KNOWN: tuple[Known, ...] = (
       "so:libtorch_cpu.so", "Expected floating point type for target with class probabilities, got ",
       "RuntimeError: Expected floating point type for target with class probabilities, got Long"),
     K("dl-worker-caught", DBG, "exception inside a DataLoader worker", "in dataloader worker process",
-      r"Caught (?P<exception>\w+) in DataLoader worker process (?P<worker>\d+)",
+      r"Caught (?P<exception>\w{1,100}) in DataLoader worker process (?P<worker>\d+)",
       "Your Dataset or collate_fn raised inside a worker; the real traceback follows 'Original Traceback'.",
       "Read the Original Traceback below it (your `__getitem__`); num_workers=0 reproduces it in the main "
       "process.",
@@ -530,7 +530,7 @@ KNOWN: tuple[Known, ...] = (
       "ValueError: Default process group has not been initialized, please make sure to call "
       "init_process_group."),
     K("env-var-missing", DIST, "rendezvous variable not set", "expected, but not set",
-      r"environment variable (?P<variable>\w+) expected, but not set",
+      r"environment variable (?P<variable>\w{1,100}) expected, but not set",
       "env:// initialisation reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, which torchrun sets and "
       "plain `python train.py` does not.",
       "Launch with `torchrun --nproc-per-node=N train.py`; `torchdoctor dist` shows what is set.",
@@ -575,7 +575,7 @@ KNOWN: tuple[Known, ...] = (
       "WorkNCCL(SeqNum=57, OpType=ALLREDUCE, NumelIn=1048576, NumelOut=1048576, Timeout(ms)=600000) ran for "
       "600059 milliseconds before timing out.", numbers="nccl_timeout"),
     K("nccl-error", DIST, "NCCL call failed", "nccl error",
-      r"NCCL error(?: in: (?P<where>\S+))?,? (?P<kind>[\w ]+?) \(run with NCCL_DEBUG=INFO",
+      r"NCCL error(?: in: (?P<where>\S{1,300}))?,? (?P<kind>[\w ]{1,200}?) \(run with NCCL_DEBUG=INFO",
       "An NCCL operation failed; the kind says which: 'unhandled cuda error' (a CUDA failure, often OOM "
       "inside NCCL), 'unhandled system error' (sockets, /dev/shm, a peer exited), 'remote process exited'.",
       "Re-run with `NCCL_DEBUG=INFO` and read the 'Last error' line; `torchdoctor dist` checks GPUs, "
@@ -610,7 +610,7 @@ KNOWN: tuple[Known, ...] = (
       "RuntimeError: Received data size doesn't match expected size. Is there a distributed collective "
       "mismatch in your code?"),
     K("store-port-in-use", DIST, "rendezvous port already in use", "server socket has failed to listen",
-      r"server socket has failed to listen.*?(?:port: (?P<port>\d+))?",
+      r"server socket has failed to listen.{0,300}?(?:port: (?P<port>\d+))?",
       "MASTER_PORT is taken, often by a previous job that is still running.",
       "Pick another `--master-port` (or `--rdzv-endpoint=host:PORT`) and check for leftover processes.",
       "so:libtorch_cpu.so", "The server socket has failed to listen on any local network address. ",
@@ -618,7 +618,7 @@ KNOWN: tuple[Known, ...] = (
       "address. port: 29500, useIpv6: 0, code: -98, name: EADDRINUSE, message: address already in use",
       numbers="groups"),
     K("store-connect-timeout", DIST, "could not reach the rendezvous host", "client socket has timed out",
-      r"client socket has timed out after (?P<after>\S+) while trying to connect to \((?P<host>[^,]+), "
+      r"client socket has timed out after (?P<after>\S{1,300}) while trying to connect to \((?P<host>[^,\n]{1,300}), "
       r"(?P<port>\d+)\)",
       "A rank could not connect to MASTER_ADDR:MASTER_PORT: wrong address, firewall, or the master never "
       "started.",
@@ -654,7 +654,7 @@ KNOWN: tuple[Known, ...] = (
       "kernels, subsequent GPU operations might run on corrupted/incomplete data.", wrapper=True),
     K("no-backend-for-device", DIST, "collective on a tensor the backend cannot handle",
       "no backend type associated with device type",
-      r"No backend type associated with device type (?P<device>\w+)",
+      r"No backend type associated with device type (?P<device>\w{1,100})",
       "The process group's backend does not support this device (e.g. a CPU tensor with NCCL).",
       "Move the tensor to the rank's GPU before the collective, or init with `backend=\"cpu:gloo,"
       "cuda:nccl\"`.",
@@ -676,7 +676,7 @@ KNOWN: tuple[Known, ...] = (
       "py:amp/grad_scaler.py", "Attempting to unscale FP16 gradients.",
       "ValueError: Attempting to unscale FP16 gradients."),
     K("scaler-not-scaled", MP, "GradScaler used without scaler.scale(loss)", "_scale is none",
-      r"Attempted (?P<call>\w+) but _scale is None",
+      r"Attempted (?P<call>\w{1,100}) but _scale is None",
       "`scaler.unscale_`/`scaler.step` ran but the loss was never scaled in this iteration.",
       "Backpropagate through `scaler.scale(loss).backward()` before `scaler.unscale_`/`scaler.step`.",
       "py:amp/grad_scaler.py", "but _scale is None.  ",
@@ -731,13 +731,13 @@ KNOWN: tuple[Known, ...] = (
       "autocast.",
       "RuntimeError: torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast."),
     K("half-not-implemented", MP, "op has no float16/bfloat16 kernel on this device", "not implemented for '",
-      r"\"(?P<op>\w+)\" not implemented for '(?P<dtype>Half|BFloat16|ComplexHalf)'",
+      r"\"(?P<op>\w{1,100})\" not implemented for '(?P<dtype>Half|BFloat16|ComplexHalf)'",
       "A half-precision tensor reached an op without a kernel for that dtype (often fp16 on CPU).",
       "Use autocast instead of `.half()` (it keeps unsupported ops in fp32); on CPU use bfloat16.",
       "so:libtorch_cpu.so", "\" not implemented for '",
       "RuntimeError: \"addmm_impl_cpu_\" not implemented for 'Half'", numbers="groups"),
     K("half-overflow", MP, "value overflows float16", "without overflow",
-      r"value cannot be converted to type (?P<dtype>[\w:]+) without overflow",
+      r"value cannot be converted to type (?P<dtype>[\w:]{1,100}) without overflow",
       "A constant or fill value exceeds the dtype's range (float16 max is 65504), e.g. a -1e9 mask.",
       "Use `torch.finfo(x.dtype).min` for masks instead of a literal, or bf16.",
       "so:libtorch_cpu.so", "value cannot be converted to type ",
@@ -789,7 +789,7 @@ KNOWN: tuple[Known, ...] = (
       "increase the limit using `ulimit -n` in the shell or change the sharing strategy by calling "
       "`torch.multiprocessing.set_sharing_strategy('file_system')` at the beginning of your code"),
     K("recompile-limit", PERF, "torch.compile recompiles too often", "torch._dynamo hit config.",
-      r"torch\._dynamo hit config\.(?P<limit>\w+) \((?P<value>\d+)\)",
+      r"torch\._dynamo hit config\.(?P<limit>\w{1,100}) \((?P<value>\d+)\)",
       "The function was recompiled until the limit, then runs eagerly: shapes, dtypes or Python values "
       "change between calls.",
       "Run with `TORCH_LOGS=recompiles` to see the guard that fails; mark dynamic dimensions or pad "
@@ -798,7 +798,7 @@ KNOWN: tuple[Known, ...] = (
       "W1105 12:00:01.123000 1234 torch/_dynamo/convert_frame.py:1016] torch._dynamo hit "
       "config.recompile_limit (8)", severity="warning", numbers="groups"),
     K("graph-break", PERF, "torch.compile graph break", "graph break",
-      r"Graph break(?: in user code at (?P<where>\S+))?",
+      r"Graph break(?: in user code at (?P<where>\S{1,300}))?",
       "Dynamo split the graph here; each break costs a return to Python and fewer fusions.",
       "Run `TORCH_LOGS=graph_breaks` and fix the top break (often `.item()`, print, data-dependent "
       "Python control flow).",
@@ -826,7 +826,7 @@ KNOWN: tuple[Known, ...] = (
       "py:_inductor/exc.py", "class InductorError(",
       "torch._inductor.exc.InductorError: CppCompileError: C++ compile error"),
     K("cudagraph-skipped", PERF, "CUDA graphs skipped", "skipping cudagraphs due to",
-      r"skipping cudagraphs due to (?P<reason>.+)",
+      r"skipping cudagraphs due to (?P<reason>.{1,300})",
       "torch.compile's CUDA graphs were not used for this graph (CPU tensors, mutation, dynamic shapes).",
       "Fix the reason named, or accept eager launch costs; measure with `torchdoctor profile SCRIPT`.",
       "py:_dynamo/backends/cudagraphs.py", "skipping cudagraphs due to ",
@@ -854,7 +854,7 @@ KNOWN: tuple[Known, ...] = (
       "Please use torch.load with map_location to map your storages to an existing device.",
       numbers="groups"),
     K("state-dict-keys", CKPT, "state_dict keys do not match the model", "error(s) in loading state_dict",
-      r"Error\(s\) in loading state_dict for (?P<model>\w+)",
+      r"Error\(s\) in loading state_dict for (?P<model>\w{1,100})",
       "Saved keys differ from the model's: a `module.` (DDP) or `_orig_mod.` (torch.compile) prefix, a "
       "changed architecture, or a whole-model vs state_dict mix-up.",
       "Compare the key lists (`torchdoctor checkpoint-audit PATH` shows prefixes); strip the prefix or "
@@ -864,8 +864,8 @@ KNOWN: tuple[Known, ...] = (
       "\"conv1.weight\". \n\tUnexpected key(s) in state_dict: \"module.conv1.weight\". ",
       numbers="state_dict_keys", generic=True),
     K("state-dict-size", CKPT, "parameter shape differs from the checkpoint", "size mismatch for",
-      r"size mismatch for (?P<key>[\w.]+): copying a param with shape (?P<saved>torch\.Size\(\[[^\]]*\]\)) "
-      r"from checkpoint, the shape in current model is (?P<model>torch\.Size\(\[[^\]]*\]\))",
+      r"size mismatch for (?P<key>[\w.]{1,300}): copying a param with shape (?P<saved>torch\.Size\(\[[^\]\n]{0,300}\]\)) "
+      r"from checkpoint, the shape in current model is (?P<model>torch\.Size\(\[[^\]\n]{0,300}\]\))",
       "A layer has a different size than when saved (e.g. another number of classes).",
       "Build the model with the saved configuration, or skip that layer's keys when fine-tuning a new "
       "head.",
@@ -883,7 +883,7 @@ KNOWN: tuple[Known, ...] = (
       "_pickle.UnpicklingError: Weights only load failed. This file can still be loaded, to do so you have "
       "two options, do those steps only if you trust the source of the checkpoint.", numbers="globals"),
     K("unsupported-global", CKPT, "pickled global not allowed by weights_only", "was not an allowed global by default",
-      r"Unsupported global: GLOBAL (?P<global_name>[\w.]+) was not an allowed global by default",
+      r"Unsupported global: GLOBAL (?P<global_name>[\w.]{1,300}) was not an allowed global by default",
       "The checkpoint references a Python object weights_only loading does not allow.",
       "If it is a safe type (e.g. numpy arrays), allowlist it with `torch.serialization.add_safe_globals`; "
       "`torchdoctor checkpoint-audit PATH` lists all of them.",
@@ -898,7 +898,7 @@ KNOWN: tuple[Known, ...] = (
       "so:libtorch_cpu.so", "failed finding central directory",
       "RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central directory"),
     K("invalid-load-key", CKPT, "not a torch checkpoint", "invalid load key",
-      r"invalid load key, '(?P<byte>[^']*)'",
+      r"invalid load key, '(?P<byte>[^'\n]{0,300})'",
       "The file is not a torch/pickle file: a Git LFS pointer, an HTML error page, or a safetensors/other "
       "format.",
       "Look at the first bytes (`head -c 200 file`); fetch the real file (`git lfs pull`); "
@@ -931,7 +931,7 @@ KNOWN: tuple[Known, ...] = (
       "FutureWarning: You are using `torch.load` with `weights_only=False` (the current default value), "
       "which uses the default pickle module implicitly.", severity="warning"),
     K("pickle-class-missing", CKPT, "whole pickled model needs its class", "can't get attribute",
-      r"Can't get attribute '(?P<name>\w+)' on <module '(?P<module>[\w.]+)'",
+      r"Can't get attribute '(?P<name>\w{1,100})' on <module '(?P<module>[\w.]{1,300})'",
       "The file pickles a whole object (model) whose class is not importable here.",
       "Save and load `state_dict()` instead of the module; to rescue this file import the class under the "
       "same module name first.",
@@ -949,7 +949,7 @@ KNOWN: tuple[Known, ...] = (
       "because it uses CuBLAS and you have CUDA >= 10.2."),
     K("nondeterministic-op", CKPT, "op has no deterministic implementation",
       "does not have a deterministic implementation",
-      r"(?P<op>\w+) does not have a deterministic implementation",
+      r"\b(?P<op>\w{1,100}) does not have a deterministic implementation",
       "Deterministic mode is on and this op (often a CUDA scatter/index backward) has no deterministic "
       "kernel.",
       "Use `torch.use_deterministic_algorithms(True, warn_only=True)` to list all such ops, then replace "
@@ -961,7 +961,7 @@ KNOWN: tuple[Known, ...] = (
     # ---------------------------------------------------------------- custom autograd
     K("grad-count", AG, "backward returned the wrong number of gradients",
       "returned an incorrect number of gradients",
-      r"function (?P<function>\w+) returned an incorrect number of gradients \(expected (?P<expected>\d+), "
+      r"function (?P<function>\w{1,100}) returned an incorrect number of gradients \(expected (?P<expected>\d+), "
       r"got (?P<got>\d+)\)",
       "A custom Function's backward must return one value per forward input (None for non-tensors).",
       "Return a tuple as long as forward's inputs (after ctx), with None for inputs without gradient.",
@@ -969,8 +969,8 @@ KNOWN: tuple[Known, ...] = (
       "RuntimeError: function MyReluBackward returned an incorrect number of gradients (expected 2, got 1)",
       numbers="groups"),
     K("grad-shape", AG, "backward returned a gradient of the wrong shape", "invalid gradient at index",
-      r"returned an invalid gradient at index (?P<index>\d+) - got (?P<got>\[[^\]]*\]) but expected shape "
-      r"compatible with (?P<expected>\[[^\]]*\])",
+      r"returned an invalid gradient at index (?P<index>\d+) - got (?P<got>\[[^\]\n]{0,300}\]) but expected shape "
+      r"compatible with (?P<expected>\[[^\]\n]{0,300}\])",
       "A custom backward returned a gradient whose shape does not match its input.",
       "Reduce broadcast dimensions (sum over them) so each gradient has its input's shape; check with "
       "`torch.autograd.gradcheck`.",
@@ -978,7 +978,7 @@ KNOWN: tuple[Known, ...] = (
       "RuntimeError: Function MyScaleBackward returned an invalid gradient at index 1 - got [8, 4] but "
       "expected shape compatible with [4]", numbers="groups"),
     K("jacobian-mismatch", AG, "gradcheck: analytical and numerical gradients differ", "mismatch for output",
-      r"Jacobian (?:\w+ )?mismatch for output (?P<output>\d+) with respect to input (?P<input>\d+)",
+      r"Jacobian (?:\w{1,100} )?mismatch for output (?P<output>\d+) with respect to input (?P<input>\d+)",
       "The custom backward's gradient differs from finite differences.",
       "Run gradcheck in float64 with small inputs; check each returned gradient's formula and its "
       "reduction over broadcast dimensions.",
@@ -1002,7 +1002,7 @@ KNOWN: tuple[Known, ...] = (
       "RuntimeError: Legacy autograd function with non-static forward method is deprecated. Please use "
       "new-style autograd function with static forward method."),
     K("save-for-backward-type", AG, "save_for_backward got a non-tensor", "save_for_backward can only save",
-      r"save_for_backward can only save variables, but argument (?P<index>\d+) is of type (?P<type>\w+)",
+      r"save_for_backward can only save variables, but argument (?P<index>\d+) is of type (?P<type>\w{1,100})",
       "`ctx.save_for_backward` stores tensors only.",
       "Keep non-tensors as plain ctx attributes (`ctx.scale = scale`).",
       "so:libtorch_python.so", "save_for_backward can only save variables, but argument {} is of type {}",

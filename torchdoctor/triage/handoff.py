@@ -25,6 +25,41 @@ def probe_argv(skill: str, script_argv: list[str], as_json: bool = False) -> lis
     return [PROBE_COMMAND[skill], *(["--json"] if as_json else []), *script_argv]
 
 
+def script_of(skill: str, script_argv: list[str]) -> str | None:
+    """SCRIPT (or ``-m MODULE``, or PATH) in ``script_argv``, after any of the probe's own options.
+
+    ``ask ... --run --steps 3 train.py --lr 1``: the probe's options may come first; the first word
+    that is neither an option nor an option's value is the target. Reads the probe command's
+    declared options (typer is loaded here anyway: the probe is about to run).
+    """
+    flags: set[str] = set()
+    valued: set[str] = set()
+    try:
+        import typer.main
+
+        from torchdoctor.cli import app
+
+        cmd = typer.main.get_command(app).commands.get(PROBE_COMMAND.get(skill, ""))
+        for p in getattr(cmd, "params", []):
+            if p.param_type_name != "option":
+                continue
+            (flags if getattr(p, "is_flag", False) else valued).update([*p.opts, *p.secondary_opts])
+    except Exception:  # noqa: BLE001 - without the declarations, take the first word as before
+        pass
+    i = 0
+    while i < len(script_argv):
+        tok = script_argv[i]
+        if tok in ("-m", "--module"):
+            return f"-m {script_argv[i + 1]}" if i + 1 < len(script_argv) else None
+        if tok == "--":
+            return script_argv[i + 1] if i + 1 < len(script_argv) else None
+        if tok.startswith("-") and len(tok) > 1:
+            i += 2 if tok in valued else 1
+            continue
+        return tok
+    return None
+
+
 def _importable(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None

@@ -19,11 +19,15 @@ from torchdoctor.triage.gate import required_literals
 from torchdoctor.triage.logscan import Hit, scan
 from torchdoctor.triage.numbers import oom_notes
 from torchdoctor.triage.playbooks import PLAYBOOKS
+from torchdoctor.triage.refine import refine
 from torchdoctor.triage.symptoms import DBG, DIST, MP, SIGNALS
 from torchdoctor.triage.text import correct_typos, normalize
 
 MAX_ROUTES = 3
 LOG_MIN_LINES = 4
+MAX_QUERY_CHARS = 4000  # a question's words are read up to here; known error texts in all of it
+MAX_QUERY_SHOWN = 2000
+WHERE_RAISED = "where it was raised"  # label of the evidence ``refine`` adds  # characters of a question echoed back (console and JSON)
 
 _GATES: list | None = None
 _RX: dict[str, re.Pattern] = {}
@@ -107,7 +111,7 @@ def looks_like_log(text: str) -> bool:
         return False
     n = 0
     for ln in text.splitlines():
-        if ln.strip():
+        if ln and not ln.isspace():
             n += 1
             if n >= LOG_MIN_LINES:
                 return True
@@ -182,7 +186,10 @@ def _why(skill: str, matched: list[Matched], corrections: list[tuple[str, str]],
     if any(m.kind == "nan-line" for m in matched):
         m = next(m for m in matched if m.kind == "nan-line")
         parts.append(f"first NaN/Inf at line {m.line}: \"{_short(m.text)}\"")
-    words = [m for m in matched if m.kind not in ("error", "nan-line")]
+    for m in matched:
+        if m.label == WHERE_RAISED:
+            parts.append(_short(m.text, 200))
+    words = [m for m in matched if m.kind not in ("error", "nan-line") and m.label != WHERE_RAISED]
     seen = set()
     quoted = []
     for m in sorted(words, key=lambda m: (-m.weight, m.pos)):
@@ -205,18 +212,34 @@ def _short(s: str, n: int = 120) -> str:
     return s if len(s) <= n else s[: n - 1] + "…"
 
 
-def triage(text: str, source: str = "args") -> Answer:
+def _cut(text: str, n: int) -> str:
+    """``text`` up to ``n`` characters, cut at a blank when one is near."""
+    if len(text) <= n:
+        return text
+    cut = text.rfind(" ", n - 200, n)
+    return text[:cut if cut > 0 else n]
+
+
+def triage(text: str, source: str = "args", gap: tuple[int, int] | None = None) -> Answer:
+    """Route ``text``; ``gap`` = (line index, lines skipped) when a capped stdin left a gap there."""
     log_mode = looks_like_log(text)
-    sc = scan(text, nan=log_mode)
-    ans = Answer(query=text.strip() if not log_mode or len(text) <= 2000 else
-                 f"- ({source}, {sc.lines} lines)", source=source, mode="log" if log_mode else "query",
-                 lines=sc.lines)
+    sc = scan(text, nan=log_mode, gap=gap)
+    query = text.strip()
+    if log_mode and len(text) > MAX_QUERY_SHOWN:
+        query = f"- ({source}, {sc.lines} lines)"
+    elif len(query) > MAX_QUERY_SHOWN:
+        query = _cut(query, MAX_QUERY_SHOWN) + f" … ({len(query)} characters)"
+    ans = Answer(query=query, source=source, mode="log" if log_mode else "query", lines=sc.lines)
     found: list[Matched] = []
-    norm = normalize(text) if not log_mode else ""
+    words = _cut(text, MAX_QUERY_CHARS)
+    norm = normalize(words) if not log_mode else ""
     if log_mode:
         found.extend(_log_context(sc.lower))
     else:
-        found, ans.corrections = match_query(text)
+        found, ans.corrections = match_query(words)
+        if len(words) < len(text):
+            ans.limits.append(f"a question of {len(text)} characters: its words were read up to character "
+                              f"{len(words)} (known error texts in all of it)")
     # known error texts: all are recognised; the decisive one routes
     known, d = sc.known, sc.decisive
     if not log_mode:
@@ -225,6 +248,11 @@ def triage(text: str, source: str = "args") -> Answer:
             d = None
     for h in known:
         ans.recognized.append(_error_match(h))
+    if d is not None and d.entry is not None:
+        refined = refine(d, sc, text)
+        if refined is not None:  # where it was raised says whose problem it is
+            d.entry, where_why = refined
+            found.append(Matched(WHERE_RAISED, d.entry.skill, "context", where_why, 1, 10**9))
     if d is not None:
         ans.decisive = _decisive(d)
         ans.numbers = dict(d.numbers)
@@ -273,7 +301,8 @@ def _routes(found: list[Matched], corrections: list[tuple[str, str]]) -> list[Ro
     ranked = sorted(info, key=lambda s: (info[s]["tier"], -info[s]["score"], info[s]["pos"]))
     labels = {m.label for m in found}
     symptom_skills = {m.skill for m in found if m.kind in ("symptom", "error", "nan-line")}
-    ordered, before = order_mod.order_skills(ranked, labels, symptom_skills)
+    error_skills = {m.skill for m in found if m.kind == "error"}
+    ordered, before = order_mod.order_skills(ranked, labels, symptom_skills, error_skills)
     routes = []
     for skill in ordered[:MAX_ROUTES]:
         pb = PLAYBOOKS[skill]

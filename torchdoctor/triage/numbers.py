@@ -3,19 +3,43 @@
 Each extractor takes the matched text (the error line and the lines it wraps onto) and the
 entry's regex match, and returns a flat dict. Sizes are returned in bytes (``*_bytes``), parsed
 from PyTorch's own formatting ("2.00 GiB", "3.44 MiB"; decimal units for "GB"/"MB").
+
+Hostile input is expected (a pasted log is untrusted): every number pattern starts at the first
+digit of a run (a look-behind for a digit or a dot), so a long digit run costs one pass, not one
+pass per digit; a number of more than ``MAX_DIGITS`` digits is not a real size or count and is
+reported by name in ``too_large`` instead of being converted (no OverflowError, no huge int).
 """
 
 from __future__ import annotations
 
+import math
 import re
 
 _UNITS = {"b": 1, "bytes": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50,
           "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
-SIZE = r"(\d+(?:\.\d+)?)\s*(bytes|[kmgtp]?i?b)\b"
+MAX_DIGITS = 24  # more digits than any real byte count, pid or rank (2**64 has 20)
+_NUM = r"(?<![\d.])\d+(?:\.\d+)?"  # starts at the first digit of a run: linear on long runs
+SIZE = r"(" + _NUM + r")\s*(bytes|[kmgtp]?i?b)\b"
+
+
+class TooLarge(ValueError):
+    """A number with more digits than any real size: reported, never converted."""
+
+
+def to_int(value: str) -> int:
+    """``int(value)`` for at most MAX_DIGITS digits; TooLarge beyond (no 4300-digit ints)."""
+    if len(value.lstrip("-+")) > MAX_DIGITS:
+        raise TooLarge(value)
+    return int(value)
 
 
 def to_bytes(value: str, unit: str) -> int:
-    return int(round(float(value) * _UNITS[unit.lower()]))
+    if len(value.split(".")[0]) > MAX_DIGITS:
+        raise TooLarge(value)
+    v = float(value[: MAX_DIGITS * 2 + 1]) * _UNITS[unit.lower()]
+    if not math.isfinite(v):
+        raise TooLarge(value)
+    return int(round(v))
 
 
 def human(n: int | float) -> str:
@@ -28,14 +52,24 @@ def human(n: int | float) -> str:
 
 
 def _size(rx: str, text: str) -> int | None:
-    m = re.search(rx, text, re.I)
+    m = _re(rx, re.I).search(text)
     if not m:
         return None
     return to_bytes(m.group("v"), m.group("u"))
 
 
+_RX: dict[tuple[str, int], re.Pattern] = {}
+
+
+def _re(p: str, flags: int = 0) -> re.Pattern:
+    rx = _RX.get((p, flags))
+    if rx is None:
+        rx = _RX[(p, flags)] = re.compile(p, flags)
+    return rx
+
+
 def _sz(prefix: str = "", suffix: str = "") -> str:
-    return prefix + r"(?P<v>\d+(?:\.\d+)?)\s*(?P<u>bytes|[kmgtp]?i?b)\b" + suffix
+    return prefix + r"(?P<v>" + _NUM + r")\s*(?P<u>bytes|[kmgtp]?i?b)\b" + suffix
 
 
 def oom(text: str, m: re.Match | None = None) -> dict:
@@ -53,26 +87,49 @@ def oom(text: str, m: re.Match | None = None) -> dict:
         "other_allocations_bytes": [_sz(r"other allocations:\s*")],
         "max_allowed_bytes": [_sz(r"max allowed:\s*")],
     }
+    too_large: list[str] = []
     for name, rxs in fields.items():
         for rx in rxs:
-            v = _size(rx, text)
+            try:
+                v = _size(rx, text)
+            except TooLarge:
+                too_large.append(name)
+                break
             if v is not None:
                 out[name] = v
                 break
-    g = re.search(r"\bGPU (\d+)\b", text)
+    g = _re(r"\bGPU (\d+)\b").search(text)
     if g:
-        out["gpu"] = int(g.group(1))
-    others = re.findall(r"Process (\d+) has " + SIZE + r" memory in use", text, re.I)
-    if others:
-        out["other_processes"] = [{"pid": int(p), "bytes": to_bytes(v, u)} for p, v, u in others]
+        _put(out, too_large, "gpu", g.group(1))
+    procs = []
+    for p, v, u in _re(r"Process (\d+) has " + SIZE + r" memory in use", re.I).findall(text):
+        try:
+            procs.append({"pid": to_int(p), "bytes": to_bytes(v, u)})
+        except TooLarge:
+            too_large.append("other_processes")
+    if procs:
+        out["other_processes"] = procs
+    if too_large:
+        out["too_large"] = sorted(set(too_large))
     if "reserved_bytes" not in out and "allocated_bytes" in out and "reserved_unallocated_bytes" in out:
         out["reserved_bytes"] = out["allocated_bytes"] + out["reserved_unallocated_bytes"]
     return out
 
 
+def _put(out: dict, too_large: list[str], name: str, digits: str) -> None:
+    try:
+        out[name] = to_int(digits)
+    except TooLarge:
+        too_large.append(name)
+
+
 def oom_notes(n: dict) -> list[str]:
     """Plain statements read off the OOM numbers (no guessing beyond them)."""
     notes = []
+    if n.get("too_large"):
+        names = ", ".join(x.removesuffix("_bytes").replace("_", " ") for x in n["too_large"])
+        notes.append(f"too large to be a real size: {names} (a shape or dtype bug computing the size, "
+                     "or an edited message)")
     req, free = n.get("requested_bytes"), n.get("free_bytes")
     if req is not None and free is not None:
         notes.append(f"requested {human(req)} with {human(free)} free on the device")
@@ -92,66 +149,105 @@ def oom_notes(n: dict) -> list[str]:
 
 
 def cpu_alloc(text: str, m: re.Match | None = None) -> dict:
-    g = re.search(r"you tried to allocate (\d+) bytes", text)
-    return {"requested_bytes": int(g.group(1))} if g else {}
+    g = _re(r"you tried to allocate (\d+) bytes").search(text)
+    out: dict = {}
+    too_large: list[str] = []
+    if g:
+        _put(out, too_large, "requested_bytes", g.group(1))
+    if too_large:
+        out["too_large"] = too_large
+    return out
 
 
 def pid_signal(text: str, m: re.Match | None = None) -> dict:
-    g = re.search(r"\(pid (\d+)\) is killed by signal: ?([\w ]+)", text)
-    return {"pid": int(g.group(1)), "signal": g.group(2).strip()} if g else {}
+    g = _re(r"\(pid (\d+)\) is killed by signal: ?(\w[\w ]{0,40})").search(text)
+    if not g:
+        return {}
+    out: dict = {"signal": g.group(2).strip()}
+    too_large: list[str] = []
+    _put(out, too_large, "pid", g.group(1))
+    if too_large:
+        out["too_large"] = too_large
+    return out
 
 
 def groups(text: str, m: re.Match | None = None) -> dict:
     """The entry regex's named groups, with integers converted."""
     if m is None:
         return {}
-    out = {}
+    out: dict = {}
+    too_large: list[str] = []
     gd = m.groupdict()
     for k, v in gd.items():
         if v is None:
             continue
         if k[-1].isdigit() and k[:-1] in gd:  # "suggested2": the same number in another alternative
             k = k[:-1]
-        out[k] = int(v) if re.fullmatch(r"-?\d+", v) else v.strip()
+        if _re(r"-?\d+").fullmatch(v):
+            _put(out, too_large, k, v)
+        else:
+            out[k] = _clip(v.strip())
+    if too_large:
+        out["too_large"] = too_large
     return out
 
 
+MAX_VALUE = 200  # characters of a text value quoted back (a group may match a whole long line)
+
+
+def _clip(v: str) -> str:
+    return v if len(v) <= MAX_VALUE else v[:MAX_VALUE] + "…"
+
+
 def devices(text: str, m: re.Match | None = None) -> dict:
-    g = re.search(r"at least two devices, ([\w:]+) and ([\w:]+)", text)
+    g = _re(r"at least two devices, ([\w:]{1,40}) and ([\w:]{1,40})").search(text)
     return {"devices": [g.group(1), g.group(2)]} if g else {}
 
 
 def nccl_timeout(text: str, m: re.Match | None = None) -> dict:
     out: dict = {}
+    too_large: list[str] = []
     for name, rx in (("seq", r"SeqNum=(\d+)"), ("op", r"OpType=(\w+)"), ("numel_in", r"NumelIn=(\d+)"),
                      ("numel_out", r"NumelOut=(\d+)"), ("timeout_ms", r"Timeout\(ms\)=(\d+)"),
                      ("ran_ms", r"ran for (\d+) milliseconds"), ("rank", r"\[Rank (\d+)\]")):
-        g = re.search(rx, text, re.I)
+        g = _re(rx, re.I).search(text)
         if g:
-            out[name] = int(g.group(1)) if g.group(1).isdigit() else g.group(1)
+            v = g.group(1)
+            if v.isdigit():
+                _put(out, too_large, name, v)
+            else:
+                out[name] = _clip(v)
+    if too_large:
+        out["too_large"] = too_large
     return out
 
 
 def nccl_error(text: str, m: re.Match | None = None) -> dict:
     out = groups(text, m)
-    g = re.search(r"NCCL version ([\d.]+)", text)
+    g = _re(r"NCCL version (\d[\d.]{0,20})").search(text)
     if g:
         out["nccl_version"] = g.group(1)
-    g = re.search(r"Last error:\s*(.+)", text)
+    g = _re(r"Last error:[ \t]*(.+)").search(text)
     if g:
-        out["last_error"] = g.group(1).strip()
+        out["last_error"] = _clip(g.group(1).strip())
     return out
 
 
 def state_dict_keys(text: str, m: re.Match | None = None) -> dict:
     out = groups(text, m)
-    for name, rx in (("missing", r"Missing key\(s\) in state_dict: (.*?)(?:\.\s*$|\.\s*\n|\. \s*Unexpected|$)"),
-                     ("unexpected", r"Unexpected key\(s\) in state_dict: (.*?)(?:\.\s*$|\.\s*\n|$)")):
-        g = re.search(rx, text, re.S)
-        if g:
-            keys = re.findall(r'"([^"]+)"', g.group(1))
-            out[f"{name}_keys"] = len(keys)
-            out[f"{name}_examples"] = keys[:3]
+    for name, head, stop in (("missing", "Missing key(s) in state_dict: ", "Unexpected key(s) in state_dict"),
+                             ("unexpected", "Unexpected key(s) in state_dict: ", None)):
+        start = text.find(head)
+        if start < 0:
+            continue
+        start += len(head)
+        end = text.find("\n", start)
+        seg = text[start:end if end >= 0 else len(text)]
+        if stop and stop in seg:
+            seg = seg[:seg.index(stop)]
+        keys = _re(r'"([^"\n]{1,300})"').findall(seg)
+        out[f"{name}_keys"] = len(keys)
+        out[f"{name}_examples"] = [_clip(k) for k in keys[:3]]
     prefixes = sorted({p for p in ("module.", "_orig_mod.") if f'"{p}' in text})
     if prefixes:
         out["key_prefixes"] = prefixes
@@ -159,8 +255,8 @@ def state_dict_keys(text: str, m: re.Match | None = None) -> dict:
 
 
 def globals_(text: str, m: re.Match | None = None) -> dict:
-    names = re.findall(r"GLOBAL ([\w.]+) was not an allowed global", text)
-    return {"globals": sorted(set(names))} if names else {}
+    names = _re(r"GLOBAL ([\w.]{1,300}) was not an allowed global").findall(text)
+    return {"globals": sorted(set(names))[:20]} if names else {}
 
 
 EXTRACTORS: dict[str, object] = {
@@ -175,5 +271,5 @@ def extract(name: str | None, text: str, m: re.Match | None) -> dict:
         return {}
     try:
         return EXTRACTORS[name](text, m)
-    except (ValueError, KeyError, IndexError):  # a malformed number never breaks the answer
+    except (ValueError, KeyError, IndexError, OverflowError):  # a malformed number never breaks the answer
         return {}

@@ -22,6 +22,7 @@ class Precedence:
     why: str
     labels: tuple[str, ...] = ()  # applies only when one of these signal labels matched
     unless_symptom_of: str | None = None  # does not apply when this skill has a symptom of its own
+    unless_error_of: str | None = None  # does not apply when a recognised error text routes to this skill
 
 
 PRECEDENCE: tuple[Precedence, ...] = (
@@ -37,13 +38,15 @@ PRECEDENCE: tuple[Precedence, ...] = (
     Precedence(CKPT, MOD, "saving a model is a checkpointing question, not module design"),
     Precedence(CKPT, DBG, "trouble right after resuming: check what the checkpoint restored first",
                labels=("resume training",)),
-    Precedence(DBG, AG, "diagnose where the non-finite gradient appears, then fix the custom Function"),
+    Precedence(DBG, AG, "diagnose where the non-finite gradient appears, then fix the custom Function",
+               unless_error_of=AG),
     Precedence(MEM, MP, "measure the memory breakdown first; mixed precision is one of the fixes"),
-    Precedence(DBG, MOD, "diagnose first, then change the design"),
+    Precedence(DBG, MOD, "diagnose first, then change the design", unless_error_of=MOD),
 )
 
 
-def order_skills(ranked: list[str], labels: set[str], symptom_skills: set[str]) -> tuple[list[str], dict]:
+def order_skills(ranked: list[str], labels: set[str], symptom_skills: set[str],
+                 error_skills: set[str] = frozenset()) -> tuple[list[str], dict]:
     """Stable topological sort of ``ranked`` under the applicable precedence rules.
 
     Returns the order and, per skill, the rules that placed another skill before it
@@ -53,7 +56,8 @@ def order_skills(ranked: list[str], labels: set[str], symptom_skills: set[str]) 
     active = [p for p in PRECEDENCE
               if p.first in present and p.then in present
               and (not p.labels or labels.intersection(p.labels))
-              and not (p.unless_symptom_of and p.unless_symptom_of in symptom_skills)]
+              and not (p.unless_symptom_of and p.unless_symptom_of in symptom_skills)
+              and not (p.unless_error_of and p.unless_error_of in error_skills)]
     before: dict[str, list[Precedence]] = {s: [p for p in active if p.then == s] for s in ranked}
     out: list[str] = []
     left = list(ranked)

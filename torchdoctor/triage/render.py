@@ -1,6 +1,9 @@
 """Console rendering of an ``Answer`` with rich: decisive line, routes with why and playbook, next command.
 
-User text (queries, log lines) is always wrapped in ``Text``, never parsed as markup.
+Everything that comes from the input (the query, quoted log lines, file paths and names of frames,
+numbers' text values, the why that quotes them, SCRIPT) is untrusted: it goes through
+``report.safe.visible`` (control bytes shown as ``\\x1b``, tabs as spaces) and into ``Text``,
+never parsed as markup.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from torchdoctor.report.safe import visible
 from torchdoctor.triage.answer import Answer
 from torchdoctor.triage.numbers import human
 
@@ -23,11 +27,22 @@ class _Console(Console):
         raise BrokenPipeError
 
 
+def _v(s) -> str:
+    """Untrusted text, printable: tabs as spaces, every other control byte escaped."""
+    return visible(str(s).replace("\t", "    "))
+
+
+def _t(s, style: str = "") -> Text:
+    return Text(_v(s), style=style)
+
+
 def make_console(stderr: bool = False) -> Console:
     return _Console(stderr=stderr, highlight=False, soft_wrap=False)
 
 
 def _fmt_number(k: str, v) -> str:
+    if k == "too_large" and isinstance(v, list):
+        return "too large to be real: " + ", ".join(str(x).replace("_bytes", "").replace("_", " ") for x in v)
     if k.endswith("_bytes") and isinstance(v, (int, float)):
         return f"{k[:-6].replace('_', ' ')} {human(v)}"
     if isinstance(v, list):
@@ -37,9 +52,7 @@ def _fmt_number(k: str, v) -> str:
 
 
 def _sub(cmd: str, ans: Answer) -> str:
-    if ans.script:
-        return cmd.replace("[SCRIPT]", ans.script).replace("SCRIPT", ans.script).replace("PATH", ans.script)
-    return cmd
+    return ans.sub(cmd)
 
 
 def _query_line(ans: Answer) -> Text:
@@ -50,7 +63,7 @@ def _query_line(ans: Answer) -> Text:
     else:
         q = " ".join(ans.query.split())
         t.append("  ")
-        t.append(f"\"{q if len(q) <= 200 else q[:199] + '…'}\"")
+        t.append(f"\"{_v(q if len(q) <= 200 else q[:199] + '…')}\"")
     return t
 
 
@@ -65,20 +78,20 @@ def _decisive(ans: Answer) -> list:
     head.append(f"{d.title or d.kind}", style=style)
     head.append(f"  ({where}" + (f", {d.id})" if d.id else ")"), style="dim")
     g = _grid(2)
-    g.add_row(Text("│", style="dim"), Text(d.text))
+    g.add_row(Text("│", style="dim"), _t(d.text))
     if d.via:
-        g.add_row(Text("│", style="dim"), Text("wrapped by: " + d.via, style="dim"))
+        g.add_row(Text("│", style="dim"), _t("wrapped by: " + d.via, style="dim"))
     nums = [(k, v) for k, v in ans.numbers.items() if not k.endswith("_examples")]
     if nums:
-        g.add_row("", Text(" · ".join(_fmt_number(k, v) for k, v in nums), style="cyan"))
+        g.add_row("", _t(" · ".join(_fmt_number(k, v) for k, v in nums), style="cyan"))
     for n in ans.notes:
-        g.add_row("", Text(f"• {n}", style="cyan"))
+        g.add_row("", _t(f"• {n}", style="cyan"))
     if d.explain:
-        g.add_row("", Text("Means: ", style="bold") + Text(d.explain))
+        g.add_row("", Text("Means: ", style="bold") + _t(d.explain))
     if d.first_step:
-        g.add_row("", Text("First step: ", style="bold") + Text(_sub(d.first_step, ans)))
+        g.add_row("", Text("First step: ", style="bold") + _t(_sub(d.first_step, ans)))
     if d.where:
-        g.add_row("", Text("In your code: ", style="bold") + Text(d.where))
+        g.add_row("", Text("In your code: ", style="bold") + _t(d.where))
     return [head, g]
 
 
@@ -95,14 +108,14 @@ def _routes(ans: Answer) -> list:
         g = _grid(3)
         head = Text(r.skill, style="bold green")
         head.append("  →  ")
-        head.append(_sub(r.probe, ans), style="bold cyan")
+        head.append(_v(_sub(r.probe, ans)), style="bold cyan")
         g.add_row(Text(f"{i}.", style="bold"), head)
-        g.add_row("", Text("why: ", style="dim") + Text(r.why, style="dim"))
+        g.add_row("", Text("why: ", style="dim") + _t(r.why, style="dim"))
         out.append(g)
         steps = _grid(6)
         for j, s in enumerate(r.steps, 1):
-            line = Text(_sub(s["text"], ans))
-            line.append(f"  [{_sub(s['by'], ans)}]", style="cyan" if s["by"] != "by hand" else "dim")
+            line = _t(_sub(s["text"], ans))
+            line.append(f"  [{_v(_sub(s['by'], ans))}]", style="cyan" if s["by"] != "by hand" else "dim")
             steps.add_row(Text(f"{j}."), line)
         out.append(steps)
     return out
@@ -116,8 +129,8 @@ def _also(ans: Answer) -> list[Text]:
         label = a.get("id") or a.get("kind")
         count = f" ×{a['count']}" if a.get("count", 1) > 1 else ""
         t = Text(f"  line {a['line']:>6}  ", style="dim")
-        t.append(f"{label}{count}: ", style="yellow")
-        t.append(a["text"][:160])
+        t.append(f"{_v(label)}{count}: ", style="yellow")
+        t.append(_v(a["text"][:160]))
         out.append(t)
     return out
 
@@ -126,7 +139,9 @@ def render(ans: Answer, console: Console | None = None) -> None:
     con = console or make_console()
     con.print(_query_line(ans))
     if ans.corrections:
-        con.print(Text("  read " + ", ".join(f"\"{a}\" as \"{b}\"" for a, b in ans.corrections), style="dim"))
+        con.print(_t("  read " + ", ".join(f"\"{a}\" as \"{b}\"" for a, b in ans.corrections), style="dim"))
+    for lim in ans.limits:
+        con.print(_t(f"  limit: {lim}", style="dim"))
     blocks = [_decisive(ans)]
     if ans.clarify:
         q = Text("? ", style="bold yellow") + Text(ans.clarify, style="bold")
@@ -145,4 +160,4 @@ def render(ans: Answer, console: Console | None = None) -> None:
                 con.print(line)
     if ans.next_command:
         con.print()
-        con.print(Text("Next: ", style="bold") + Text(_sub(ans.next_command, ans), style="bold cyan"))
+        con.print(Text("Next: ", style="bold") + _t(_sub(ans.next_command, ans), style="bold cyan"))

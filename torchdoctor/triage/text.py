@@ -117,17 +117,23 @@ def _inflection(tok: str, target: str) -> bool:
     return not (a.endswith(b) or b.endswith(a))  # "precison"/"precision": a dropped letter is a typo
 
 
+MAX_FUZZY_WORDS = 400  # distinct words compared with the targets per query: a budget, not a limit of sense
+
+
 def correct_typos(norm: str) -> tuple[str, list[tuple[str, str]]]:
-    """Rewrite misspelt target words in normalised text; returns (text, [(typo, fix), ...])."""
+    """Rewrite misspelt target words in normalised text; returns (text, [(typo, fix), ...]).
+
+    At most MAX_FUZZY_WORDS distinct candidate words are compared (the caller caps the text too).
+    """
     fixes: list[tuple[str, str]] = []
     cache: dict[str, str | None] = {}
 
     def repl(m: re.Match) -> str:
         tok = m.group(0)
-        if len(tok) < 6 or tok in _TARGETS or tok in KNOWN_WORDS:
+        if len(tok) < 6 or len(tok) > 40 or tok in _TARGETS or tok in KNOWN_WORDS:
             return tok
         if tok not in cache:
-            cache[tok] = _best_target(tok)
+            cache[tok] = _best_target(tok) if len(cache) < MAX_FUZZY_WORDS else None
         fix = cache[tok]
         if fix is None or _inflection(tok, fix):
             return tok

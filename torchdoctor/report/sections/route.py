@@ -1,9 +1,13 @@
-"""`ask SYMPTOM --run SCRIPT`: the route that chose this probe, drawn before the findings."""
+"""`ask SYMPTOM --run SCRIPT`: the route that chose this probe, drawn before the findings.
+
+The query and the why quote the user's words or lines of a pasted log: untrusted, so escaped.
+"""
 
 from __future__ import annotations
 
 from rich.text import Text
 
+from torchdoctor.report.safe import visible
 from torchdoctor.report.sections import section
 
 
@@ -14,11 +18,12 @@ def route_section(report):
         return None
     t = Text()
     t.append("Route: ", style="bold")
-    t.append(route.get("skill", "?"), style="bold magenta")
+    t.append(visible(route.get("skill", "?")), style="bold magenta")
     if route.get("then"):
-        t.append("  then " + " → ".join(route["then"]), style="magenta")
-    t.append(f"\n  asked: {route.get('query', '')}", style="dim")
+        then = [r.get("skill", "?") if isinstance(r, dict) else r for r in route["then"]]
+        t.append("  then " + " → ".join(visible(s) for s in then), style="magenta")
+    t.append(f"\n  asked: {visible(route.get('query', ''))}", style="dim")
     if route.get("why"):
-        t.append(f"\n  why: {route['why']}", style="dim")
-    t.append(f"\n  measuring now: {route.get('probe', '')}", style="dim")
+        t.append(f"\n  why: {visible(route['why'])}", style="dim")
+    t.append(f"\n  measuring now: {visible(route.get('probe', ''))}", style="dim")
     return t
