@@ -35,3 +35,16 @@ def test_env_and_dist_sections_escape_environment_values():
     text = render_to_text(Report("env", metrics={"env": env, "dist": dist}))
     assert "\x1b" not in text and "\x07" not in text
     assert "[/x]" in text and "\\x1b[2J" in text and "[/z]" in text
+
+
+def test_report_json_escapes_c1_and_bidi_and_survives_huge_ints():
+    import json
+
+    from torchdoctor.report.jsonout import render_json
+
+    f = Finding("script-crashed", "debugging", "error", "t\x9b2K\u202e", evidence={"n": 10 ** 5000})
+    text = render_json(Report("checkup", target="x\x7f.py", findings=[f]))
+    assert "\x9b" not in text and "\u202e" not in text and "\x7f" not in text
+    data = json.loads(text)
+    assert data["findings"][0]["title"] == "t\x9b2K\u202e" and data["target"] == "x\x7f.py"
+    assert "digits" in data["findings"][0]["evidence"]["n"]

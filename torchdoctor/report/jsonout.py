@@ -15,13 +15,17 @@ def _clean(obj: Any) -> Any:
         return {str(k): _clean(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [_clean(v) for v in obj]
+    if isinstance(obj, int) and not isinstance(obj, bool) and obj.bit_length() > 4000:
+        return f"<integer of about {int(obj.bit_length() * 0.30103)} digits>"  # str() refuses > 4300
     if obj is None or isinstance(obj, (str, int, bool)):
         return obj
     return str(obj)
 
 
 def dumps(data: dict[str, Any]) -> str:
-    return json.dumps(_clean(data), indent=2, ensure_ascii=False)
+    from torchdoctor.report.safe import json_visible
+
+    return json_visible(json.dumps(_clean(data), indent=2, ensure_ascii=False))
 
 
 def render_json(report) -> str:

@@ -43,3 +43,16 @@ def safe_text(value: Any, style: str = "", keep_newlines: bool = False):
 def has_controls(value: str) -> bool:
     """True when ``value`` holds a byte :func:`visible` would escape (tests, fuzzers)."""
     return bool(_CONTROLS.search(value))
+
+
+_JSON_UNSAFE = re.compile("[\x7f-\x9f" + _BIDI + "]")
+
+
+def json_visible(text: str) -> str:
+    """JSON text with DEL, C1 and bidi controls written as ``\\uXXXX`` escapes.
+
+    ``json.dumps`` escapes C0 itself; with ``ensure_ascii=False`` it leaves DEL, C1 (``\\x9b`` is
+    a one-byte CSI on some terminals) and bidi overrides raw. Inside a JSON string literal the
+    ``\\u`` form decodes to the same character, so the document stays faithful.
+    """
+    return _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group(0)):04x}", text)

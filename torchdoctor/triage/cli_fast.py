@@ -96,12 +96,10 @@ def json_text(obj) -> str:
     """JSON with every control character escaped: json escapes C0 itself; DEL, C1 and bidi controls
     (untrusted text from a pasted log) become ``\\uXXXX`` too, so stdout never carries them raw."""
     import json
-    import re
 
-    from torchdoctor.report.safe import _BIDI
+    from torchdoctor.report.safe import json_visible
 
-    text = json.dumps(obj, indent=2, ensure_ascii=False)
-    return re.sub("[\x7f-\x9f" + _BIDI + "]", lambda m: f"\\u{ord(m.group(0)):04x}", text)
+    return json_visible(json.dumps(obj, indent=2, ensure_ascii=False))
 
 
 def _emit(answer, as_json: bool, to_stderr: bool = False) -> None:
