@@ -389,18 +389,42 @@ def missing_distributed_sampler(ev: Evidence) -> list[Finding]:
     return findings
 
 
+def _training_epochs(evs: list[dict[str, Any]], last_step: int | None) -> list[dict[str, Any]]:
+    """The iterators of one loader (on one rank) that fed training steps: its epochs.
+
+    An iterator counts when an optimizer step happened between its creation and the next
+    iterator of the same loader (or the end of the run). One made and dropped with no step in
+    between is a peek, e.g. the DDP tutorial's ``len(next(iter(loader))[0])`` before
+    ``set_epoch``: it holds the previous epoch's number and is not an epoch. Events without a
+    step count (older evidence) all count.
+    """
+    out = []
+    for i, e in enumerate(evs):
+        made = e.get("step")
+        end = evs[i + 1].get("step") if i + 1 < len(evs) else last_step
+        if made is None or end is None or int(end) > int(made):
+            out.append(e)
+    return out
+
+
 @rule("sampler-epoch-not-set", probes={"ranks"})
 def sampler_epoch_not_set(ev: Evidence) -> list[Finding]:
     world = world_of(ev)
     if world < 2:
         raise NotApplicable("one rank")
     loaders = _loaders(ev)
+    last_step: dict[int, int] = {}
+    for s in ev.of("step"):
+        if s.get("rank") is not None and s.get("step") is not None:
+            r = int(s["rank"])
+            last_step[r] = max(last_step.get(r, 0), int(s["step"]))
     judged = 0
     hits: dict[tuple, dict[int, list]] = {}
     for key, by_rank in loaders.items():
         for r, evs in by_rank.items():
             if evs[0].get("sampler_kind") != "distributed" or not evs[0].get("shuffle"):
                 continue
+            evs = _training_epochs(evs, last_step.get(r))
             if len(evs) < 2:
                 continue
             judged += 1
@@ -409,7 +433,7 @@ def sampler_epoch_not_set(ev: Evidence) -> list[Finding]:
                 hits.setdefault(key, {})[r] = epochs
     if not judged:
         if any(by[r][0].get("sampler_kind") == "distributed" for by in loaders.values() for r in by):
-            raise NotApplicable("no shuffling DistributedSampler was iterated for two epochs")
+            raise NotApplicable("no shuffling DistributedSampler fed training steps for two epochs")
         raise NotApplicable("no DataLoader with a DistributedSampler")
     out = []
     for (idx, site), by_rank in hits.items():
