@@ -78,3 +78,65 @@ def test_def_line_keeps_the_line_when_the_source_is_unknown():
     src = Sources(is_user=lambda f: True)
     assert src.def_line("train.py", 18, "train") == 18
     assert src.def_line("train.py", 7, "<lambda>") == 7
+
+
+# --------------------------------------------------------------------------- item 11
+import pytest  # noqa: E402
+
+from test_nan_fixtures import SCRIPTS, by_code, codes, judge  # noqa: E402
+
+RW = SCRIPTS / "training" / "realworld"
+
+
+def _line_of(script, marker: str) -> str:
+    n = next(i for i, t in enumerate(script.read_text().splitlines(), 1) if marker in t)
+    return f"{script.name}:{n}"
+
+
+def test_missing_zero_grad_names_the_optimizer_and_the_step_line():
+    script = RW / "finetune_no_zero_grad.py"
+    r = judge("checkup", script)
+    assert "missing-zero-grad" in codes(r)
+    f = by_code(r, "missing-zero-grad")
+    assert f.evidence["optimizer_built_at"].endswith(_line_of(script, "# OPTIMIZER LINE"))
+    assert f.evidence["step_called_at"].endswith(_line_of(script, "# STEP LINE"))
+    assert _line_of(script, "# STEP LINE") in f.title
+
+
+def test_eval_mode_training_names_the_eval_call():
+    script = RW / "mnist_eval_no_train.py"
+    r = judge("checkup", script)
+    assert "eval-mode-training" in codes(r)
+    f = by_code(r, "eval-mode-training")
+    assert f.evidence["eval_called_at"].endswith(_line_of(script, "# EVAL LINE"))
+    assert _line_of(script, "# EVAL LINE") in f.title
+
+
+def test_params_not_in_optimizer_names_where_the_module_was_built():
+    script = RW / "head_after_optimizer.py"
+    r = judge("checkup", script)
+    assert "params-not-in-optimizer" in codes(r)
+    f = by_code(r, "params-not-in-optimizer")
+    [(site, params)] = f.evidence["created_at"].items()
+    assert site.endswith(_line_of(script, "# HEAD LINE"))
+    assert sorted(p.split(".")[-1] for p in params) == ["bias", "weight"]
+    assert _line_of(script, "# HEAD LINE") in f.title
+
+
+def test_module_sites_leave_nothing_on_the_model_and_it_still_copies():
+    """The sites are kept aside: an instrumented model pickles and deepcopies as without us."""
+    import copy
+    import io
+
+    import torch
+
+    from torchdoctor.instruments._sites import SiteBook, creation_site
+
+    book = SiteBook()
+    m = torch.nn.Linear(2, 2)
+    book.put(m, creation_site(m, 1))
+    assert book.get(m).endswith(".py:" + str(book.get(m).rsplit(":", 1)[1]))
+    assert set(vars(m)) == set(vars(torch.nn.Linear(2, 2)))
+    copy.deepcopy(m)
+    torch.save(m, io.BytesIO())
+    assert book.get(copy.deepcopy(m)) is None
