@@ -140,3 +140,70 @@ def test_module_sites_leave_nothing_on_the_model_and_it_still_copies():
     copy.deepcopy(m)
     torch.save(m, io.BytesIO())
     assert book.get(copy.deepcopy(m)) is None
+
+
+# --------------------------------------------------------------------------- item 6
+PERF = SCRIPTS / "perf"
+
+
+def test_dataloader_bound_names_the_training_loop_and_transforms_are_not_models():
+    script = PERF / "imagenet_style_eval.py"
+    from torchdoctor.probes.steps import step_summary
+    from test_nan_fixtures import run_inprocess
+
+    ev = run_inprocess("checkup", script, options={"steps": 16})
+    assert [m["cls"] for m in ev.of("model")] == ["Sequential", "CrossEntropyLoss"]
+    s = step_summary(ev)
+    assert sum(s["share"].values()) == pytest.approx(1.0, abs=0.01)  # 1.17 before: Normalize as forward
+    assert sum(s["mean_ms"].values()) == pytest.approx(s["mean_step_ms"], rel=0.01)
+
+    from torchdoctor.findings import Report
+    from torchdoctor.rules import run_rules
+
+    report = Report(command="checkup", target=str(script))
+    run_rules("checkup", ev, report)
+    f = by_code(report, "dataloader-bound")
+    assert f.evidence["loop"].endswith(_line_of(script, "# TRAIN LOOP")), f.evidence
+    assert _line_of(script, "# TRAIN LOOP") in f.title
+    assert "FolderOfImages.__getitem__" in f.evidence["slowest_stage"]
+    assert f.evidence["batch_size"] == 8
+    assert len(f.evidence["data_wait_ms_per_step_by_loader"]) == 2
+
+
+# --------------------------------------------------------------------------- item 16
+def _skewed_steps():
+    """Steps whose median wall is far from the mean (a slow step every 4th: a data stall)."""
+    from torchdoctor.evidence import Evidence
+
+    events = []
+    for n in range(1, 14):
+        data = 0.030 if n % 4 == 0 else 0.001
+        events.append({"kind": "step", "step": n, "wall_s": data + 0.009, "data_s": data,
+                       "forward_s": 0.004, "backward_s": 0.003, "optimizer_s": 0.001,
+                       "other_s": 0.001, "batches": 1, "backwards": 1, "source": "optimizer"})
+    return Evidence.from_events(events, meta={}, result={"outcome": "exit"})
+
+
+def test_step_table_uses_one_statistic_and_says_which():
+    import re
+
+    from rich.console import Console
+
+    from torchdoctor.findings import Report
+    from torchdoctor.probes.steps import step_summary
+    from torchdoctor.report.sections.steps import step_breakdown
+
+    m = step_summary(_skewed_steps())
+    assert m["median_step_ms"] != pytest.approx(m["mean_step_ms"], rel=0.1)
+    report = Report(command="checkup", target="train.py")
+    report.metrics["steps"] = m
+    con = Console(record=True, width=140, color_system=None)
+    con.print(step_breakdown(report))
+    text = con.export_text()
+    head = re.search(r"mean ([\d.]+)\s+ms/step\s+\(median\s+([\d.]+),\s+p90", text)
+    assert head, text
+    assert float(head.group(1)) == pytest.approx(m["mean_step_ms"], rel=0.01)
+    assert "mean ms/step" in text
+    rows = [float(x) for x in re.findall(r"^\s*(?:data wait|forward|backward|optimizer|other)\W+([\d.]+)",
+                                         text, re.M)]
+    assert len(rows) == 5 and sum(rows) == pytest.approx(float(head.group(1)), rel=0.02)

@@ -2,6 +2,13 @@
 
 Warm-up: the first step (lazy init, worker start-up, allocator growth, cuDNN autotune) is left
 out of the summary when at least WARMUP_MIN_STEPS steps were seen.
+
+One statistic: the step time and its phases are **means** over the judged steps (``mean_ms``,
+``mean_step_ms``, ``share`` = phase total / wall total), so the phases add up to the step and
+the shares to 100%. Medians of phases do not add up (the median step is rarely the step with
+the median data wait); the median and p90 step times are kept beside, labelled, to show spread.
+The GPU column (``device``) is also a mean per phase; ``busy`` stays the median share (a
+robust estimate, used by the rules as an upper bound).
 """
 
 from __future__ import annotations
@@ -60,7 +67,7 @@ def step_summary(ev: Evidence) -> dict[str, Any] | None:
 
 
 def device_summary(ev: Evidence) -> dict[str, Any] | None:
-    """Medians of the CUDA-event phase times and the busy estimate (after warm-up)."""
+    """Means of the CUDA-event phase times and the median busy estimate (after warm-up)."""
     devs = ev.of("step_device")
     if len(devs) >= WARMUP_MIN_STEPS:
         devs = devs[WARMUP_STEPS:]
@@ -69,8 +76,8 @@ def device_summary(ev: Evidence) -> dict[str, Any] | None:
     out: dict[str, Any] = {"steps": len(devs)}
     for k in ("forward_ms", "backward_ms", "optimizer_ms", "span_ms", "busy"):
         vals = [float(d[k]) for d in devs if d.get(k) is not None]
-        if vals:
-            out[k] = round(statistics.median(vals), 4)
+        if vals:  # phase times: means (they add up, as the host columns); busy: the median
+            out[k] = round(statistics.median(vals) if k == "busy" else statistics.fmean(vals), 4)
     return out
 
 

@@ -23,16 +23,16 @@ def step_breakdown(report) -> Table | None:
     if not m or not m.get("judged"):
         return None
     warm = f", first {m['warmup_skipped']} left out as warm-up" if m.get("warmup_skipped") else ""
-    t = Table(title=f"Step time: {m['judged']} steps{warm}; median {m['median_step_ms']:.3g} ms, "
-                    f"p90 {m['p90_step_ms']:.3g} ms",
+    t = Table(title=f"Step time: {m['judged']} steps{warm}; mean {m['mean_step_ms']:.3g} ms/step "
+                    f"(median {m['median_step_ms']:.3g}, p90 {m['p90_step_ms']:.3g})",
               title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
     t.add_column("phase")
-    t.add_column("ms/step", justify="right")
+    t.add_column("mean ms/step", justify="right")
     t.add_column("share", justify="right")
     t.add_column("")
     dev = m.get("device") or {}
     if dev:
-        t.add_column("GPU ms", justify="right")
+        t.add_column("GPU mean ms", justify="right")
     for p, label in LABELS.items():
         share = float(m["share"].get(p, 0.0))
         row = [label, f"{m['mean_ms'].get(p, 0.0):.3g}", f"{share:.0%}", _bar(share)]
