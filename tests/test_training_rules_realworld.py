@@ -207,3 +207,18 @@ def test_step_table_uses_one_statistic_and_says_which():
     rows = [float(x) for x in re.findall(r"^\s*(?:data wait|forward|backward|optimizer|other)\W+([\d.]+)",
                                          text, re.M)]
     assert len(rows) == 5 and sum(rows) == pytest.approx(float(head.group(1)), rel=0.02)
+
+
+# --------------------------------------------------------------------------- do no harm
+def test_healthy_script_with_snapshots_is_silent_and_every_patch_is_undone():
+    import torch
+    from torch.utils.data import dataloader as dl
+
+    before = (torch.nn.Module.__init__, torch.nn.Module.train, torch.optim.Optimizer.__init__,
+              dl.DataLoader.__init__, dl._BaseDataLoaderIter.__init__, dl._BaseDataLoaderIter.__next__)
+    r = judge("checkup", RW / "healthy_ema_snapshot.py", options={"steps": 40})
+    assert codes(r) - {"cpu-oversubscribed"} == set(), [(f.code, f.title) for f in r.findings]
+    assert not [f for f in r.findings if f.code in ("script-crashed", "internal-error")]
+    after = (torch.nn.Module.__init__, torch.nn.Module.train, torch.optim.Optimizer.__init__,
+             dl.DataLoader.__init__, dl._BaseDataLoaderIter.__init__, dl._BaseDataLoaderIter.__next__)
+    assert after == before
