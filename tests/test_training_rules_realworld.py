@@ -222,3 +222,16 @@ def test_healthy_script_with_snapshots_is_silent_and_every_patch_is_undone():
     after = (torch.nn.Module.__init__, torch.nn.Module.train, torch.optim.Optimizer.__init__,
              dl.DataLoader.__init__, dl._BaseDataLoaderIter.__init__, dl._BaseDataLoaderIter.__next__)
     assert after == before
+
+
+@pytest.mark.slow
+def test_profile_hotspot_of_a_running_main_is_defined_at_its_def_line():
+    import json
+
+    from conftest import run_cli
+
+    script = SCRIPTS / "profile" / "cpu_loop_in_main.py"
+    p = run_cli("profile", "--json", script, timeout=300)
+    rep = json.loads(p.stdout)
+    hot = {h["func"]: h["def"] for h in rep["metrics"]["profile"]["python_hotspots"]}
+    assert hot["main"].endswith(_line_of(script, "# MAIN DEF")), hot
