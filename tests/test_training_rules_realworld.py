@@ -235,3 +235,16 @@ def test_profile_hotspot_of_a_running_main_is_defined_at_its_def_line():
     rep = json.loads(p.stdout)
     hot = {h["func"]: h["def"] for h in rep["metrics"]["profile"]["python_hotspots"]}
     assert hot["main"].endswith(_line_of(script, "# MAIN DEF")), hot
+
+
+def test_shares_add_up_even_when_phases_nest():
+    """LBFGS-style closure: forward and backward run inside optimizer.step()."""
+    from torchdoctor.evidence import Evidence
+    from torchdoctor.probes.steps import step_summary
+
+    events = [{"kind": "step", "step": n, "wall_s": 0.010, "data_s": 0.001, "forward_s": 0.003,
+               "backward_s": 0.004, "optimizer_s": 0.008, "other_s": 0.0, "batches": 1,
+               "backwards": 1, "source": "optimizer"} for n in range(1, 8)]
+    m = step_summary(Evidence.from_events(events, meta={}, result={"outcome": "exit"}))
+    assert sum(m["share"].values()) == pytest.approx(1.0, abs=1e-3)
+    assert m["phase_overlap_ms"] == pytest.approx(6.0)

@@ -40,7 +40,13 @@ def step_breakdown(report) -> Table | None:
             v = dev.get(f"{p}_ms")
             row.append(f"{v:.3g}" if v is not None else "")
         t.add_row(*row)
+    notes = []
+    if m.get("phase_overlap_ms"):
+        notes.append(f"phases nest ({m['phase_overlap_ms']:.3g} ms/step counted twice, e.g. forward "
+                     "inside a closure optimizer's step): shares are of the phase total")
     if dev and dev.get("busy") is not None:
-        t.caption = f"GPU busy ≤ {dev['busy']:.0%} of the step (CUDA events)"
+        notes.append(f"GPU busy ≤ {dev['busy']:.0%} of the step (CUDA events, median)")
+    if notes:
+        t.caption = "; ".join(notes)
         t.caption_justify = "left"
     return t
