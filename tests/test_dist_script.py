@@ -83,6 +83,13 @@ def test_sampler_epoch_not_set(tmp_path):
 
 
 @pytest.mark.slow
+def test_peek_before_set_epoch_as_in_the_ddp_tutorial_is_silent(tmp_path):
+    p, r = dist_run(tmp_path, "peek_then_set_epoch.py", env=CPU)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert codes(r) == [], r["findings"]
+
+
+@pytest.mark.slow
 def test_straggler_made_with_sleep_is_named(tmp_path):
     _, r = dist_run(tmp_path, "straggler.py", "0.03", env=CPU)
     assert codes(r) == ["rank-straggler"], r["findings"]

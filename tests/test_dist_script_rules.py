@@ -176,6 +176,36 @@ def test_epoch_not_set_needs_two_epochs_of_a_shuffling_distributed_sampler():
         sampler_epoch_not_set(ev(one_epoch))
 
 
+def _epochs(epochs_and_steps, n_steps, peek_every_other=False):
+    """Per rank: one dist_loader event per iterator (sampler epoch, step count when made); with
+    peek_every_other, iterators 1, 3, 5... are made at another line (the peek's)."""
+    events = []
+    for r in (0, 1):
+        for i, (epoch, step) in enumerate(epochs_and_steps):
+            e = dict(loader(r, it=i + 1, kind="distributed", sampler="DistributedSampler", epoch=epoch),
+                     step=step)
+            if peek_every_other and i % 2 == 0:
+                e["site"] = f"{SCRIPT}:27"
+            events.append(e)
+        events += steps_of(r, n_steps)
+    return events
+
+
+def test_a_peek_before_set_epoch_is_not_an_epoch():
+    # DDP tutorial: next(iter(loader)) (no step follows), set_epoch(e), then the epoch that trains
+    peeks = [(0, 0), (0, 0), (0, 4), (1, 4), (1, 8), (2, 8)]
+    assert sampler_epoch_not_set(ev(_epochs(peeks, 12))) == []
+    assert sampler_epoch_not_set(ev(_epochs(peeks, 12, peek_every_other=True))) == []
+    # the same peeks without set_epoch: the epochs that trained repeat one order
+    stuck = [(0, 0), (0, 0), (0, 4), (0, 4), (0, 8), (0, 8)]
+    for split in (False, True):
+        [f] = sampler_epoch_not_set(ev(_epochs(stuck, 12, peek_every_other=split)))
+        assert f.evidence["sampler_epochs"] == [0, 0, 0] and f.evidence["loop"].endswith("train.py:14")
+    # a last iterator made after the final step (no batch of it trained) is no epoch either
+    with pytest.raises(NotApplicable, match="two epochs"):
+        sampler_epoch_not_set(ev(_epochs([(0, 0), (0, 4)], 4)))
+
+
 # ----------------------------------------------------------------------------- stragglers
 def arrival_events(n, lag_s, own_extra_s, straggler=1, wall_s=0.02, own_s=0.005):
     """Two ranks in step: equal walls; the straggler arrives lag_s late at backward and its own

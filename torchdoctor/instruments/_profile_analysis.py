@@ -32,6 +32,7 @@ ITEMSIZE = {"float32": 4, "float": 4, "float64": 8, "double": 8, "float16": 2, "
             "float8_e5m2": 1}
 PY_NAME = re.compile(r"^(?P<file>.*)\((?P<line>\d+)\): (?P<func>.*)$")
 TOP_N = 10
+DEF_SCAN_LINES = 5000  # how far up from the running line a function's def is looked for
 
 
 # --------------------------------------------------------------------------- source files
@@ -49,6 +50,29 @@ class Sources:
     show: Callable[[str], str] = lambda f: f
     code: Callable[[str, int], str] = lambda f, n: ""
     is_tool: Callable[[str], bool] = lambda f: "torchdoctor" in f.replace("\\", "/").split("/")
+
+    def def_line(self, name: str, line: int, func: str) -> int:
+        """The line where ``func`` is defined (its code object's ``co_firstlineno``).
+
+        The tracer names a Python call ``file(line): func`` with the line its frame was at when
+        first seen: the ``def`` line for a call made inside the window, but the line *then
+        running* for a frame already on the stack when the window opened (the training loop's
+        function, the script's ``<module>``). The definition is found by walking up the source
+        from that line to the nearest ``def func`` (a decorator above it is part of the
+        definition, as in ``co_firstlineno``); ``<module>`` is defined at line 1.
+        """
+        if func == "<module>":
+            return 1
+        if not line or not func or not func.isidentifier():
+            return line
+        pat = re.compile(r"^\s*(async\s+)?def\s+" + re.escape(func) + r"\s*[(\[]")
+        for n in range(line, max(0, line - DEF_SCAN_LINES), -1):
+            text = self.code(name, n)
+            if pat.match(text):
+                while n > 1 and self.code(name, n - 1).lstrip().startswith("@"):
+                    n -= 1
+                return n
+        return line
 
 
 # --------------------------------------------------------------------------- the window
@@ -531,15 +555,23 @@ def python_hotspots(w: Window, src: Sources) -> dict[str, Any]:
         if p >= 0 and w.nodes[p][2] == "py":
             child[p] += node[6] - node[5]
     agg: dict[str, list] = {}
+    # node name -> ("file:def line", func), None when not the user's; one source walk per name
+    keys: dict[str, tuple[str, str] | None] = {}
     for node in w.nodes:
         if node[2] != "py":
             continue
-        m = PY_NAME.match(node[3])
-        if not m or not src.is_user(m.group("file")):
+        if node[3] not in keys:
+            m = PY_NAME.match(node[3])
+            keys[node[3]] = None
+            if m and src.is_user(m.group("file")):
+                line = src.def_line(m.group("file"), int(m.group("line")), m.group("func"))
+                keys[node[3]] = (f"{src.show(m.group('file'))}:{line}", m.group("func"))
+        hit = keys[node[3]]
+        if hit is None:
             continue
+        key, func = hit
         self_ns = max(0, node[6] - node[5] - child.get(node[0], 0))
-        key = f"{src.show(m.group('file'))}:{m.group('line')}"
-        a = agg.setdefault(key, [m.group("func"), 0, 0, False])
+        a = agg.setdefault(key, [func, 0, 0, False])
         a[1] += 1
         a[2] += self_ns
         if not a[3]:

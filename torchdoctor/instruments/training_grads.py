@@ -22,10 +22,15 @@ never had a gradient at an optimizer step (``unused``), that are in no optimizer
 (``not_in_optimizer``), and modules held in plain list/tuple/dict attributes that no root
 registers (``unregistered``).
 
+**Where** (``_sites.py``): the user's line that built each optimizer and each module, so a
+finding names a line: ``optimizer_at`` / ``step_at`` (the line calling ``optimizer.step()``)
+on ``zero_grad_stale``; ``created_at`` (the line that built the parameter's module) on each
+``not_in_optimizer`` and ``unused`` entry.
+
 Events: ``zero_grad_stale`` {step, optimizer, stale, with_grad, params, consumed_at,
-norms_ref} (a few), ``zero_grad_summary`` {judged_steps, stale_steps, suspect_norms}, and
-``params_audit`` {step, final, optimizers, trained_roots, unused, not_in_optimizer,
-unregistered}.
+norms_ref, optimizer_at, step_at} (a few), ``zero_grad_summary`` {judged_steps, stale_steps,
+suspect_norms}, and ``params_audit`` {step, final, optimizers, trained_roots, unused,
+not_in_optimizer, unregistered}.
 """
 
 from __future__ import annotations
@@ -70,6 +75,20 @@ class TrainingGrads(Instrument):
                         optim_mod.register_optimizer_step_post_hook(self._post_step)]
         self._undo: list = []
         self._patch_zero_grad(torch)
+        self._patch_constructors(torch)
+
+    def _patch_constructors(self, torch) -> None:
+        """Remember the user's line that built each optimizer and module (see ``_sites``)."""
+        from torchdoctor.instruments._sites import SiteBook, creation_site
+
+        self.opt_sites = SiteBook()
+        self.module_sites = SiteBook()
+        for cls, book in ((torch.optim.Optimizer, self.opt_sites), (torch.nn.Module, self.module_sites)):
+            orig = cls.__init__
+            init = _site_init(self, orig, book, creation_site)
+            cls.__init__ = init
+            self._undo.append(lambda cls=cls, init=init, orig=orig: (
+                setattr(cls, "__init__", orig) if cls.__dict__.get("__init__") is init else None))
 
     def _patch_zero_grad(self, torch) -> None:
         inst = self
@@ -101,7 +120,10 @@ class TrainingGrads(Instrument):
         self._undo += [lambda: setattr(Opt, "zero_grad", orig_opt),
                        lambda: setattr(Mod, "zero_grad", orig_mod)]
 
+    live = True  # False once uninstalled (a wrapper another library re-wrapped stays inert)
+
     def uninstall(self, ctx: Any) -> None:
+        self.live = False
         for h in self.handles:
             h.remove()
         for u in reversed(self._undo):
@@ -201,21 +223,23 @@ class TrainingGrads(Instrument):
                 self.stale_steps += 1
                 if self.stale_events < MAX_STALE_EVENTS:
                     self.stale_events += 1
-                    self._emit_stale(oid, stale, with_grad)
+                    self._emit_stale(opt, oid, stale, with_grad)
             return None
         except Exception:  # noqa: BLE001 - never raise into the user's code
             self.hook_failed(self.ctx, "_pre_step")
         return None
 
-    def _emit_stale(self, oid: int, stale: list, with_grad: int) -> None:
+    def _emit_stale(self, opt: Any, oid: int, stale: list, with_grad: int) -> None:
         from torchdoctor.numerics.names import Namer
 
         namer = Namer(self.ctx.models())
+        from torchdoctor.instruments._sites import call_site
+
         refs = [s[5] for s in stale if s[5] is not None]
         ev = {"step": self.ctx.step + 1, "optimizer": oid, "stale": len(stale),
               "with_grad": with_grad, "consumed_at": stale[0][4],
               "params": [namer.param(s[0]) for s in stale[:MAX_NAMES]],
-              "norms_ref": refs}
+              "norms_ref": refs, "optimizer_at": self.opt_sites.get(opt), "step_at": call_site(3)}
         if self.first_stale is None:
             self.first_stale = {k: ev[k] for k in ("step", "optimizer", "stale", "with_grad",
                                                    "consumed_at", "params")}
@@ -261,16 +285,22 @@ class TrainingGrads(Instrument):
         unused, not_in_opt = [], []
         seen: set[int] = set()
         for root in trained:
-            for name, p in root.named_parameters():
-                if id(p) in seen or not p.requires_grad:
-                    continue
-                seen.add(id(p))
-                pname = namer.param(p, name)
-                if id(p) not in opt_params:
-                    not_in_opt.append({"name": pname, "numel": p.numel(),
-                                       "has_grad": p.grad is not None})
-                elif id(p) not in self.had_grad:
-                    unused.append({"name": pname, "numel": p.numel()})
+            for mname, mod in root.named_modules():
+                for pn, p in mod.named_parameters(recurse=False):
+                    if id(p) in seen or not p.requires_grad:
+                        continue
+                    seen.add(id(p))
+                    pname = namer.param(p, f"{mname}.{pn}" if mname else pn)
+                    if id(p) not in opt_params:
+                        item = {"name": pname, "numel": p.numel(), "has_grad": p.grad is not None}
+                    elif id(p) not in self.had_grad:
+                        item = {"name": pname, "numel": p.numel()}
+                    else:
+                        continue
+                    site = self.module_sites.get(mod)
+                    if site:
+                        item["created_at"] = site
+                    (not_in_opt if "has_grad" in item else unused).append(item)
         registered = {id(m) for r in roots for m in r.modules()}
         hidden = self._hidden_modules(roots, registered, namer, opt_params)
         min_steps = min((self.opt_steps.get(id(o), 0) for o in opts), default=0)
@@ -306,6 +336,21 @@ class TrainingGrads(Instrument):
                         if len(out) >= 20:
                             return out
         return out
+
+
+def _site_init(inst: TrainingGrads, orig: Any, book: Any, creation_site: Any) -> Any:
+    """A constructor that runs ``orig`` then notes the user's line that called it."""
+
+    def init(obj, *a, **k):
+        orig(obj, *a, **k)
+        if inst.live and os.getpid() == inst.pid and book.get(obj) is None:
+            try:
+                book.put(obj, creation_site(obj, 2))
+            except Exception:  # noqa: BLE001 - a site is a nicety, never a failure
+                pass
+
+    init.__wrapped__ = orig
+    return init
 
 
 def _modules_in(val: Any, attr: str, Module: type, depth: int = 0):

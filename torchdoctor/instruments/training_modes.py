@@ -9,6 +9,9 @@ All Python-side, no device sync:
   whose effect is trained: a norm layer whose own affine parameters require grad, or a module
   whose parent holds parameters that require grad. A frozen backbone (``requires_grad_(False)``)
   in eval mode is therefore not reported; a teacher model nobody optimizes neither.
+  ``Module.train`` is wrapped to note the user's line of each outermost ``train(False)`` /
+  ``eval()`` call (kept aside, never on the module): the report names the ``model.eval()``
+  that left the trained modules in eval mode (``eval_at``).
 * **float16 without a GradScaler** (``fp16-without-scaler``): ``autocast.__enter__`` is
   wrapped to note float16 regions; ``GradScaler.scale`` to note an *enabled* scaler scaling the
   loss. A backward that follows a float16 autocast region (or steps float16 parameters) with no
@@ -18,7 +21,7 @@ All Python-side, no device sync:
   target size ... that is different to the input size") are wrapped to record differing shapes
   and the user's call site, even when warnings are filtered.
 
-Events: ``eval_mode`` {step, modules, count, optimizer} (first occurrence) and
+Events: ``eval_mode`` {step, modules, count, optimizer, eval_at} (first occurrence) and
 ``eval_mode_summary``; ``amp`` {fp16_backwards, unscaled_fp16_backwards, scaled_backwards,
 bf16_backwards, first_unscaled_step, devices, fp16_params}; ``loss_shape`` {fn, input_shape,
 target_shape, result_shape, where, code, step, count}.
@@ -54,6 +57,10 @@ class TrainingModes(Instrument):
         self.eval_first: dict | None = None
         self.eval_steps = 0
         self.eval_judged = 0
+        self.mode_calls: dict[int, tuple] = {}  # id(module) -> (weakref, mode, site, seq)
+        self.mode_seq = 0
+        self.in_train = False
+        self._patch_train(torch)
         # amp
         self.fp16_since_bwd = False
         self.bf16_since_bwd = False
@@ -74,7 +81,10 @@ class TrainingModes(Instrument):
 
         self.handles = [optim_mod.register_optimizer_step_pre_hook(self._pre_step)]
 
+    live = True  # False once uninstalled
+
     def uninstall(self, ctx: Any) -> None:
+        self.live = False
         for h in self.handles:
             h.remove()
         for u in reversed(self._undo):
@@ -188,6 +198,45 @@ class TrainingModes(Instrument):
             "grad": bool(input.requires_grad or target.requires_grad), "count": 1}
 
     # ------------------------------------------------------------------ eval mode
+    def _patch_train(self, torch) -> None:
+        import weakref
+
+        from torchdoctor.instruments._sites import call_site
+
+        inst = self
+        Mod = torch.nn.Module
+        orig = Mod.train
+
+        def train(mod, mode=True):
+            if inst.in_train or not inst.live or os.getpid() != inst.pid:
+                return orig(mod, mode)
+            inst.in_train = True  # children's train() calls are part of this one
+            try:
+                return orig(mod, mode)
+            finally:
+                inst.in_train = False
+                try:
+                    inst.mode_seq += 1
+                    inst.mode_calls[id(mod)] = (weakref.ref(mod), bool(mode),
+                                                None if mode else call_site(2), inst.mode_seq)
+                except Exception:  # noqa: BLE001 - a site is a nicety, never a failure
+                    pass
+
+        train.__wrapped__ = orig
+        Mod.train = train
+        self._undo.append(lambda: setattr(Mod, "train", orig) if Mod.__dict__.get("train") is train else None)
+
+    def _eval_site(self, module) -> str | None:
+        """The user's line of the latest ``train(False)`` that covers ``module``, if it still holds."""
+        best = None
+        for ref, mode, site, seq in list(self.mode_calls.values()):
+            m = ref()
+            if m is None or (best is not None and seq <= best[0]):
+                continue
+            if m is module or any(c is module for c in m.modules()):
+                best = (seq, mode, site)
+        return best[2] if best and not best[1] else None
+
     def _mode_modules(self, root) -> list:
         cached = self.mode_cache.get(id(root))
         if cached is not None:
@@ -267,7 +316,8 @@ class TrainingModes(Instrument):
                         "step": ctx.step + 1, "count": len(hits),
                         "modules": [f"{namer.module(m)} ({type(m).__name__})" for _r, _n, m in hits[:MAX_NAMES]],
                         "roots_training_flag": {namer.module(r): bool(r.training)
-                                                for r in {id(h[0]): h[0] for h in hits}.values()}}
+                                                for r in {id(h[0]): h[0] for h in hits}.values()},
+                        "eval_at": self._eval_site(hits[0][2])}
                     ctx.emit("eval_mode", **self.eval_first)
             return None
         except Exception:  # noqa: BLE001 - never raise into the user's code

@@ -2,6 +2,13 @@
 
 Warm-up: the first step (lazy init, worker start-up, allocator growth, cuDNN autotune) is left
 out of the summary when at least WARMUP_MIN_STEPS steps were seen.
+
+One statistic: the step time and its phases are **means** over the judged steps (``mean_ms``,
+``mean_step_ms``, ``share`` = phase total / wall total), so the phases add up to the step and
+the shares to 100%. Medians of phases do not add up (the median step is rarely the step with
+the median data wait); the median and p90 step times are kept beside, labelled, to show spread.
+The GPU column (``device``) is also a mean per phase; ``busy`` stays the median share (a
+robust estimate, used by the rules as an upper bound).
 """
 
 from __future__ import annotations
@@ -40,6 +47,11 @@ def step_summary(ev: Evidence) -> dict[str, Any] | None:
     walls = [float(s["wall_s"]) for s in steps]
     total = sum(walls) or 1e-12
     sums = {p: sum(float(s.get(f"{p}_s", 0.0)) for s in steps) for p in PHASES}
+    # phases that nest (a closure optimizer such as LBFGS runs forward and backward inside
+    # optimizer.step) count one interval twice: shares are then taken of the phase total, so
+    # they still add up to 100%, and the overlap is reported
+    overlap = sum(sums.values()) - total
+    denom = total + max(0.0, overlap)
     out: dict[str, Any] = {
         "count": len(ev.of("step")),
         "judged": len(steps),
@@ -48,11 +60,13 @@ def step_summary(ev: Evidence) -> dict[str, Any] | None:
         "median_step_ms": round(statistics.median(walls) * 1e3, 3),
         "mean_step_ms": round(total / len(steps) * 1e3, 3),
         "p90_step_ms": round(_pct(walls, 0.9) * 1e3, 3),
-        "share": {p: round(sums[p] / total, 4) for p in PHASES},
+        "share": {p: round(sums[p] / denom, 4) for p in PHASES},
         "mean_ms": {p: round(sums[p] / len(steps) * 1e3, 3) for p in PHASES},
         "batches_per_step": round(sum(int(s.get("batches", 0)) for s in steps) / len(steps), 3),
         "backwards_per_step": round(sum(int(s.get("backwards", 0)) for s in steps) / len(steps), 3),
     }
+    if overlap > 0.01 * total:
+        out["phase_overlap_ms"] = round(overlap / len(steps) * 1e3, 3)
     dev = device_summary(ev)
     if dev:
         out["device"] = dev
@@ -60,7 +74,7 @@ def step_summary(ev: Evidence) -> dict[str, Any] | None:
 
 
 def device_summary(ev: Evidence) -> dict[str, Any] | None:
-    """Medians of the CUDA-event phase times and the busy estimate (after warm-up)."""
+    """Means of the CUDA-event phase times and the median busy estimate (after warm-up)."""
     devs = ev.of("step_device")
     if len(devs) >= WARMUP_MIN_STEPS:
         devs = devs[WARMUP_STEPS:]
@@ -69,8 +83,8 @@ def device_summary(ev: Evidence) -> dict[str, Any] | None:
     out: dict[str, Any] = {"steps": len(devs)}
     for k in ("forward_ms", "backward_ms", "optimizer_ms", "span_ms", "busy"):
         vals = [float(d[k]) for d in devs if d.get(k) is not None]
-        if vals:
-            out[k] = round(statistics.median(vals), 4)
+        if vals:  # phase times: means (they add up, as the host columns); busy: the median
+            out[k] = round(statistics.median(vals) if k == "busy" else statistics.fmean(vals), 4)
     return out
 
 

@@ -335,10 +335,11 @@ def _mismatch_finding(ev: Evidence, world: int, seqs: dict[int, list[dict[str, A
 
 
 # ----------------------------------------------------------------------------- samplers
-def _loaders(ev: Evidence) -> dict[tuple, dict[int, list[dict[str, Any]]]]:
+def _loaders(ev: Evidence, events: list[dict[str, Any]] | None = None
+             ) -> dict[tuple, dict[int, list[dict[str, Any]]]]:
     """(loader index, loop site) -> {rank: its dist_loader events, one per epoch}."""
     out: dict[tuple, dict[int, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
-    for e in ev.of("dist_loader"):
+    for e in (ev.of("dist_loader") if events is None else events):
         out[(e.get("loader"), e.get("site"))][int(e["rank"])].append(e)
     return out
 
@@ -389,12 +390,40 @@ def missing_distributed_sampler(ev: Evidence) -> list[Finding]:
     return findings
 
 
+def _training_epochs(ev: Evidence) -> list[dict[str, Any]]:
+    """The ``dist_loader`` events of iterators that fed training steps: the epochs.
+
+    An iterator counts when an optimizer step happened between its creation and the next
+    iterator of the same loader on the same rank (or the end of the run), wherever in the
+    script either was made. One made and dropped with no step in between is a peek, e.g. the
+    DDP tutorial's ``len(next(iter(loader))[0])`` before ``set_epoch``: it holds the previous
+    epoch's number and is not an epoch. Events without a step count (older evidence) all count.
+    """
+    last_step: dict[int, int] = {}
+    for s in ev.of("step"):
+        if s.get("rank") is not None and s.get("step") is not None:
+            r = int(s["rank"])
+            last_step[r] = max(last_step.get(r, 0), int(s["step"]))
+    per: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for e in ev.of("dist_loader"):
+        per[(int(e["rank"]), e.get("loader"))].append(e)
+    keep: list[dict[str, Any]] = []
+    for (rank, _idx), evs in per.items():
+        evs = sorted(evs, key=lambda e: e.get("iter") or 0)
+        for i, e in enumerate(evs):
+            made = e.get("step")
+            end = evs[i + 1].get("step") if i + 1 < len(evs) else last_step.get(rank)
+            if made is None or end is None or int(end) > int(made):
+                keep.append(e)
+    return keep
+
+
 @rule("sampler-epoch-not-set", probes={"ranks"})
 def sampler_epoch_not_set(ev: Evidence) -> list[Finding]:
     world = world_of(ev)
     if world < 2:
         raise NotApplicable("one rank")
-    loaders = _loaders(ev)
+    loaders = _loaders(ev, _training_epochs(ev))
     judged = 0
     hits: dict[tuple, dict[int, list]] = {}
     for key, by_rank in loaders.items():
@@ -408,8 +437,8 @@ def sampler_epoch_not_set(ev: Evidence) -> list[Finding]:
             if any(a == b for a, b in zip(epochs, epochs[1:])):
                 hits.setdefault(key, {})[r] = epochs
     if not judged:
-        if any(by[r][0].get("sampler_kind") == "distributed" for by in loaders.values() for r in by):
-            raise NotApplicable("no shuffling DistributedSampler was iterated for two epochs")
+        if any(by[r][0].get("sampler_kind") == "distributed" for by in _loaders(ev).values() for r in by):
+            raise NotApplicable("no shuffling DistributedSampler fed training steps for two epochs")
         raise NotApplicable("no DataLoader with a DistributedSampler")
     out = []
     for (idx, site), by_rank in hits.items():

@@ -3,7 +3,9 @@
 Thresholds (why: docs/findings/<code>.md, "How it is measured"):
 * dataloader-bound: data wait ≥ 30% of the judged steps' wall time (FINDINGS.md), at least
   MIN_STEPS judged steps; on CUDA also the GPU busy estimate ≤ 75% (a host that waits for
-  data while the GPU still works through queued kernels is not data-bound).
+  data while the GPU still works through queued kernels is not data-bound). The finding names
+  the loader that fed the judged steps (``data_step``/``data_loader`` evidence: the loader of
+  each step's last batch), unless another loader (an evaluation loop) waited longer.
 * model-moved-in-loop: a module moved in ≥ 50% of the judged steps (≥ MIN_STEPS of them).
   Warning when the moves really copy or cost ≥ 1% of the step; info for no-op repeats.
 * cpu-oversubscribed: intra-op threads × local processes > usable cores; or, CPU-only, the
@@ -53,7 +55,7 @@ def dataloader_bound(ev: Evidence) -> list[Finding]:
     busy = dev.get("busy") if dev else None
     if share < DATA_SHARE or (busy is not None and busy > GPU_BUSY_MAX):
         return []
-    loader = ev.last("dataloader") or {}
+    loader, by_loader = _feeding_loader(ev, steps)
     env = ev.last("env") or {}
     workers = loader.get("num_workers")
     cpus = env.get("cpus")
@@ -69,6 +71,10 @@ def dataloader_bound(ev: Evidence) -> list[Finding]:
     }
     if busy is not None:
         ev_out["gpu_busy_at_most"] = busy
+    if len(by_loader) > 1:
+        ev_out["data_wait_ms_per_step_by_loader"] = by_loader
+    if loader.get("created_at"):
+        ev_out["loader_built_at"] = _short(loader["created_at"])
     if loader.get("loop"):
         ev_out["loop"] = _short(loader["loop"])
     getitem = loader.get("getitem")
@@ -95,6 +101,39 @@ def dataloader_bound(ev: Evidence) -> list[Finding]:
              f"({ev_out['data_wait_ms_per_step']:.3g} of {ev_out['step_ms']:.3g} ms)"
              + (f" at {where}" if where else ""))
     return [finding("dataloader-bound", title, ev_out, fix="; ".join(fixes))]
+
+
+def _feeding_loader(ev: Evidence, steps: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, float]]:
+    """The facts of the loader whose batches fed the judged steps, and the wait per loader.
+
+    The loader that delivered the last batch before most judged steps' optimizer step fed
+    them; if another loader waited longer over those steps (a slow evaluation loader), that
+    one is named instead. Without per-loader evidence: the last iterator described.
+    """
+    per_step = {e.get("step"): e for e in ev.of("data_step")}
+    rows = [per_step[s["step"]] for s in steps if s.get("step") in per_step]
+    facts = {e.get("loader"): e for e in ev.of("data_loader")}
+    if not rows or not facts:
+        return ev.last("dataloader") or {}, {}
+    fed: dict[int, int] = {}
+    wait: dict[int, float] = {}
+    for r in rows:
+        if r.get("fed") is not None:
+            fed[int(r["fed"])] = fed.get(int(r["fed"]), 0) + 1
+        for k, v in (r.get("wait_s") or {}).items():
+            wait[int(k)] = wait.get(int(k), 0.0) + float(v)
+    if not wait:
+        return ev.last("dataloader") or {}, {}
+    pick = max(fed, key=fed.get) if fed else max(wait, key=wait.get)
+    if wait.get(pick, 0.0) < 0.5 * sum(wait.values()):
+        pick = max(wait, key=wait.get)
+    n = len(steps)
+    by_loader = {}
+    for k, v in sorted(wait.items(), key=lambda kv: -kv[1]):
+        f = facts.get(k) or {}
+        label = _short(f.get("loop") or f.get("created_at")) or f"loader #{k}"
+        by_loader[label] = round(v / n * 1e3, 3)
+    return facts.get(pick) or ev.last("dataloader") or {}, by_loader
 
 
 @rule("model-moved-in-loop", probes={"checkup", "profile"})

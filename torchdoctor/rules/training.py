@@ -13,6 +13,7 @@ from typing import Any
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Finding, finding
 from torchdoctor.rules import NotApplicable, rule
+from torchdoctor.runner.frames import short_path
 
 PROBES = {"nan", "checkup"}
 MIN_AUDIT_STEPS = 2  # optimizer steps before "never received a gradient" is judged
@@ -69,9 +70,16 @@ def missing_zero_grad(ev: Evidence) -> list[Finding]:
     bw = _backwards_at(ev, step)
     if bw is not None:
         evidence["backwards_in_step"] = bw
+    if e.get("optimizer_at"):
+        evidence["optimizer_built_at"] = short_path(e["optimizer_at"])
+    if e.get("step_at"):
+        evidence["step_called_at"] = short_path(e["step_at"])
+    where = evidence.get("step_called_at") or evidence.get("optimizer_built_at")
     title = (f"gradients were not cleared before step {step}: {e.get('stale')} of "
              f"{e.get('with_grad')} parameters still held the gradients step "
-             f"{e.get('consumed_at')} had applied, and the next backward added to them")
+             f"{e.get('consumed_at')} had applied, and the next backward added to them"
+             + (f" (optimizer.step() at {where})" if evidence.get("step_called_at") else
+                f" (optimizer built at {where})" if where else ""))
     return [finding("missing-zero-grad", title, evidence, fix=(
         "Call optimizer.zero_grad(set_to_none=True) once per optimizer step (before the "
         "backward of the next step); for deliberate gradient accumulation, zero right after "
@@ -99,9 +107,13 @@ def eval_mode_training(ev: Evidence) -> list[Finding]:
     if flags:
         evidence["root_training_flag"] = flags
     mods = first.get("modules") or []
+    at = short_path(first.get("eval_at"))
+    if at:
+        evidence["eval_called_at"] = at
     title = (f"training in eval mode from step {step}: {first.get('count')} Dropout/BatchNorm "
              f"module(s) of trained layers were in eval mode ({', '.join(mods[:3])}"
-             f"{', …' if len(mods) > 3 else ''})")
+             f"{', …' if len(mods) > 3 else ''})"
+             + (f"; set by the eval() at {at}, with no train() after it" if at else ""))
     return [finding("eval-mode-training", title, evidence, fix=(
         "Call model.train() before the training loop and again after every evaluation "
         "(model.eval() ... model.train()); to freeze BatchNorm statistics on purpose, also "
@@ -109,6 +121,15 @@ def eval_mode_training(ev: Evidence) -> list[Finding]:
 
 
 # ---------------------------------------------------------------------------- params audit
+def _created_at(items: list[dict]) -> dict[str, list[str]]:
+    """{"file:line" that built the module: [its parameters]}, in the order first seen."""
+    out: dict[str, list[str]] = {}
+    for x in items:
+        if x.get("created_at"):
+            out.setdefault(short_path(x["created_at"]), []).append(x["name"])
+    return out
+
+
 def _audit(ev: Evidence) -> dict[str, Any]:
     audits = ev.of("params_audit")
     if not audits:
@@ -132,6 +153,9 @@ def unused_parameters(ev: Evidence) -> list[Finding]:
              f"{steps} optimizer steps: {_names(unused, 4)}")
     evidence = {"step": 1, "optimizer_steps": steps, "params": [x["name"] for x in unused[:20]],
                 "count": n, "values": numel, "trainable": a.get("trainable")}
+    sites = _created_at(unused)
+    if sites:
+        evidence["created_at"] = sites
     return [finding("unused-parameters", title, evidence, fix=(
         "Use the layer in forward or delete it; if it is frozen on purpose, call "
         "requires_grad_(False) on it; under DistributedDataParallel, unused parameters need "
@@ -147,11 +171,15 @@ def params_not_in_optimizer(ev: Evidence) -> list[Finding]:
         return []
     numel = sum(int(x.get("numel") or 0) for x in items)
     with_grad = sum(1 for x in items if x.get("has_grad"))
+    sites = _created_at(items)
     title = (f"{n} trainable parameter(s) ({numel:,} values) are in no optimizer, so they never "
-             f"change: {_names(items, 4)}")
+             f"change: {_names(items, 4)}"
+             + (f" (built at {', '.join(list(sites)[:2])})" if sites else ""))
     evidence = {"step": 1, "params": [x["name"] for x in items[:20]], "count": n, "values": numel,
                 "received_gradients": f"{with_grad} of {n} (backward computes them for nothing)",
                 "optimizers": a.get("optimizers"), "trained_models": a.get("trained_roots")}
+    if sites:
+        evidence["created_at"] = sites
     return [finding("params-not-in-optimizer", title, evidence, fix=(
         "Build the optimizer from model.parameters() (or add the missing group with "
         "optimizer.add_param_group) after every layer exists; if these layers are frozen on "

@@ -49,6 +49,15 @@ def user_frame(depth: int = 2) -> tuple[str, int, str] | None:
     return None
 
 
+def _builds_graph(output: Any) -> bool:
+    """True if a module's output (a tensor, or one in a tuple/list/dict) requires grad."""
+    if isinstance(output, dict):
+        output = list(output.values())
+    if isinstance(output, (tuple, list)):
+        return any(getattr(o, "requires_grad", False) is True for o in output[:8])
+    return getattr(output, "requires_grad", False) is True
+
+
 class Core:
     """Patches + step clock + instrument dispatch. ``install()`` then ``uninstall()`` once."""
 
@@ -221,24 +230,37 @@ class Core:
 
     def _g_fwd_pre(self, module, args):
         if self.fwd_depth == 0:
-            if os.getpid() != self.ctx._owner_pid or self.bwd_depth:
+            # a module called while a batch is fetched (a transform in Dataset.__getitem__) is
+            # data work, not the model: its time is data wait already
+            if os.getpid() != self.ctx._owner_pid or self.bwd_depth or self.ctx.phase == "data":
                 return None
             self._root_begin()
-            if self.ctx._add_model(module):
-                self.ctx.emit("model", cls=type(module).__name__, step=self.ctx.step,
-                              params=sum(p.numel() for p in module.parameters()))
+            if next(module.parameters(), None) is not None:
+                self._add_root(module)
+            # a parameterless root (transform, loss) is judged by its output in the post hook
         self.fwd_depth += 1
         return None
+
+    def _add_root(self, module) -> None:
+        if self.ctx._add_model(module):
+            self.ctx.emit("model", cls=type(module).__name__, step=self.ctx.step,
+                          params=sum(p.numel() for p in module.parameters()))
 
     def _g_fwd_post(self, module, args, output):
         if self.fwd_depth > 0:
             self.fwd_depth -= 1
             if self.fwd_depth == 0:
+                if next(module.parameters(), None) is None:
+                    if not _builds_graph(output):  # Normalize-style transform in the loop: not
+                        self.ctx.phase = "other"   # the model, its time stays "other"
+                        return None
+                    self._add_root(module)  # a loss module: part of the training forward
                 self._root_end()
         return None
 
     def _root_pre(self, module, args):
-        if self.fwd_depth == 0 and not self.bwd_depth and os.getpid() == self.ctx._owner_pid:
+        if (self.fwd_depth == 0 and not self.bwd_depth and os.getpid() == self.ctx._owner_pid
+                and self.ctx.phase != "data"):
             self._root_begin()
         self.fwd_depth += 1
         return None

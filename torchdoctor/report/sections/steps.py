@@ -23,16 +23,16 @@ def step_breakdown(report) -> Table | None:
     if not m or not m.get("judged"):
         return None
     warm = f", first {m['warmup_skipped']} left out as warm-up" if m.get("warmup_skipped") else ""
-    t = Table(title=f"Step time: {m['judged']} steps{warm}; median {m['median_step_ms']:.3g} ms, "
-                    f"p90 {m['p90_step_ms']:.3g} ms",
+    t = Table(title=f"Step time: {m['judged']} steps{warm}; mean {m['mean_step_ms']:.3g} ms/step "
+                    f"(median {m['median_step_ms']:.3g}, p90 {m['p90_step_ms']:.3g})",
               title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
     t.add_column("phase")
-    t.add_column("ms/step", justify="right")
+    t.add_column("mean ms/step", justify="right")
     t.add_column("share", justify="right")
     t.add_column("")
     dev = m.get("device") or {}
     if dev:
-        t.add_column("GPU ms", justify="right")
+        t.add_column("GPU mean ms", justify="right")
     for p, label in LABELS.items():
         share = float(m["share"].get(p, 0.0))
         row = [label, f"{m['mean_ms'].get(p, 0.0):.3g}", f"{share:.0%}", _bar(share)]
@@ -40,7 +40,13 @@ def step_breakdown(report) -> Table | None:
             v = dev.get(f"{p}_ms")
             row.append(f"{v:.3g}" if v is not None else "")
         t.add_row(*row)
+    notes = []
+    if m.get("phase_overlap_ms"):
+        notes.append(f"phases nest ({m['phase_overlap_ms']:.3g} ms/step counted twice, e.g. forward "
+                     "inside a closure optimizer's step): shares are of the phase total")
     if dev and dev.get("busy") is not None:
-        t.caption = f"GPU busy ≤ {dev['busy']:.0%} of the step (CUDA events)"
+        notes.append(f"GPU busy ≤ {dev['busy']:.0%} of the step (CUDA events, median)")
+    if notes:
+        t.caption = "; ".join(notes)
         t.caption_justify = "left"
     return t
