@@ -38,12 +38,16 @@ def _missing_optimizer(ev: Evidence, j: Judgment) -> None:
     r = ev.roles
     if r.optimizers:
         return
+    held = r.training_state + (["config"] if r.config else [])
+    what = ", ".join(list(r.progress)[:3] + r.config[:2]) or ", ".join(held) or "training state"
     j.findings.append(finding(
         "ckpt-missing-optimizer",
-        "no optimizer state: resuming restarts the optimizer (Adam moments, momentum) from zero",
-        {"training_state_present": r.training_state or "none", "mode": _mode_text(ev)},
+        f"a training snapshot ({what}) without optimizer state: resuming from it restarts the optimizer "
+        "(Adam moments, momentum) from zero",
+        {"training_state_present": held or "none", "mode": _mode_text(ev)},
         fix="Save optimizer.state_dict() with the model and load it with optimizer.load_state_dict() after "
-            "building the optimizer over the same parameters.",
+            "building the optimizer over the same parameters. (Plain SGD without momentum has no state to "
+            "lose; if the file is meant only for inference, drop the counters or pass --expect weights.)",
     ))
 
 
@@ -83,14 +87,17 @@ def _cuda_devices(ev: Evidence) -> list[str]:
 def _missing_rng(ev: Evidence, j: Judgment) -> None:
     r = ev.roles
     if not r.rng:
+        # Most training code (nanoGPT, Lightning, torchvision's references) saves no RNG state and
+        # resumes fine, only not bit-exactly: a warning when exact resumption is asked for, else info.
         j.findings.append(finding(
             "ckpt-missing-rng",
             "no RNG state: after resuming, dropout masks, augmentation and shuffling differ from an "
-            "uninterrupted run",
+            "uninterrupted run (the run continues fine, not bit-exactly)",
             {"looked_for": "torch CPU (uint8[5056]), CUDA (uint8[16] per device), numpy, python random states",
              "mode": _mode_text(ev)},
             fix="Save torch.get_rng_state(), torch.cuda.get_rng_state_all(), np.random.get_state() and "
                 "random.getstate() (and the DataLoader generator's state) and restore them on resume.",
+            severity=None if ev.expect == "resume" else "info",
         ))
         return
     missing = []
@@ -157,4 +164,5 @@ def _missing_scaler(ev: Evidence, j: Judgment) -> None:
 
 
 def _mode_text(ev: Evidence) -> str:
-    return "--expect resume" if ev.expect == "resume" else "auto → resume (training state present)"
+    return "--expect resume" if ev.expect == "resume" else \
+        "auto → resume (training state, progress counter or training config present)"

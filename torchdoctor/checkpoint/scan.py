@@ -20,6 +20,7 @@ import os
 import time
 from dataclasses import dataclass, field, replace
 
+from torchdoctor.checkpoint.fsutil import open_regular
 from torchdoctor.checkpoint.values import FLOAT_DTYPES, Storage, TensorInfo
 
 CHUNK = 32 << 20  # bytes per window
@@ -229,6 +230,10 @@ def scan_tensors(named: list[tuple[str, TensorInfo]]) -> ScanResult:
             if t.device != "meta":
                 res.not_scanned.append(f"{name} (bytes not located)")
             continue
+        size = ops.itemsize(t.dtype)
+        if any(st.data is None and st.nbytes % size for st in parts):
+            res.not_scanned.append(f"{name} (storage size is not a multiple of {size} bytes)")
+            continue
         res.tensors_scanned += 1
         for st in parts:
             if st.dtype != t.dtype:  # e.g. float8 tensors over an UntypedStorage (uint8): check as the tensor
@@ -260,19 +265,21 @@ def _scan_storages(ops, storages: list[Storage], res: ScanResult) -> list[str]:
     for s in on_disk:
         by_path.setdefault(s.path, []).append(s)
     for path, group in by_path.items():
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         try:
             size = os.fstat(fd).st_size
+            inside = []
+            for s in group:  # checked before any window is planned: a claimed size costs nothing
+                if s.offset < 0 or s.nbytes < 0 or s.offset + s.nbytes > size:
+                    res.not_scanned.append(f"{s.key}: {s.nbytes} bytes at offset {s.offset} lie outside the file "
+                                           f"({size} bytes)")
+                else:
+                    inside.append(s)
             _advise(fd, 0, 0, "SEQUENTIAL")
-            windows = list(_windows(group))
-            if windows:
-                _advise(fd, windows[0][0], AHEAD, "WILLNEED")
-            for win_off, win_len, pieces in windows:
+            if inside:
+                _advise(fd, inside[0].offset, AHEAD, "WILLNEED")
+            for win_off, win_len, pieces in _windows(inside):
                 _advise(fd, win_off + AHEAD, CHUNK, "WILLNEED")  # keep the disk busy ahead of the check
-                if win_off + win_len > size:
-                    res.not_scanned.append(f"{path}: file ends at byte {size}, data expected up to "
-                                           f"{win_off + win_len}")
-                    break
                 _check_window(ops, fd, win_off, win_len, pieces, bad, res)
                 res.bytes_scanned += sum(p[2] for p in pieces)
         finally:
@@ -318,11 +325,8 @@ def _windows(group: list[Storage]):
     Windows are at most CHUNK bytes, aligned to the element size inside each storage,
     and merge neighbouring storages separated by less than MAX_GAP bytes.
     """
-    pieces = []
-    for st in group:
-        step = max(16, (CHUNK // 16) * 16)
-        for p in range(0, st.nbytes, step):
-            pieces.append((st, p, min(step, st.nbytes - p)))
+    step = max(16, (CHUNK // 16) * 16)
+    pieces = ((st, p, min(step, st.nbytes - p)) for st in group for p in range(0, st.nbytes, step))
     cur: list = []
     start = end = 0
     for st, p, n in pieces:
@@ -358,10 +362,10 @@ def _count_tensor(ops, st: Storage, t: TensorInfo, name: str) -> TensorHit | Non
         per = 2 if st.dtype.startswith("complex") else 1
         lo = t.storage_offset * itemsize * per if t.parts == [] else 0
         extent = _extent(t) * itemsize * per if t.parts == [] else st.nbytes
-        lo, hi = max(0, lo), min(st.nbytes, lo + extent)
+        lo, hi = max(0, lo), min(st.nbytes, max(0, lo) + extent)
         nan = pinf = ninf = 0
         first = -1
-        with open(st.path, "rb") as f:
+        with open_regular(st.path) as f:
             pos = lo
             while pos < hi:
                 n = min(CHUNK, hi - pos)
