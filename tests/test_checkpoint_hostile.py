@@ -39,18 +39,31 @@ def _codes(rep):
     return {f.code: f.severity for f in rep.findings}
 
 
+# The child reports its own peak RSS (VmHWM of its address space after exec): ru_maxrss of a child
+# also counts the parent's pages it shared between fork and exec, i.e. pytest's torch import.
+_WRAPPER = """
+import atexit, os, resource, runpy, sys
+def _hwm():
+    with open("/proc/self/status") as f:
+        kb = next(line.split()[1] for line in f if line.startswith("VmHWM"))
+    with open(os.environ["TD_HWM_FILE"], "w") as f:
+        f.write(kb)
+atexit.register(_hwm)
+resource.setrlimit(resource.RLIMIT_CPU, (60, 60))  # a regression fails the test instead of hogging the box
+sys.argv = ["torchdoctor", *sys.argv[1:]]
+runpy.run_module("torchdoctor", run_name="__main__", alter_sys=True)
+"""
+
+
 def bounded_cli(*args, timeout=60):
     """Run the CLI in a child; return (returncode, stdout bytes, stderr text, peak RSS MB, CPU s) of that child."""
     import tempfile
 
-    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="120", TERM="dumb")
-
-    def limits():  # a safety net: a regression fails the test instead of swapping the machine
-        resource.setrlimit(resource.RLIMIT_CPU, (60, 60))
-
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        p = subprocess.Popen([sys.executable, "-m", "torchdoctor", *map(str, args)], stdout=out, stderr=err,
-                             stdin=subprocess.DEVNULL, env=env, preexec_fn=limits)
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
+            tempfile.NamedTemporaryFile("r") as hwm:
+        env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="120", TERM="dumb", TD_HWM_FILE=hwm.name)
+        p = subprocess.Popen([sys.executable, "-c", _WRAPPER, *map(str, args)], stdout=out, stderr=err,
+                             stdin=subprocess.DEVNULL, env=env)
         deadline = time.monotonic() + timeout
         while True:
             pid, status, ru = os.wait4(p.pid, os.WNOHANG)
@@ -64,7 +77,8 @@ def bounded_cli(*args, timeout=60):
         p.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
-        return (p.returncode, out.read(), err.read().decode("utf-8", "replace"), ru.ru_maxrss / 1024,
+        rss_mb = int(hwm.read() or 0) / 1024
+        return (p.returncode, out.read(), err.read().decode("utf-8", "replace"), rss_mb,
                 ru.ru_utime + ru.ru_stime)
 
 
@@ -373,3 +387,45 @@ def test_exit_codes_match_the_docs(cli, tmp_path):
     docs = (ROOT / "docs" / "checkpoint.md").read_text() + (ROOT / "README.md").read_text() + \
         (ROOT / "docs" / "findings" / "ckpt-unreadable.md").read_text()
     assert "unreadable" in docs and "exit 1" in docs.lower()
+
+
+# -- acceptance: a bounded fuzz of every container ------------------------------------------------------
+
+FUZZ_SECONDS = float(os.environ.get("TORCHDOCTOR_FUZZ_SECONDS", "4"))
+
+
+def _seeds(d: Path) -> Path:
+    import shutil
+
+    import torch
+
+    d.mkdir()
+    fx = builders.cached("all")
+    for name in ("complete", "complete_legacy", "weights_safetensors", "full_model_pickle", "complete_numpy_rng"):
+        shutil.copy(fx[name], d / (name + os.path.splitext(fx[name])[1]))
+    shutil.copytree(fx["dcp"], d / "dcp")
+    shutil.copytree(fx["hf_sharded"], d / "hf_sharded")
+    shutil.copytree(fx["hf_trainer"], d / "hf_trainer")
+    import pickle
+
+    (d / "plain.pkl").write_bytes(pickle.dumps({"model": {"w": [1.0, 2.0]}, "epoch": 1}, protocol=2))
+    torch.save({"w": torch.ones(2)}, d / "small.pt")
+    return d
+
+
+def test_fuzzed_containers_exit_cleanly_within_bounds(tmp_path):
+    seeds = _seeds(tmp_path / "seeds")
+    work = tmp_path / "work"
+    work.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, str(HERE / "fixtures" / "checkpoint" / "fuzz_driver.py"), str(seeds),
+                        str(work), str(FUZZ_SECONDS), "1234"], capture_output=True, text=True, env=env,
+                       timeout=120 + FUZZ_SECONDS * 4)
+    assert r.returncode == 0, r.stderr[-2000:]
+    stats = json.loads(r.stdout.strip().splitlines()[-1])
+    print(stats)
+    assert stats["inputs"] >= 10, stats
+    assert stats["failures"] == [], stats["failures"][:5]
+    assert stats["worst_cpu_s"] < 5, stats
+    assert stats["peak_rss_mb"] < 300, stats
+    assert not (work / "MARKER").exists()
