@@ -16,7 +16,7 @@ from typing import Any
 from torchdoctor.checkpoint.errors import Unreadable
 from torchdoctor.checkpoint.fsutil import not_regular, open_regular
 from torchdoctor.checkpoint.pickle_scan import PickleScanError, scan_pickle
-from torchdoctor.checkpoint.stub_unpickler import DType, stub_load
+from torchdoctor.checkpoint.stub_unpickler import DType, _as_tuple, stub_load
 from torchdoctor.checkpoint.torch_zip import read_torch_zip
 from torchdoctor.checkpoint.values import ITEMSIZE, Contents, Opaque, Storage, TensorInfo, brief
 
@@ -92,9 +92,8 @@ def _read_item(root: str, fqn: str, item: Any, sinfos: list, contents: Contents)
         props = _attr(item, "properties")
         pstate = props.state if isinstance(props, Opaque) else None
         dtype = str(pstate[0]) if isinstance(pstate, tuple) and pstate and isinstance(pstate[0], DType) \
-            else str(_attr(props, "dtype", "?"))
-        size = _attr(item, "size", ())
-        t = TensorInfo(dtype=dtype, shape=tuple(size) if isinstance(size, tuple) else ())
+            else brief(_attr(props, "dtype", "?"), 40).strip("'")
+        t = TensorInfo(dtype=dtype[:40], shape=_as_tuple(_attr(item, "size", ())))
         for s in sinfos:
             st = _locate(root, fqn, s, contents, tensor_dtype=dtype)
             if isinstance(st, Storage):

@@ -189,7 +189,7 @@ def _optimizer(path: str, v: dict) -> OptimizerRole:
     ids: list = []
     for g in groups:
         if isinstance(g, dict) and isinstance(g.get("params"), (list, tuple)):
-            ids.extend(g["params"])
+            ids.extend(i for i in g["params"] if isinstance(i, (int, str)))  # crafted: no unhashables
     if ids and all(isinstance(i, int) for i in ids) and all(isinstance(k, str) and k.isdigit() for k in state):
         state = {int(k): x for k, x in state.items()}  # DCP flattening turns int keys into strings
     return OptimizerRole(path, state, [g for g in groups if isinstance(g, dict)], ids)

@@ -91,6 +91,9 @@ class TensorInfo:
         self.state = state
 
 
+MAX_CALL_NAME = 200
+
+
 class Opaque:
     """An object whose class the pickle names but which was never imported or run.
 
@@ -116,8 +119,13 @@ class Opaque:
         self.state = state
 
     def __call__(self, *args: Any, **kwargs: Any) -> "Opaque":
-        """Calling a stand-in (``getattr(...)(...)`` chains) only records the call."""
-        return opaque_type(f"{self.cls}()")(*args, **kwargs)
+        """Calling a stand-in (``getattr(...)(...)`` chains) only records the call.
+
+        The name grows by ``()`` per call up to a bound: a pickle of 20 000 chained calls
+        must not build 20 000 ever-longer class names (quadratic memory).
+        """
+        name = f"{self.cls}()" if len(self.cls) < MAX_CALL_NAME else self.cls
+        return opaque_type(name)(*args, **kwargs)
 
     def __setitem__(self, key: Any, value: Any) -> None:
         self.items[key] = value
