@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchdoctor.checkpoint.values import NdArrayInfo, Opaque, TensorInfo, plain
-from torchdoctor.checkpoint.walk import children, join
+from torchdoctor.checkpoint.walk import children, join, key_text
 
 MODEL_KEYS = ("model", "state_dict", "model_state_dict", "model_state", "net", "network", "module",
               "weights", "model_weights", "params", "generator", "policy", "backbone", "module_state_dict")
@@ -117,7 +117,7 @@ def _is_module(v: Any) -> bool:
 def _state_dict_like(path: str, v: Any) -> bool:
     if not isinstance(v, dict) or not v:
         return False
-    if any(_rng_kind(join(path, str(k)), x) for k, x in v.items()):
+    if any(_rng_kind(join(path, key_text(k)), x) for k, x in v.items()):
         return False  # a dict of RNG states ({"torch": uint8[5056], ...}), not weights
     n_t = sum(1 for x in v.values() if isinstance(x, TensorInfo))
     return n_t >= 1 and all(isinstance(k, str) for k in v) and n_t >= 0.9 * len(v)
@@ -169,12 +169,12 @@ def flatten_module(mod: Opaque, prefix: str = "", depth: int = 0, seen: set | No
     a = mod.attrs
     for name, t in (a.get("_parameters") or {}).items():
         if isinstance(t, TensorInfo):
-            out[prefix + str(name)] = t
+            out[prefix + key_text(name)] = t
     skip = a.get("_non_persistent_buffers_set")
     skip = set(skip) if isinstance(skip, (set, frozenset, list, tuple)) else set()
     for name, t in (a.get("_buffers") or {}).items():
         if isinstance(t, TensorInfo) and name not in skip:
-            out[prefix + str(name)] = t
+            out[prefix + key_text(name)] = t
     for name, child in (a.get("_modules") or {}).items():
         if _is_module(child):
             out.update(flatten_module(child, f"{prefix}{name}.", depth + 1, seen))
@@ -253,7 +253,7 @@ def _classify(path: str, v: Any, r: Roles, candidates: list[ModelRole]) -> str |
         r.rng.setdefault(kind, path)
         return f"rng ({kind})"
     if _state_dict_like(path, v):
-        candidates.append(ModelRole(path, {str(k): t for k, t in v.items() if isinstance(t, TensorInfo)}))
+        candidates.append(ModelRole(path, {key_text(k): t for k, t in v.items() if isinstance(t, TensorInfo)}))
         return "weights"
     if _is_config(path, v):
         r.config.append(path)

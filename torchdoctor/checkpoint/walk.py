@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from torchdoctor.checkpoint.values import NdArrayInfo, Opaque, TensorInfo
+from torchdoctor.checkpoint.values import NdArrayInfo, Opaque, TensorInfo, brief
 
 MAX_DEPTH = 32
 
@@ -34,7 +34,15 @@ def children(obj: Any) -> Iterator[tuple[str, Any]]:
 
 
 def _key(k: Any) -> str:
-    return k if isinstance(k, str) else str(k)
+    """A key as text: ints and other keys through ``brief`` (``str`` of a 5000-digit int raises)."""
+    if isinstance(k, str):
+        return k
+    if isinstance(k, int) and not isinstance(k, bool):
+        return brief(k)
+    return brief(k, 80)
+
+
+key_text = _key
 
 
 def join(prefix: str, key: str) -> str:
