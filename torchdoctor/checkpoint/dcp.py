@@ -107,7 +107,8 @@ def _locate(root: str, fqn: str, sinfo: Any, contents: Contents, tensor_dtype: s
     try:
         return _locate_checked(root, fqn, sinfo, contents, tensor_dtype)
     except OSError as e:  # one unreadable data file is a problem of that item, not of the audit
-        contents.problems.append({"what": fqn, "reason": f"cannot read its data file: {e.strerror or type(e).__name__}"})
+        why = e.strerror or type(e).__name__
+        contents.problems.append({"what": fqn, "reason": f"cannot read its data file: {why}"})
         return None
 
 

@@ -56,8 +56,6 @@ def dangerous(name: str) -> bool:
     return name in DANGEROUS_NAMES or name.startswith(DANGEROUS_PREFIXES)
 
 
-_dangerous = dangerous
-
 
 def _framework_rng(pickle_name: str) -> bool:
     """RNG files whose own loader allowlists numpy (HF Trainer rng_state*.pth, accelerate random_states_*.pkl)."""
