@@ -255,6 +255,7 @@ def _crafted(tmp_path):
         "dag_bomb": H.zip_ckpt(t + "/dag.pt", H.dag_bomb()),
         "odd_storage_size": H.zip_ckpt(t + "/odd.pt", H.tensor_pickle(numel=4), {"0": b"\0" * 7}),
         "call_chain": H.zip_ckpt(t + "/chain.pt", H.call_chain()),
+        "shared_nan_tensor": H.shared_nan_tensor(t + "/shared.pt"),
     }
 
 

@@ -204,7 +204,7 @@ def recognise(root: Any) -> Roles:
     visited: set[int] = set()  # each container is judged once, however many paths reach it
 
     def visit(path: str, v: Any, depth: int) -> None:
-        if isinstance(v, (dict, list, tuple, Opaque)):
+        if isinstance(v, (dict, list, tuple, Opaque, TensorInfo)):
             if id(v) in visited:
                 return
             visited.add(id(v))

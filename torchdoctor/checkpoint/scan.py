@@ -26,6 +26,7 @@ from torchdoctor.checkpoint.values import FLOAT_DTYPES, Storage, TensorInfo
 CHUNK = 32 << 20  # bytes per window
 AHEAD = 256 << 20  # how far ahead of the check the kernel is asked to read (POSIX_FADV_WILLNEED)
 MAX_GAP = 1 << 16  # storages closer than this are checked in one window
+MAX_COUNTED = 256  # tensors on failing storages that are counted element by element
 
 # dtype -> (numpy uint type code, exponent mask, mantissa mask, rule)
 #   ieee: NaN/Inf iff exponent all ones; fn: NaN iff all bits but sign set (no Inf); fnuz: NaN iff == 0x80
@@ -219,9 +220,11 @@ def scan_tensors(named: list[tuple[str, TensorInfo]]) -> ScanResult:
     res.backend = ops.name
     t0 = time.perf_counter()
     by_storage: dict[str, tuple[Storage, list[tuple[str, TensorInfo]]]] = {}
+    seen: set[int] = set()
     for name, t in named:
-        if t.dtype not in FLOAT_DTYPES:
+        if t.dtype not in FLOAT_DTYPES or id(t) in seen:  # one tensor reached by many paths is checked once
             continue
+        seen.add(id(t))
         if not scannable(t):
             res.not_scanned.append(f"{name} ({t.dtype}: no check for this dtype)")
             continue
@@ -240,9 +243,15 @@ def scan_tensors(named: list[tuple[str, TensorInfo]]) -> ScanResult:
                 st = replace(st, dtype=t.dtype, key=f"{st.key}#{t.dtype}")
             by_storage.setdefault(st.key, (st, []))[1].append((name, t))
     bad_storages = _scan_storages(ops, [v[0] for v in by_storage.values()], res)
+    counted = 0
     for key in bad_storages:
         st, users = by_storage[key]
         for name, t in users:
+            if counted >= MAX_COUNTED:  # each count re-reads the tensor's bytes: bounded work
+                res.not_scanned.append(f"{name} (on a storage with NaN/Inf; only the first {MAX_COUNTED} "
+                                       "such tensors are counted)")
+                continue
+            counted += 1
             hit = _count_tensor(ops, st, t, name)
             if hit is not None:
                 res.hits.append(hit)
