@@ -141,7 +141,7 @@ def _write_safetensors(tensors, path):
     path.write_bytes(len(h).to_bytes(8, "little") + h + b"".join(blobs))
 
 
-def hf_trainer(d, weights="model.safetensors"):
+def hf_trainer(d, weights="model.safetensors", fp16=False):
     torch.manual_seed(0)
     net = Small()
     opt = torch.optim.AdamW(net.parameters(), lr=5e-5)
@@ -159,7 +159,7 @@ def hf_trainer(d, weights="model.safetensors"):
                folder / "rng_state.pth")
     (folder / "trainer_state.json").write_text(json.dumps({"global_step": 500, "epoch": 1.6, "max_steps": 1000,
                                                            "log_history": [{"loss": 2.3, "step": 500}]}))
-    torch.save(TrainingArguments(output_dir="out", learning_rate=5e-5, fp16=False, bf16=True),
+    torch.save(TrainingArguments(output_dir="out", learning_rate=5e-5, fp16=fp16, bf16=not fp16),
                folder / "training_args.bin")
     return folder
 
@@ -223,6 +223,9 @@ CASES = {
     "lightning": (lightning, {"ckpt-missing-rng": "info"}),
     "hf_trainer": (hf_trainer, {"ckpt-unsafe-pickle": "info"}),
     "hf_trainer_bin": (lambda d: hf_trainer(d, "pytorch_model.bin"), {"ckpt-unsafe-pickle": "info"}),
+    # the Trainer saves no scaler.pt under fp16 (its GradScaler lives in accelerate): info, not a warning
+    "hf_trainer_fp16": (lambda d: hf_trainer(d, fp16=True),
+                        {"ckpt-unsafe-pickle": "info", "ckpt-missing-scaler": "info"}),
     "accelerate": (accelerate_state, {"ckpt-unsafe-pickle": "info"}),
     "mingpt_ddp": (mingpt_ddp_snapshot, {"ckpt-missing-rng": "info"}),
     "torchvision": (torchvision_reference, {"ckpt-unsafe-pickle": "info", "ckpt-missing-rng": "info"}),

@@ -153,6 +153,11 @@ def _missing_scaler(ev: Evidence, j: Judgment) -> None:
     ev_ = {"float16_signs": short(r.fp16_signs, 6)}
     if r.empty_scalers:
         ev_["empty_scaler_entries"] = r.empty_scalers
+    # The Hugging Face Trainer keeps its scaler inside accelerate and saves none: its fp16 checkpoints are
+    # healthy as written; the scale re-calibrates within a few skipped steps after a resume.
+    framework = all(s.startswith("training_args.bin") for s in r.fp16_signs)
+    if framework:
+        ev_["note"] = "the Hugging Face Trainer saves no GradScaler state; it re-calibrates after a resume"
     j.findings.append(finding(
         "ckpt-missing-scaler",
         "float16 training but no GradScaler state: on resume the loss scale restarts at 65536 and the "
@@ -160,6 +165,7 @@ def _missing_scaler(ev: Evidence, j: Judgment) -> None:
         ev_,
         fix="Save scaler.state_dict() and restore it with scaler.load_state_dict() (an empty dict means the "
             "scaler was disabled: GradScaler(enabled=False)).",
+        severity="info" if framework else None,
     ))
 
 
