@@ -7,8 +7,12 @@ What is expected of a checkpoint depends on what it is for (``--expect``):
 ``resume`` requires everything needed to continue training exactly (optimizer,
 scheduler when one drives the LR, RNG, progress counter, GradScaler under float16);
 ``weights`` requires only sound weights; ``auto`` (default) treats a checkpoint that
-holds any optimizer/scheduler/scaler/RNG state as a training checkpoint and any other as
-a weights export, which gets one info finding instead of a warning per missing part.
+holds any optimizer/scheduler/scaler/RNG state, a progress counter or a training config as a
+training snapshot and any other as a weights export, which gets one info finding instead of
+a warning per missing part.
+
+Every rule runs guarded (:func:`guarded`): one that raises on odd input becomes an
+``internal-error`` finding and the other rules still run.
 """
 
 from __future__ import annotations
