@@ -307,7 +307,8 @@ def _read_dir(path: str) -> Contents:
         c.root = read_dcp(path, c)
         return c
     indexes = [n for n in names if n.endswith(".index.json")]
-    ckpts = [n for n in names if n.endswith(CKPT_EXT)]
+    # not isfile(): a FIFO named like a checkpoint must be seen (and reported), not skipped
+    ckpts = [n for n in names if n.endswith(CKPT_EXT) and not os.path.isdir(os.path.join(path, n))]
     trainer = [n for n in names if n in TRAINER_FILES or n.startswith(("rng_state", "random_states_"))]
     if not indexes and not ckpts:
         shown = ", ".join(names[:8]) + (f" … ({len(names)} entries)" if len(names) > 8 else "")
