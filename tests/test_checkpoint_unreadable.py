@@ -1,8 +1,9 @@
 """Bad input to checkpoint-audit: a one-line reason, the right exit code, never a traceback.
 
-Exit codes (docs/checkpoint.md): a path that is missing or cannot be opened at all is bad
-usage → 2 with one line on stderr; bytes that can be read but are not a readable
-checkpoint → a report with a `ckpt-unreadable` error → 1.
+Exit codes (docs/checkpoint.md): a path that is missing, not a file or folder, cannot be
+opened at all, or a folder with no checkpoint in it is bad usage → 2 with one line on
+stderr; bytes that can be read but are not a readable checkpoint → a report with a
+`ckpt-unreadable` error → 1.
 """
 
 import json
@@ -48,7 +49,7 @@ def bad(tmp_path):
         "gguf": (_write(tmp_path / "m.gguf", b"GGUF" + bytes(60)), "not a PyTorch checkpoint"),
         "foreign_zip": (_zip_other(tmp_path / "other.zip"), "zip without data.pkl"),
         "corrupt_pickle": (_zip_ckpt(tmp_path / "badpkl.pt", b"\x80\x02}q\x00(X\x01"), "corrupt pickle"),
-        "no_ckpt_dir": (str(tmp_path / "notes"), "no checkpoint in directory"),
+        "no_ckpt_dir": (str(tmp_path / "notes"), "no checkpoint in directory"),  # usage errors (exit 2)
         "empty_dir": (str(tmp_path / "emptydir"), "no checkpoint in directory"),
         "truncated_safetensors": (_write(tmp_path / "t.safetensors",
                                          struct.pack("<Q", len(st_header)) + st_header + bytes(8)),
@@ -64,7 +65,7 @@ def _zip_other(path):
 
 
 CASES = ["empty", "random", "zeros", "truncated_zip", "text", "lfs_pointer", "gguf", "foreign_zip",
-         "corrupt_pickle", "no_ckpt_dir", "empty_dir", "truncated_safetensors", "json_not_index"]
+         "corrupt_pickle", "truncated_safetensors", "json_not_index"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -77,12 +78,19 @@ def test_unreadable_input_is_a_report_saying_which(bad, case):
     assert rep.exit_code() == 1
 
 
-@pytest.mark.parametrize("case", ["empty", "truncated_zip", "no_ckpt_dir"])
+@pytest.mark.parametrize("case", ["empty", "truncated_zip", "corrupt_pickle"])
 def test_unreadable_cli_exit_1_json_no_traceback(cli, bad, case):
     r = cli("checkpoint-audit", bad[case][0], "--json")
     assert r.returncode == 1
     assert "Traceback" not in r.stdout + r.stderr
     assert json.loads(r.stdout)["findings"][0]["code"] == "ckpt-unreadable"
+
+
+@pytest.mark.parametrize("case", ["no_ckpt_dir", "empty_dir"])
+def test_folder_without_checkpoint_is_usage_error_exit_2(cli, bad, case):
+    r = cli("checkpoint-audit", bad[case][0], "--json")
+    assert r.returncode == 2 and r.stdout == ""
+    assert "no checkpoint in directory" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_missing_path_is_usage_error_exit_2(cli, tmp_path):
@@ -114,14 +122,14 @@ def test_permission_denied_path_in_process(monkeypatch, tmp_path):
 
     p = tmp_path / "secret.pt"
     p.write_bytes(b"x" * 10)
-    real_open = open
+    real_open = os.open
 
     def fake_open(file, *a, **k):
         if str(file) == str(p):
             raise PermissionError(13, "Permission denied", str(file))
         return real_open(file, *a, **k)
 
-    monkeypatch.setattr("builtins.open", fake_open)
+    monkeypatch.setattr("os.open", fake_open)
     res = CliRunner().invoke(app, ["checkpoint-audit", str(p)])
     assert res.exit_code == 2
     assert "permission denied" in res.output and "Traceback" not in res.output

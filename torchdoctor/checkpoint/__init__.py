@@ -7,5 +7,7 @@ whose class was *not* imported); ``pickle_scan`` lists the globals a pickle woul
 from its opcodes; ``scan`` checks tensor bytes for NaN/Inf in bounded memory; ``roles``
 recognises model / optimizer / scheduler / scaler / RNG / progress; ``rules`` turns all
 that into findings (pure functions). Nothing here imports torch unless ``--model`` or
-``--unsafe-load`` asks for it.
+``--unsafe-load`` asks for it. ``fsutil`` refuses FIFOs/devices and links that leave a folder
+before anything is opened; every reader bounds what it reads (docs/checkpoint.md, "Bounds on
+hostile input").
 """

@@ -144,6 +144,12 @@ class OptimCompare:
     notes: list[str] = field(default_factory=list)  # inconclusive observations
 
 
+def _brief(v: Any) -> str:
+    from torchdoctor.checkpoint.values import brief
+
+    return brief(v, 80)
+
+
 def _param_shaped(entry: Any) -> list[tuple]:
     from torchdoctor.checkpoint.values import TensorInfo
 
@@ -165,12 +171,12 @@ def compare_optimizer(state: dict, ids: list, params: list[tuple[str, tuple]], e
     id_set = set(ids)
     dangling = [i for i in state if i not in id_set] if ids else []
     if dangling:
-        out.problems.append(f"{len(dangling)} state entries belong to no param_group (first: {dangling[0]!r})")
+        out.problems.append(f"{len(dangling)} state entries belong to no param_group (first: {_brief(dangling[0])})")
     by_name = dict(params)
     if ids and all(isinstance(i, str) for i in ids):
         unknown = [i for i in ids if i not in by_name]
         if unknown:
-            out.problems.append(f"{len(unknown)} parameter names are not in the model (first: {unknown[0]!r})")
+            out.problems.append(f"{len(unknown)} parameter names are not in the model (first: {_brief(unknown[0])})")
         for name, entry in state.items():
             for shp in _param_shaped(entry):
                 if name in by_name and tuple(by_name[name]) != shp:

@@ -14,10 +14,11 @@ import os
 from typing import Any
 
 from torchdoctor.checkpoint.errors import Unreadable
+from torchdoctor.checkpoint.fsutil import not_regular, open_regular
 from torchdoctor.checkpoint.pickle_scan import PickleScanError, scan_pickle
-from torchdoctor.checkpoint.stub_unpickler import DType, stub_load
+from torchdoctor.checkpoint.stub_unpickler import DType, _as_tuple, stub_load
 from torchdoctor.checkpoint.torch_zip import read_torch_zip
-from torchdoctor.checkpoint.values import ITEMSIZE, Contents, Opaque, Storage, TensorInfo
+from torchdoctor.checkpoint.values import ITEMSIZE, Contents, Opaque, Storage, TensorInfo, brief
 
 # Globals DCP's own writer puts in .metadata and in its byte items: expected, not alarming.
 DCP_EXPECTED_PREFIXES = ("torch.distributed.checkpoint.", "pathlib.")
@@ -26,7 +27,7 @@ DCP_EXPECTED_PREFIXES = ("torch.distributed.checkpoint.", "pathlib.")
 def metadata_file(path: str) -> str | None:
     """The DCP metadata file of directory ``path`` (global, else the first rank-local one)."""
     p = os.path.join(path, ".metadata")
-    if os.path.isfile(p):
+    if os.path.lexists(p):
         return p
     ranked = sorted(n for n in os.listdir(path) if n.startswith("__") and n.endswith(".metadata"))
     return os.path.join(path, ranked[0]) if ranked else None
@@ -38,35 +39,46 @@ def _attr(obj: Any, name: str, default: Any = None) -> Any:
 
 def read_dcp(path: str, contents: Contents) -> Any:
     """Fill ``contents`` (files, pickles, problems) and return the reconstructed state dict."""
+    from torchdoctor.checkpoint.detect import MAX_PICKLE
+
     mpath = metadata_file(path)
     if mpath is None:
         raise Unreadable("not a DCP checkpoint", "no .metadata file", path)
-    with open(mpath, "rb") as f:
-        raw = f.read()
+    why = not_regular(mpath, path)
+    if why is not None:
+        raise Unreadable("unreadable DCP metadata", f"{os.path.basename(mpath)}: {why}", mpath)
+    if os.path.getsize(mpath) > MAX_PICKLE:
+        raise Unreadable("oversized DCP metadata", f"{os.path.getsize(mpath)} bytes (limit {MAX_PICKLE >> 20} MiB)",
+                         mpath)
+    with open_regular(mpath) as f:
+        raw = f.read(MAX_PICKLE)
     try:
         pinfo, _ = scan_pickle(raw, mpath)
     except PickleScanError as e:
-        raise Unreadable("corrupt DCP metadata", f"{os.path.basename(mpath)}: {e}", mpath) from None
+        raise Unreadable("corrupt DCP metadata", f"{os.path.basename(mpath)}: {e}", mpath,
+                         pickles=[e.partial] if e.partial else []) from None
     try:
         md = stub_load(raw)
     except Exception as e:  # noqa: BLE001
-        raise Unreadable("corrupt DCP metadata", f"{os.path.basename(mpath)}: {type(e).__name__}: {e}", mpath,
-                         pickles=[pinfo]) from None
+        raise Unreadable("corrupt DCP metadata", f"{os.path.basename(mpath)}: {type(e).__name__}: "
+                         f"{brief(str(e), 200)}", mpath, pickles=[pinfo]) from None
     contents.pickles.append(pinfo)
     sd_meta = _attr(md, "state_dict_metadata")
     if not isinstance(md, Opaque) or not md.cls.endswith("Metadata") or not isinstance(sd_meta, dict):
         raise Unreadable("corrupt DCP metadata", f"{os.path.basename(mpath)} holds a "
-                         f"{md.cls if isinstance(md, Opaque) else type(md).__name__}, not a DCP Metadata",
+                         f"{brief(md.cls, 80) if isinstance(md, Opaque) else type(md).__name__}, not a DCP Metadata",
                          mpath, pickles=[pinfo])
-    planner = _attr(md, "planner_data") or {}
+    planner = _attr(md, "planner_data")
+    planner = planner if isinstance(planner, dict) else {}
     where: dict[str, list] = {}
-    for idx, sinfo in (_attr(md, "storage_data") or {}).items():
+    sdata = _attr(md, "storage_data")
+    for idx, sinfo in (sdata if isinstance(sdata, dict) else {}).items():
         fqn = _attr(idx, "fqn")
         if isinstance(fqn, str):
             where.setdefault(fqn, []).append(sinfo)
     for name in sorted(os.listdir(path)):
         full = os.path.join(path, name)
-        if os.path.isfile(full):
+        if not_regular(full, path) is None:
             contents.files.append({"path": full, "bytes": os.path.getsize(full), "format": "dcp"})
     flat: dict[str, Any] = {}
     for fqn, item in sd_meta.items():
@@ -80,9 +92,8 @@ def _read_item(root: str, fqn: str, item: Any, sinfos: list, contents: Contents)
         props = _attr(item, "properties")
         pstate = props.state if isinstance(props, Opaque) else None
         dtype = str(pstate[0]) if isinstance(pstate, tuple) and pstate and isinstance(pstate[0], DType) \
-            else str(_attr(props, "dtype", "?"))
-        size = _attr(item, "size", ())
-        t = TensorInfo(dtype=dtype, shape=tuple(size) if isinstance(size, tuple) else ())
+            else brief(_attr(props, "dtype", "?"), 40).strip("'")
+        t = TensorInfo(dtype=dtype[:40], shape=_as_tuple(_attr(item, "size", ())))
         for s in sinfos:
             st = _locate(root, fqn, s, contents, tensor_dtype=dtype)
             if isinstance(st, Storage):
@@ -93,16 +104,29 @@ def _read_item(root: str, fqn: str, item: Any, sinfos: list, contents: Contents)
 
 
 def _locate(root: str, fqn: str, sinfo: Any, contents: Contents, tensor_dtype: str | None = None) -> Any:
+    try:
+        return _locate_checked(root, fqn, sinfo, contents, tensor_dtype)
+    except OSError as e:  # one unreadable data file is a problem of that item, not of the audit
+        why = e.strerror or type(e).__name__
+        contents.problems.append({"what": fqn, "reason": f"cannot read its data file: {why}"})
+        return None
+
+
+def _locate_checked(root: str, fqn: str, sinfo: Any, contents: Contents, tensor_dtype: str | None) -> Any:
     rel, off, length = _attr(sinfo, "relative_path"), _attr(sinfo, "offset"), _attr(sinfo, "length")
-    if not isinstance(rel, str) or not isinstance(off, int) or not isinstance(length, int):
-        contents.problems.append({"what": fqn, "reason": "storage entry without file/offset/length"})
+    if not isinstance(rel, str) or type(off) is not int or type(length) is not int or off < 0 or length < 0:
+        contents.problems.append({"what": fqn, "reason": "storage entry without a valid file/offset/length"})
         return None
     fpath = os.path.join(root, rel)
-    if os.path.dirname(os.path.normpath(fpath)) != os.path.normpath(root):
-        contents.problems.append({"what": fqn, "reason": f"storage path {rel!r} leaves the checkpoint folder"})
+    if "\x00" in rel or os.path.dirname(os.path.normpath(fpath)) != os.path.normpath(root):
+        contents.problems.append({"what": fqn, "reason": f"storage path {brief(rel, 80)} leaves the checkpoint folder"})
         return None
-    if not os.path.isfile(fpath):
+    if not os.path.lexists(fpath):
         contents.problems.append({"what": fqn, "reason": f"data file {rel} is missing"})
+        return None
+    why = not_regular(fpath, root)
+    if why is not None:
+        contents.problems.append({"what": fqn, "reason": f"data file {rel}: {why}"})
         return None
     if _attr(sinfo, "transform_descriptors"):
         contents.notes.append(f"{fqn}: stored with transforms {_attr(sinfo, 'transform_descriptors')}; not scanned")
@@ -110,7 +134,7 @@ def _locate(root: str, fqn: str, sinfo: Any, contents: Contents, tensor_dtype: s
     if off + length > os.path.getsize(fpath):
         contents.problems.append({"what": fqn, "reason": f"{rel} is shorter than its index says (truncated)"})
         return None
-    with open(fpath, "rb") as f:
+    with open_regular(fpath) as f:
         f.seek(off)
         magic = f.read(4)
     if magic != b"PK\x03\x04":
@@ -122,6 +146,7 @@ def _locate(root: str, fqn: str, sinfo: Any, contents: Contents, tensor_dtype: s
         z = read_torch_zip(fpath, off, length, label=f"{rel}@{off}")
     except Unreadable as e:
         contents.problems.append({"what": fqn, "reason": f"{rel}@{off}: {e}"})
+        contents.pickles.extend(e.pickles)
         return None
     if tensor_dtype is not None:
         st = z.root.data() if isinstance(z.root, TensorInfo) else []
@@ -131,30 +156,36 @@ def _locate(root: str, fqn: str, sinfo: Any, contents: Contents, tensor_dtype: s
     return z.root
 
 
+MAX_PATH = 32  # key path length of a planner entry (deeper ones are kept flat)
+
+
 def _nest(flat: dict[str, Any], planner: dict) -> dict:
     """Rebuild the nested state dict from flattened keys and their original key paths."""
     out: dict = {}
+    made: set[int] = {id(out)}  # only the dicts built here are turned back into lists
     for fqn, value in flat.items():
         path = planner.get(fqn)
-        if not isinstance(path, tuple) or not path:
+        if not isinstance(path, tuple) or not path or len(path) > MAX_PATH or \
+                not all(type(k) in (str, int) for k in path):
             path = (fqn,)
         node = out
         for k in path[:-1]:
             nxt = node.get(k)
-            if not isinstance(nxt, dict):
+            if not isinstance(nxt, dict) or id(nxt) not in made:
                 nxt = {}
+                made.add(id(nxt))
                 node[k] = nxt
             node = nxt
         node[path[-1]] = value
-    return _lists(out)
+    return _lists(out, made)
 
 
-def _lists(node: Any) -> Any:
+def _lists(node: Any, made: set[int]) -> Any:
     """Containers whose keys are exactly 0..n-1 came from lists (e.g. param_groups)."""
-    if not isinstance(node, dict):
+    if not isinstance(node, dict) or id(node) not in made:
         return node
     for k in list(node):
-        node[k] = _lists(node[k])
+        node[k] = _lists(node[k], made)
     keys = list(node)
     if keys and all(type(k) is int for k in keys) and sorted(keys) == list(range(len(keys))):
         return [node[i] for i in range(len(keys))]

@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections import OrderedDict
 from typing import Any
 
 from torchdoctor.checkpoint.errors import Unreadable
-from torchdoctor.checkpoint.values import Contents
+from torchdoctor.checkpoint.fsutil import kind, not_regular, open_regular
+from torchdoctor.checkpoint.values import Contents, brief
 from torchdoctor.errors import DoctorError
+from torchdoctor.report.safe import visible
 
 CKPT_EXT = (".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".tar", ".pkl", ".pickle", ".model")
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin", "adapter_model.safetensors", "adapter_model.bin")
-TRAINER_FILES = ("optimizer.pt", "optimizer.bin", "scheduler.pt", "scaler.pt", "trainer_state.json",
-                 "training_args.bin", "rng_state.pth", "random_states_0.pkl")
+TRAINER_FILES = ("optimizer.pt", "optimizer.bin", "scheduler.pt", "scheduler.bin", "scaler.pt", "sampler.bin",
+                 "trainer_state.json", "training_args.bin", "rng_state.pth", "random_states_0.pkl")
 _MAGIC = [
     (b"GGUF", "GGUF file (llama.cpp), not a PyTorch checkpoint"),
     (b"\x89HDF\r\n\x1a\n", "HDF5 file (Keras/h5py), not a PyTorch checkpoint"),
@@ -32,25 +35,32 @@ _MAGIC = [
 
 
 def check_path(path: str) -> None:
-    """Usage errors (exit 2): the path is missing or cannot be opened at all."""
+    """Usage errors (exit 2): the path is missing, not a file or folder, or cannot be opened at all."""
+    shown = visible(path)
     if not os.path.lexists(path):
-        raise DoctorError(f"ckpt-unreadable: no such file or directory: {path}",
+        raise DoctorError(f"ckpt-unreadable: no such file or directory: {shown}",
                           hint="check the path; a checkpoint is a file or a DCP/Hugging Face folder")
     if not os.path.exists(path):
-        raise DoctorError(f"ckpt-unreadable: broken symbolic link: {path}")
+        raise DoctorError(f"ckpt-unreadable: broken symbolic link: {shown}")
     try:
-        if os.path.isdir(path):
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        raise DoctorError(f"ckpt-unreadable: cannot stat {shown}: {e.strerror or e}") from None
+    if not stat.S_ISDIR(mode) and not stat.S_ISREG(mode):
+        raise DoctorError(f"ckpt-unreadable: {shown} is {kind(mode)}, not a checkpoint file",
+                          hint="pass a regular file or a checkpoint folder (reading a pipe or device could "
+                               "block forever)")
+    try:
+        if stat.S_ISDIR(mode):
             os.listdir(path)
         else:
-            with open(path, "rb") as f:
+            with open_regular(path) as f:
                 f.read(1)
     except PermissionError:
-        raise DoctorError(f"ckpt-unreadable: permission denied: {path}",
+        raise DoctorError(f"ckpt-unreadable: permission denied: {shown}",
                           hint="run as a user who may read it, or copy it somewhere readable") from None
-    except IsADirectoryError:
-        pass
     except OSError as e:
-        raise DoctorError(f"ckpt-unreadable: cannot open {path}: {e.strerror or e}") from None
+        raise DoctorError(f"ckpt-unreadable: cannot open {shown}: {visible(e.strerror or e)}") from None
 
 
 def read(path: str) -> Contents:
@@ -77,8 +87,8 @@ def _prefetch(path: str) -> None:
 
 
 def _sniff(path: str) -> tuple[str, bytes, int]:
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
         head = f.read(64)
     if size == 0:
         raise Unreadable("empty file", "0 bytes (an interrupted save, or a placeholder)", path)
@@ -97,28 +107,38 @@ def _sniff(path: str) -> tuple[str, bytes, int]:
         return "pickle", head, size
     if head.lstrip()[:1] == b"{":
         return "json", head, size
-    if size <= _MAX_PLAIN_PICKLE and _parses_as_pickle(path, size):
+    if size <= MAX_SNIFF_PICKLE and _parses_as_pickle(path, size):
         return "pickle", head, size  # protocol 0/1 pickles have no PROTO opcode to sniff
     return "unknown", head, size
 
 
-_MAX_PLAIN_PICKLE = 64 << 20
+MAX_PICKLE = 64 << 20  # a pickle read into memory (data.pkl, plain pickle, DCP .metadata): larger is refused
+MAX_SNIFF_PICKLE = 8 << 20  # protocol 0/1 pickles (no PROTO opcode) are recognised up to this size
+MAX_JSON = 16 << 20  # shard indexes, trainer_state.json
+PARTIAL_SCAN = 8 << 20  # of an oversized plain pickle, this much is still scanned for globals
+
+
+def _read_bounded(path: str, limit: int) -> bytes:
+    with open_regular(path) as f:
+        return f.read(limit)
 
 
 def _parses_as_pickle(path: str, size: int) -> bool:
+    """A protocol 0/1 pickle to its end; or a broken one that already names code-running globals."""
     from torchdoctor.checkpoint.pickle_scan import PickleScanError, scan_pickle
+    from torchdoctor.checkpoint.rules_safety import dangerous
 
-    with open(path, "rb") as f:
-        raw = f.read()
+    raw = _read_bounded(path, size)
     try:
-        info, end = scan_pickle(raw, path)
-    except PickleScanError:
-        return False
+        info, end = scan_pickle(raw, path, record=False)
+    except PickleScanError as e:
+        # pickle.load would run these before failing: judge the file as a (broken) pickle
+        return e.partial is not None and any(dangerous(g) for g in e.partial.globals if not g.startswith("<"))
     return end >= size - 2
 
 
 def _is_tar(path: str) -> bool:
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         f.seek(257)
         return f.read(5) == b"ustar"
 
@@ -136,8 +156,10 @@ def _unknown(path: str, head: bytes, size: int) -> Unreadable:
                       "pickle, a safetensors header or a JSON shard index", path)
 
 
-def _read_file(path: str) -> Contents:
+def _read_file(path: str, allow_index: bool = True) -> Contents:
     fmt, head, size = _sniff(path)
+    if fmt == "json" and not allow_index:  # a shard that is itself an index: never recurse
+        raise Unreadable("not a checkpoint", "a JSON file where a weights shard was expected", path)
     c = Contents(path=path, format=fmt, files=[{"path": path, "bytes": size, "format": fmt}])
     if fmt in ("torch-zip", "torch-legacy", "pickle"):
         c.root = _read_pickled(path, fmt, c)
@@ -177,24 +199,32 @@ def _read_plain_pickle(path: str):
     from torchdoctor.checkpoint.stub_unpickler import stub_load
     from torchdoctor.checkpoint.torch_zip import ZipRead
 
-    with open(path, "rb") as f:
-        raw = f.read()
+    size = os.path.getsize(path)
+    if size > MAX_PICKLE:  # bounded: only the head is read, and scanned for what it imports
+        raw = _read_bounded(path, PARTIAL_SCAN)
+        try:
+            scan_pickle(raw, path)
+        except PickleScanError as e:
+            raise Unreadable("oversized pickle", f"{size} bytes, above the {MAX_PICKLE >> 20} MiB limit for a "
+                             f"plain pickle (the first {PARTIAL_SCAN >> 20} MiB were scanned for globals)", path,
+                             pickles=[e.partial] if e.partial else []) from None
+    raw = _read_bounded(path, MAX_PICKLE)
     try:
         info, _ = scan_pickle(raw, path)
+    except PickleScanError as e:
+        raise Unreadable("corrupt pickle", visible(e), path, pickles=[e.partial] if e.partial else []) from None
+    try:
         root = stub_load(raw)
-    except (PickleScanError, Exception) as e:  # noqa: BLE001
-        raise Unreadable("corrupt pickle", f"{type(e).__name__}: {e}", path) from None
+    except Exception as e:  # noqa: BLE001 - a crafted pickle can fail in any way
+        raise Unreadable("corrupt pickle", f"{type(e).__name__}: {brief(str(e), 200)}", path,
+                         pickles=[info]) from None
     info.unsupported_ops = info.unsupported_ops or ["(not written by torch.save)"]
     return ZipRead(root=root, pickle=info)
 
 
 def _read_index(path: str, c: Contents) -> None:
     """A Hugging Face ``*.index.json``: ``{"metadata": {...}, "weight_map": {key: shard file}}``."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            idx = json.load(f)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise Unreadable("not a checkpoint", f"JSON file that does not parse ({e})", path) from None
+    idx = _load_json(path)
     wm = idx.get("weight_map") if isinstance(idx, dict) else None
     if not isinstance(wm, dict) or not wm:
         raise Unreadable("not a checkpoint", "JSON file without a weight_map (not a shard index)", path)
@@ -203,21 +233,16 @@ def _read_index(path: str, c: Contents) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     merged: OrderedDict = OrderedDict()
     shards = list(OrderedDict.fromkeys(str(v) for v in wm.values()))
-    for shard in shards:
+    for shard in shards[:MAX_FILES]:
         spath = os.path.join(folder, shard)
-        if os.path.dirname(os.path.normpath(spath)) != os.path.normpath(folder):
+        if "\x00" in shard or os.path.dirname(os.path.normpath(spath)) != os.path.normpath(folder):
             c.problems.append({"what": shard, "reason": "shard path leaves the index's folder"})
             continue
-        if not os.path.isfile(spath):
+        if not os.path.lexists(spath):
             c.problems.append({"what": shard, "reason": "shard listed in the index is missing"})
             continue
-        try:
-            sub = _read_file(spath)
-        except Unreadable as e:
-            c.problems.append({"what": shard, "reason": f"{e.what}: {e.detail}"})
-            continue
-        except PermissionError:
-            c.problems.append({"what": shard, "reason": "permission denied"})
+        sub = _read_part(spath, folder, shard, c, allow_index=False)
+        if sub is None:
             continue
         c.files.extend(sub.files)
         c.pickles.extend(sub.pickles)
@@ -225,7 +250,11 @@ def _read_index(path: str, c: Contents) -> None:
         if isinstance(sub.root, dict):
             merged.update(sub.root)
     listed = set(wm)
-    missing = [k for k in wm if k not in merged and not any(p["what"] == wm[k] for p in c.problems)]
+    if len(shards) > MAX_FILES:
+        c.problems.append({"what": "index", "reason": f"{len(shards)} shard files listed; only the first "
+                                                      f"{MAX_FILES} were read"})
+    failed = {p["what"] for p in c.problems}
+    missing = [k for k in wm if k not in merged and str(wm[k]) not in failed]
     if missing:
         c.problems.append({"what": "index", "reason": f"{len(missing)} keys of the weight_map are in no shard "
                                                       f"(first: {missing[0]})"})
@@ -233,6 +262,40 @@ def _read_index(path: str, c: Contents) -> None:
     if extra:
         c.notes.append(f"{len(extra)} tensors in the shards are not listed in the index (first: {extra[0]})")
     c.root = merged
+
+
+MAX_FILES = 512  # files of one folder or shards of one index that are read
+
+
+def _load_json(path: str) -> object:
+    size = os.path.getsize(path)
+    if size > MAX_JSON:
+        raise Unreadable("oversized JSON", f"{size} bytes, above the {MAX_JSON >> 20} MiB limit for an index", path)
+    try:
+        with open_regular(path) as f:
+            return json.loads(f.read(MAX_JSON).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise Unreadable("not a checkpoint", f"JSON file that does not parse ({type(e).__name__}: "
+                         f"{brief(str(e), 160)})", path) from None
+
+
+def _read_part(full: str, folder: str, name: str, c: Contents, allow_index: bool = False) -> Contents | None:
+    """Read one file of a multi-file checkpoint; a failure becomes a problem of ``c`` (not an exception).
+
+    The pickles a failing part had already scanned are kept in ``c`` (judged for safety).
+    """
+    why = not_regular(full, folder)
+    if why is not None:
+        c.problems.append({"what": name, "reason": why})
+        return None
+    try:
+        return _read_file(full, allow_index=allow_index)
+    except Unreadable as e:
+        c.problems.append({"what": name, "reason": f"{e.what}: {e.detail}"})
+        c.pickles.extend(e.pickles)
+    except OSError as e:
+        c.problems.append({"what": name, "reason": f"cannot read: {e.strerror or type(e).__name__}"})
+    return None
 
 
 def _read_dir(path: str) -> Contents:
@@ -244,36 +307,47 @@ def _read_dir(path: str) -> Contents:
         c.root = read_dcp(path, c)
         return c
     indexes = [n for n in names if n.endswith(".index.json")]
-    ckpts = [n for n in names if n.endswith(CKPT_EXT) and os.path.isfile(os.path.join(path, n))]
-    trainer = [n for n in names if n in TRAINER_FILES or n.startswith("rng_state")]
+    # not isfile(): a FIFO named like a checkpoint must be seen (and reported), not skipped
+    ckpts = [n for n in names if n.endswith(CKPT_EXT) and not os.path.isdir(os.path.join(path, n))]
+    trainer = [n for n in names if n in TRAINER_FILES or n.startswith(("rng_state", "random_states_"))]
     if not indexes and not ckpts:
         shown = ", ".join(names[:8]) + (f" … ({len(names)} entries)" if len(names) > 8 else "")
-        raise Unreadable("no checkpoint in directory",
-                         "no .metadata (DCP), no *.index.json, no .pt/.pth/.bin/.ckpt/.safetensors file; "
-                         f"it holds: {shown or 'nothing'}", path)
+        raise DoctorError(f"ckpt-unreadable: no checkpoint in directory {visible(path)}: no .metadata (DCP), "
+                          "no *.index.json, no .pt/.pth/.bin/.ckpt/.safetensors file; "
+                          f"it holds: {visible(shown) or 'nothing'}",
+                          hint="pass the checkpoint file itself, or the folder that holds it")
     same_weights = [n for n in HF_WEIGHTS if n in ckpts]
     if not indexes and not trainer and same_weights and len(same_weights) == len(ckpts):
         ckpts = same_weights[:1]  # a Hub folder with the same weights as .safetensors and .bin: read the first
     if not indexes and not trainer and len(ckpts) == 1:
-        c = _read_file(os.path.join(path, ckpts[0]))
+        full = os.path.join(path, ckpts[0])
+        why = not_regular(full, path)
+        if why is not None:
+            raise Unreadable("not a regular file", f"{ckpts[0]}: {why}", full)
+        c = _read_file(full)
         c.notes.append(f"the folder holds one checkpoint: {ckpts[0]}"
                        + (f" (also as {', '.join(same_weights[1:])}, not read)" if len(same_weights) > 1 else ""))
         return c
     if not indexes and not trainer:
-        raise DoctorError(f"{path} holds {len(ckpts)} checkpoint files ({', '.join(ckpts[:4])}"
-                          f"{' …' if len(ckpts) > 4 else ''}): pass one of them")
+        shown = ", ".join(ckpts[:4]) + (" …" if len(ckpts) > 4 else "")
+        raise DoctorError(f"{visible(path)} holds {len(ckpts)} checkpoint files ({visible(shown)}): pass one of them")
     return _read_composite(path, names, indexes, ckpts)
 
 
 def _read_composite(path: str, names: list[str], indexes: list[str], ckpts: list[str]) -> Contents:
-    """A folder whose files together form one checkpoint (Hugging Face Trainer layout)."""
+    """A folder whose files together form one checkpoint (Hugging Face Trainer / accelerate layout)."""
     c = Contents(path=path, format="directory", root=OrderedDict())
     index = sorted(indexes, key=lambda n: (not n.endswith("safetensors.index.json"), n))[:1]
     sharded: set[str] = set()
     for n in index:
-        sub = Contents(path=os.path.join(path, n), format="hf-index")
+        full = os.path.join(path, n)
+        why = not_regular(full, path)
+        if why is not None:
+            c.problems.append({"what": n, "reason": why})
+            continue
+        sub = Contents(path=full, format="hf-index")
         try:
-            _read_index(os.path.join(path, n), sub)
+            _read_index(full, sub)
         except Unreadable as e:
             c.problems.append({"what": n, "reason": f"{e.what}: {e.detail}"})
             continue
@@ -283,27 +357,29 @@ def _read_composite(path: str, names: list[str], indexes: list[str], ckpts: list
     others = [n for n in ckpts if n not in sharded]
     if index:  # shards of other indexes (e.g. both .bin and .safetensors copies) are duplicates
         others = [n for n in others if not _is_shard_name(n)]
-    for n in others:
-        full = os.path.join(path, n)
-        try:
-            sub = _read_file(full)
-        except Unreadable as e:
-            c.problems.append({"what": n, "reason": f"{e.what}: {e.detail}"})
-            continue
-        except PermissionError:
-            c.problems.append({"what": n, "reason": "permission denied"})
+    if len(others) > MAX_FILES:
+        c.problems.append({"what": "folder", "reason": f"{len(others)} checkpoint files; only the first "
+                                                       f"{MAX_FILES} were read"})
+    for n in others[:MAX_FILES]:
+        sub = _read_part(os.path.join(path, n), path, n, c)
+        if sub is None:
             continue
         _absorb(c, sub)
         c.root[n] = sub.root
-    for n in names:
-        if n == "trainer_state.json":
-            full = os.path.join(path, n)
+    if "trainer_state.json" in names:
+        n = "trainer_state.json"
+        full = os.path.join(path, n)
+        why = not_regular(full, path)
+        if why is not None:
+            c.problems.append({"what": n, "reason": why})
+        else:
             try:
-                with open(full, encoding="utf-8") as f:
-                    c.root[n] = json.load(f)
+                c.root[n] = _load_json(full)
                 c.files.append({"path": full, "bytes": os.path.getsize(full), "format": "json"})
-            except (OSError, ValueError) as e:
-                c.problems.append({"what": n, "reason": f"cannot parse: {e}"})
+            except Unreadable as e:
+                c.problems.append({"what": n, "reason": f"cannot parse: {e.detail}"})
+            except OSError as e:
+                c.problems.append({"what": n, "reason": f"cannot read: {e.strerror or type(e).__name__}"})
     return c
 
 

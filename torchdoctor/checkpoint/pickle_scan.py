@@ -10,6 +10,7 @@ is the only safe reading.
 
 from __future__ import annotations
 
+import contextlib
 import pickletools
 from _compat_pickle import IMPORT_MAPPING, NAME_MAPPING
 
@@ -21,8 +22,44 @@ _ANY = object()
 _TELLTALE = frozenset({"_modules", "_parameters", "_buffers"})
 
 
+MAX_NAME = 300  # a global's name longer than this is cut (a crafted name can be megabytes)
+
+
 class PickleScanError(ValueError):
-    """The bytes are not a well-formed pickle (truncated, unknown opcode)."""
+    """The bytes are not a well-formed pickle (truncated, unknown opcode).
+
+    ``partial`` is the :class:`PickleInfo` of what was read before the failure: its
+    globals are judged like any others (``pickle.load`` imports and calls them before it
+    reaches the broken opcode).
+    """
+
+    def __init__(self, message: str, partial: PickleInfo | None = None):
+        super().__init__(message)
+        self.partial = partial
+
+
+# Every scan made inside ``collecting()`` is recorded (complete or partial), so that when a
+# reader fails half-way, the audit still judges every pickle it saw.
+_SINKS: list[list[PickleInfo]] = []
+
+
+@contextlib.contextmanager
+def collecting():
+    sink: list[PickleInfo] = []
+    _SINKS.append(sink)
+    try:
+        yield sink
+    finally:
+        _SINKS.remove(sink)
+
+
+def _record(info: PickleInfo) -> None:
+    for sink in _SINKS:
+        sink.append(info)
+
+
+def _cut(name: str) -> str:
+    return name if len(name) <= MAX_NAME else name[:MAX_NAME] + f"…(+{len(name) - MAX_NAME} chars)"
 
 
 def _fix_name(module: str, name: str, proto: int | None) -> str:
@@ -45,27 +82,55 @@ for _op in pickletools.opcodes:
         _before.index(_MARKOBJ) if _pm else len(_before), tuple(a is _MARKOBJ for a in _after))
 _UNICODE_OPS = frozenset({"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8"})
 _BYTESTR_OPS = frozenset({"SHORT_BINSTRING", "BINSTRING"})
+_MAX_STR = 4096  # longer string constants are not kept on the simulated stack
 _GET_OPS = frozenset({"GET", "BINGET", "LONG_BINGET"})
 _PUT_OPS = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
 
 
-def scan_pickle(data, name: str = "pickle", start: int = 0) -> tuple[PickleInfo, int]:
+def scan_pickle(data, name: str = "pickle", start: int = 0, record: bool = True,
+                max_bytes: int | None = None) -> tuple[PickleInfo, int]:
     """Scan the pickle that starts at byte ``start`` of ``data`` (bytes or an mmap).
 
     Returns the :class:`PickleInfo` and the offset just after its STOP opcode (legacy
-    torch files are several pickles back to back). Raises :class:`PickleScanError`.
+    torch files are several pickles back to back). Raises :class:`PickleScanError` carrying
+    the partial info (globals seen before the failure). With ``record``, the info is also
+    handed to every active :func:`collecting` sink. ``max_bytes`` bounds how far past
+    ``start`` the scan may read (a pickle that runs on is refused, with what was seen).
     One pass over the opcodes; argument sizes come from ``pickletools``' opcode table.
     """
     info = PickleInfo(name=name)
     seen: dict[str, None] = {}
     unsupported: dict[str, None] = {}
     kinds: dict[str, None] = {}
+    if record:
+        _record(info)
+    try:
+        end = _scan(data, start, info, seen, unsupported, kinds, max_bytes)
+    except Exception as e:  # noqa: BLE001 - any failure of a crafted stream is a scan error
+        msg = str(e) if isinstance(e, PickleScanError) else f"{type(e).__name__} at opcode scan"
+        info.error = msg
+        _finish(info, seen, unsupported, kinds)
+        raise PickleScanError(msg, info) from None
+    _finish(info, seen, unsupported, kinds)
+    return info, end
+
+
+def _finish(info: PickleInfo, seen: dict, unsupported: dict, kinds: dict) -> None:
+    info.globals = list(seen)
+    info.unsupported_ops = list(unsupported)
+    info.persistent_kinds = list(kinds)
+
+
+def _scan(data, start: int, info: PickleInfo, seen: dict, unsupported: dict, kinds: dict,
+          max_bytes: int | None) -> int:
     stack: list = []
     memo: dict = {}
-    n = len(data)
+    n = len(data) if max_bytes is None else min(len(data), start + max_bytes)
     i = start
     while True:
         if i >= n:
+            if n < len(data):
+                raise PickleScanError(f"pickle longer than the {max_bytes >> 20} MiB limit")
             raise PickleScanError("pickle ends without a STOP opcode (truncated?)")
         code = data[i]
         ent = _TABLE.get(code)
@@ -78,11 +143,11 @@ def scan_pickle(data, name: str = "pickle", start: int = 0) -> tuple[PickleInfo,
             arg = data[i:i + argn]
             i += argn
         elif argn == -1:  # up to newline (GLOBAL/INST: two lines)
-            j = data.find(b"\n", i)
+            j = data.find(b"\n", i, n)
             if j < 0:
                 raise PickleScanError(f"{nm}: no newline (truncated?)")
             if nm in ("GLOBAL", "INST"):
-                k = data.find(b"\n", j + 1)
+                k = data.find(b"\n", j + 1, n)
                 if k < 0:
                     raise PickleScanError(f"{nm}: no newline (truncated?)")
                 arg = (bytes(data[i:j]), bytes(data[j + 1:k]))
@@ -98,7 +163,9 @@ def scan_pickle(data, name: str = "pickle", start: int = 0) -> tuple[PickleInfo,
             if length < 0:
                 raise PickleScanError(f"{nm}: negative length")
             i += width
-            arg = data[i:i + length] if (nm in _UNICODE_OPS or nm in _BYTESTR_OPS) else None
+            # only short strings can be names worth keeping: long ones are not copied (bounded memory)
+            arg = data[i:i + length] if (nm in _UNICODE_OPS or nm in _BYTESTR_OPS) and length <= _MAX_STR \
+                else None
             i += length
         if i > n:
             raise PickleScanError(f"{nm}: not enough data in stream (truncated?)")
@@ -110,18 +177,18 @@ def scan_pickle(data, name: str = "pickle", start: int = 0) -> tuple[PickleInfo,
             info.protocol = arg[0]
             continue
         if nm in ("GLOBAL", "INST"):
-            seen[_fix_name(arg[0].decode("latin-1"), arg[1].decode("latin-1"), info.protocol)] = None
+            seen[_cut(_fix_name(arg[0].decode("latin-1"), arg[1].decode("latin-1"), info.protocol))] = None
             if nm == "GLOBAL":
                 stack.append(_ANY)
                 continue
         elif nm == "STACK_GLOBAL":
             qual = stack.pop() if stack else _ANY
             module = stack.pop() if stack else _ANY
-            seen[f"{module}.{qual}" if isinstance(module, str) and isinstance(qual, str) else "<dynamic>"] = None
+            seen[_cut(f"{module}.{qual}") if isinstance(module, str) and isinstance(qual, str) else "<dynamic>"] = None
             stack.append(_ANY)
             continue
         elif nm in _UNICODE_OPS or nm in _BYTESTR_OPS or nm in ("STRING", "UNICODE"):
-            st = _decode_str(nm, arg)
+            st = _decode_str(nm, arg) if arg is not None and len(arg) <= _MAX_STR else _ANY
             if st in _TELLTALE:
                 info.strings.add(st)
             stack.append(st)
@@ -161,10 +228,7 @@ def scan_pickle(data, name: str = "pickle", start: int = 0) -> tuple[PickleInfo,
             del stack[-npop:]
         for is_mark in after:
             stack.append(_MARK if is_mark else _ANY)
-    info.globals = list(seen)
-    info.unsupported_ops = list(unsupported)
-    info.persistent_kinds = list(kinds)
-    return info, i
+    return i
 
 
 def _decode_str(nm: str, arg) -> str:

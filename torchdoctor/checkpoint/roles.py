@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchdoctor.checkpoint.values import NdArrayInfo, Opaque, TensorInfo
-from torchdoctor.checkpoint.walk import children, join
+from torchdoctor.checkpoint.values import NdArrayInfo, Opaque, TensorInfo, plain
+from torchdoctor.checkpoint.walk import children, join, key_text
 
 MODEL_KEYS = ("model", "state_dict", "model_state_dict", "model_state", "net", "network", "module",
               "weights", "model_weights", "params", "generator", "policy", "backbone", "module_state_dict")
@@ -24,11 +24,13 @@ CONFIG_KEYS = frozenset({"config", "cfg", "args", "hparams", "hyper_parameters",
 CONFIG_CLASSES = ("argparse.Namespace", "omegaconf.", "transformers.training_args", "types.SimpleNamespace",
                   "ml_collections.", "easydict.", "addict.")
 PROGRESS_RE = re.compile(
-    r"^(cur_|current_|start_|global_|train_|completed_|n_|num_)?"
+    r"^(cur_|curr_|current_|start_|global_|train_|completed_|finished_|last_|n_|num_)?"
     r"(epoch|step|steps_done|iter|iteration|it|update|updates|batch_idx|samples_seen|tokens_seen|"
-    r"consumed_samples|consumed_train_samples|seen_samples)$", re.I)
+    r"consumed_samples|consumed_train_samples|seen_samples)"
+    r"(s_run|_run|_num|_count|_idx|_done)?$", re.I)  # nanoGPT iter_num, DDP tutorial EPOCHS_RUN
 PROGRESS_CONTAINERS = frozenset({"progress", "trainer_state", "trainer_state.json", "loops", "state", "meta",
                                  "train_state", "training_state", "counters", "extra_state"})
+MAX_MODULES = 100_000
 WRAPPER_SEGMENTS = ("_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
 TORCH_RNG_BYTES = 5056  # sizeof CPUGeneratorImplState (mt19937): torch.get_rng_state().numel()
 CUDA_RNG_BYTES = 16  # Philox seed + offset: torch.cuda.get_rng_state().numel()
@@ -115,7 +117,7 @@ def _is_module(v: Any) -> bool:
 def _state_dict_like(path: str, v: Any) -> bool:
     if not isinstance(v, dict) or not v:
         return False
-    if any(_rng_kind(join(path, str(k)), x) for k, x in v.items()):
+    if any(_rng_kind(join(path, key_text(k)), x) for k, x in v.items()):
         return False  # a dict of RNG states ({"torch": uint8[5056], ...}), not weights
     n_t = sum(1 for x in v.values() if isinstance(x, TensorInfo))
     return n_t >= 1 and all(isinstance(k, str) for k in v) and n_t >= 0.9 * len(v)
@@ -152,23 +154,30 @@ def _progress_value(v: Any) -> bool:
     return isinstance(v, TensorInfo) and v.numel == 1
 
 
-def flatten_module(mod: Opaque, prefix: str = "", depth: int = 0) -> dict[str, TensorInfo]:
-    """The state_dict of a pickled nn.Module, rebuilt from its recorded attributes."""
+def flatten_module(mod: Opaque, prefix: str = "", depth: int = 0, seen: set | None = None
+                   ) -> dict[str, TensorInfo]:
+    """The state_dict of a pickled nn.Module, rebuilt from its recorded attributes.
+
+    A module reached twice (shared submodule, or a crafted cycle) is flattened once, as
+    ``state_dict()`` itself does; so the walk is linear in the number of modules.
+    """
     out: dict[str, TensorInfo] = {}
-    if depth > 64:
+    seen = set() if seen is None else seen
+    if depth > 64 or id(mod) in seen or len(seen) > MAX_MODULES:
         return out
+    seen.add(id(mod))
     a = mod.attrs
     for name, t in (a.get("_parameters") or {}).items():
         if isinstance(t, TensorInfo):
-            out[prefix + str(name)] = t
+            out[prefix + key_text(name)] = t
     skip = a.get("_non_persistent_buffers_set")
     skip = set(skip) if isinstance(skip, (set, frozenset, list, tuple)) else set()
     for name, t in (a.get("_buffers") or {}).items():
         if isinstance(t, TensorInfo) and name not in skip:
-            out[prefix + str(name)] = t
+            out[prefix + key_text(name)] = t
     for name, child in (a.get("_modules") or {}).items():
         if _is_module(child):
-            out.update(flatten_module(child, f"{prefix}{name}.", depth + 1))
+            out.update(flatten_module(child, f"{prefix}{name}.", depth + 1, seen))
     return out
 
 
@@ -180,7 +189,7 @@ def _optimizer(path: str, v: dict) -> OptimizerRole:
     ids: list = []
     for g in groups:
         if isinstance(g, dict) and isinstance(g.get("params"), (list, tuple)):
-            ids.extend(g["params"])
+            ids.extend(i for i in g["params"] if isinstance(i, (int, str)))  # crafted: no unhashables
     if ids and all(isinstance(i, int) for i in ids) and all(isinstance(k, str) and k.isdigit() for k in state):
         state = {int(k): x for k, x in state.items()}  # DCP flattening turns int keys into strings
     return OptimizerRole(path, state, [g for g in groups if isinstance(g, dict)], ids)
@@ -192,9 +201,13 @@ def recognise(root: Any) -> Roles:
     claimed: set[int] = set()  # ids of nodes whose subtree belongs to a recognised role
     candidates: list[ModelRole] = []
     config_nodes: list[tuple[str, Any]] = []
-    visiting: set[int] = set()
+    visited: set[int] = set()  # each container is judged once, however many paths reach it
 
     def visit(path: str, v: Any, depth: int) -> None:
+        if isinstance(v, (dict, list, tuple, Opaque, TensorInfo)):
+            if id(v) in visited:
+                return
+            visited.add(id(v))
         role = _classify(path, v, r, candidates)
         if role is not None:
             claimed.add(id(v))
@@ -202,9 +215,8 @@ def recognise(root: Any) -> Roles:
             if role == "config":
                 config_nodes.append((path, v))
             return
-        if depth >= 7 or id(v) in visiting or not isinstance(v, (dict, list, tuple, Opaque)):
+        if depth >= 7 or not isinstance(v, (dict, list, tuple, Opaque)):
             return
-        visiting.add(id(v))
         for k, c in children(v):
             visit(join(path, k), c, depth + 1)
 
@@ -241,7 +253,7 @@ def _classify(path: str, v: Any, r: Roles, candidates: list[ModelRole]) -> str |
         r.rng.setdefault(kind, path)
         return f"rng ({kind})"
     if _state_dict_like(path, v):
-        candidates.append(ModelRole(path, {str(k): t for k, t in v.items() if isinstance(t, TensorInfo)}))
+        candidates.append(ModelRole(path, {key_text(k): t for k, t in v.items() if isinstance(t, TensorInfo)}))
         return "weights"
     if _is_config(path, v):
         r.config.append(path)
@@ -256,15 +268,18 @@ def _is_config(path: str, v: Any) -> bool:
 
 
 def _progress(root: Any, r: Roles, claimed: set[int]) -> None:
+    seen: set[int] = set()
+
     def walk(obj: Any, prefix: str, depth: int) -> None:
-        if depth > 3 or id(obj) in claimed:
+        if depth > 3 or id(obj) in claimed or id(obj) in seen:
             return
+        seen.add(id(obj))
         for k, v in children(obj):
             path = join(prefix, k)
             if id(v) in claimed:
                 continue
             if PROGRESS_RE.match(k) and _progress_value(v):
-                r.progress[path] = list(v.shape) if isinstance(v, TensorInfo) else v
+                r.progress[path] = list(v.shape) if isinstance(v, TensorInfo) else plain(v)
                 r.role_of.setdefault(path, "progress")
             elif isinstance(v, (dict, Opaque)) and (depth == 0 or k.lower() in PROGRESS_CONTAINERS or
                                                      k.lower().endswith("_state")):
@@ -296,12 +311,18 @@ _BF16_VALUES = {"bf16", "bfloat16", "torch.bfloat16", "bf16-mixed", "bf16-true"}
 def _precision_signs(root: Any, r: Roles, claimed: set[int], config_nodes: list[tuple[str, Any]]) -> None:
     """float16-training evidence: config flags, and float16 optimizer state."""
     amp_on: list[str] = []
+    on_cpu: list[str] = []
+    config_fp16: list[str] = []
 
     def look(path: str, v: Any) -> None:
         key = _last(path).lower()
+        if isinstance(v, int) and not isinstance(v, bool):
+            v = plain(v)
+        if key in ("device", "device_type") and isinstance(v, str) and v.lower() == "cpu":
+            on_cpu.append(path)  # float16 flags of a CPU run (nanoGPT's default dtype) start no GradScaler
         if isinstance(v, bool):
             if v and key in ("fp16", "half", "use_fp16"):
-                r.fp16_signs.append(f"{path}=True")
+                config_fp16.append(f"{path}=True")
             elif v and key in ("bf16", "use_bf16"):
                 r.bf16_signs.append(f"{path}=True")
             elif v and key in ("amp", "use_amp", "mixed_precision", "autocast"):
@@ -310,11 +331,16 @@ def _precision_signs(root: Any, r: Roles, claimed: set[int], config_nodes: list[
                                                    "dtype", "fp16_opt_level", "amp_level", "half_precision"):
             s = str(v).lower()
             if s in _FP16_VALUES:
-                r.fp16_signs.append(f"{path}={v!r}")
+                config_fp16.append(f"{path}={v!r}")
             elif s in _BF16_VALUES:
                 r.bf16_signs.append(f"{path}={v!r}")
 
+    seen: set[int] = set()
+
     def walk(obj: Any, prefix: str, depth: int, max_depth: int) -> None:
+        if id(obj) in seen:
+            return
+        seen.add(id(obj))
         for k, v in children(obj):
             path = join(prefix, k)
             if id(v) in claimed and prefix == "" and max_depth == 2:
@@ -327,7 +353,9 @@ def _precision_signs(root: Any, r: Roles, claimed: set[int], config_nodes: list[
         walk(node, path, 0, 5)
     if id(root) not in claimed:
         walk(root, "", 0, 2)
-    if amp_on and not r.bf16_signs:
+    if not on_cpu:
+        r.fp16_signs.extend(config_fp16)
+    if amp_on and not r.bf16_signs and not on_cpu:
         r.fp16_signs.extend(f"{s} (torch.autocast on CUDA defaults to float16)" for s in amp_on)
     for opt in r.optimizers:
         n16 = sum(1 for st in opt.state.values() if isinstance(st, dict)

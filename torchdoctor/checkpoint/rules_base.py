@@ -34,10 +34,17 @@ class Judgment:
 
 
 def mode_of(ev: Evidence) -> str:
+    """resume | weights: what the checkpoint must hold (see rules.py and docs/checkpoint.md).
+
+    Under ``auto`` a file that carries any training state (optimizer, scheduler, scaler, RNG)
+    or a progress counter or a training config (nanoGPT's ``iter_num``/``config``, the DDP
+    tutorial's ``EPOCHS_RUN``) is a training snapshot; only bare weights are an export.
+    """
     if ev.expect in ("resume", "weights"):
         return ev.expect
     r = ev.roles
-    return "resume" if (r.optimizers or r.schedulers or r.scalers or r.rng) else "weights"
+    return "resume" if (r.optimizers or r.schedulers or r.scalers or r.rng or r.progress or r.config) \
+        else "weights"
 
 
 def short(items: list, n: int = MAX_LIST) -> list:

@@ -35,31 +35,57 @@ def rule_missing_model(ev: Evidence, j: Judgment) -> None:
         ))
 
 
+def weight_role(name: str, ev: Evidence) -> str | None:
+    """"model" / "weights" / "optimizer" when tensor ``name`` belongs to one; None for bookkeeping.
+
+    Callbacks and metrics keep non-finite sentinels on purpose (Lightning's ModelCheckpoint
+    ``kth_value`` and EarlyStopping ``best_score`` start at ``tensor(inf)``); they are not weights.
+    """
+    r = ev.roles
+
+    def under(path: str) -> bool:
+        return path == "" or name == path or name.startswith(path + ".")
+
+    if r.model is not None and under(r.model.path):
+        return "model"
+    if any(under(m.path) for m in r.extra_weights):
+        return "weights"
+    if any(under(o.path) for o in r.optimizers):
+        return "optimizer"
+    return None
+
+
 def rule_nonfinite(ev: Evidence, j: Judgment) -> None:
     s = ev.scan
     if s is None or s.skipped_reason:
         j.skipped.append(("ckpt-nonfinite-weights", ev.scan_skip or (s.skipped_reason if s else "scan off")))
         return
     masks = [h for h in s.hits if h.nan == 0 and h.posinf == 0 and "mask" in h.name.lower()]
-    hits = [h for h in s.hits if h not in masks]
+    roles = {id(h): weight_role(h.name, ev) for h in s.hits}
+    other = [h for h in s.hits if h not in masks and roles[id(h)] is None]
+    hits = [h for h in s.hits if h not in masks and roles[id(h)] is not None]
     if masks:
         j.facts["intentional_neg_inf"] = [h.name for h in masks[:MAX_LIST]]
+    if other:  # reported as a fact, not a finding: e.g. best_model_score = inf before the first validation
+        j.facts["nonfinite_bookkeeping"] = [_desc(h) for h in other[:MAX_LIST]]
     if not hits:
         return
-    model_keys = set(ev.roles.model.tensors) if ev.roles.model else set()
-    prefix = (ev.roles.model.path + ".") if ev.roles.model and ev.roles.model.path else ""
-    in_model = [h for h in hits if h.name[len(prefix):] in model_keys or h.name in model_keys]
     first = hits[0]
-    desc = [f"{h.name} {h.dtype}{list(h.shape)}: " + ", ".join(
-        f"{n} {w}" for n, w in ((h.nan, "NaN"), (h.posinf, "+Inf"), (h.neginf, "-Inf")) if n) for h in hits]
+    n_model = sum(1 for h in hits if roles[id(h)] == "model")
+    n_opt = sum(1 for h in hits if roles[id(h)] == "optimizer")
     j.findings.append(finding(
         "ckpt-nonfinite-weights",
-        f"NaN/Inf in {len(hits)} saved tensor{'s' if len(hits) != 1 else ''} "
-        f"({len(in_model)} model, {len(hits) - len(in_model)} other): first {first.name}",
-        {"tensors": short(desc), "first_bad_index": first.first_index},
+        f"NaN/Inf in {len(hits)} saved weight/optimizer tensor{'s' if len(hits) != 1 else ''} "
+        f"({n_model} model, {n_opt} optimizer state, {len(hits) - n_model - n_opt} other weights): first {first.name}",
+        {"tensors": short([_desc(h) for h in hits]), "first_bad_index": first.first_index},
         fix="Do not resume from or deploy this checkpoint: go back to the last finite one. Find where training "
             "diverged with `torchdoctor nan SCRIPT`, and check for finiteness before saving.",
     ))
+
+
+def _desc(h) -> str:
+    return f"{h.name} {h.dtype}{list(h.shape)}: " + ", ".join(
+        f"{n} {w}" for n, w in ((h.nan, "NaN"), (h.posinf, "+Inf"), (h.neginf, "-Inf")) if n)
 
 
 def rule_wrapper_prefix(ev: Evidence, j: Judgment) -> None:
@@ -95,6 +121,10 @@ def rule_wrapper_prefix(ev: Evidence, j: Judgment) -> None:
     ))
 
 
+def mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n < 1 << 80 else f"<{n.bit_length()}-bit byte count>"
+
+
 def rule_device_tensors(ev: Evidence, j: Judgment) -> None:
     root = ev.stub_root if ev.stub_root is not None else ev.contents.root
     devs: dict[str, list] = {}
@@ -109,7 +139,7 @@ def rule_device_tensors(ev: Evidence, j: Judgment) -> None:
     j.findings.append(finding(
         "ckpt-device-tensors",
         f"{n} tensors were saved on {', '.join(sorted(devs))}: loading needs that device or map_location",
-        {"devices": {d: f"{v[0]} tensors, {v[1] / 2**20:.1f} MiB" for d, v in sorted(devs.items())}},
+        {"devices": {d: f"{v[0]} tensors, {mib(v[1])}" for d, v in sorted(devs.items())}},
         fix="Load with torch.load(path, map_location='cpu') (or your device); to make files device-neutral, "
             "save tensors moved to CPU.",
     ))

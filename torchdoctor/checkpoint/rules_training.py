@@ -38,12 +38,16 @@ def _missing_optimizer(ev: Evidence, j: Judgment) -> None:
     r = ev.roles
     if r.optimizers:
         return
+    held = r.training_state + (["config"] if r.config else [])
+    what = ", ".join(list(r.progress)[:3] + r.config[:2]) or ", ".join(held) or "training state"
     j.findings.append(finding(
         "ckpt-missing-optimizer",
-        "no optimizer state: resuming restarts the optimizer (Adam moments, momentum) from zero",
-        {"training_state_present": r.training_state or "none", "mode": _mode_text(ev)},
+        f"a training snapshot ({what}) without optimizer state: resuming from it restarts the optimizer "
+        "(Adam moments, momentum) from zero",
+        {"training_state_present": held or "none", "mode": _mode_text(ev)},
         fix="Save optimizer.state_dict() with the model and load it with optimizer.load_state_dict() after "
-            "building the optimizer over the same parameters.",
+            "building the optimizer over the same parameters. (Plain SGD without momentum has no state to "
+            "lose; if the file is meant only for inference, drop the counters or pass --expect weights.)",
     ))
 
 
@@ -83,14 +87,17 @@ def _cuda_devices(ev: Evidence) -> list[str]:
 def _missing_rng(ev: Evidence, j: Judgment) -> None:
     r = ev.roles
     if not r.rng:
+        # Most training code (nanoGPT, Lightning, torchvision's references) saves no RNG state and
+        # resumes fine, only not bit-exactly: a warning when exact resumption is asked for, else info.
         j.findings.append(finding(
             "ckpt-missing-rng",
             "no RNG state: after resuming, dropout masks, augmentation and shuffling differ from an "
-            "uninterrupted run",
+            "uninterrupted run (the run continues fine, not bit-exactly)",
             {"looked_for": "torch CPU (uint8[5056]), CUDA (uint8[16] per device), numpy, python random states",
              "mode": _mode_text(ev)},
             fix="Save torch.get_rng_state(), torch.cuda.get_rng_state_all(), np.random.get_state() and "
                 "random.getstate() (and the DataLoader generator's state) and restore them on resume.",
+            severity=None if ev.expect == "resume" else "info",
         ))
         return
     missing = []
@@ -146,6 +153,11 @@ def _missing_scaler(ev: Evidence, j: Judgment) -> None:
     ev_ = {"float16_signs": short(r.fp16_signs, 6)}
     if r.empty_scalers:
         ev_["empty_scaler_entries"] = r.empty_scalers
+    # The Hugging Face Trainer keeps its scaler inside accelerate and saves none: its fp16 checkpoints are
+    # healthy as written; the scale re-calibrates within a few skipped steps after a resume.
+    framework = all(s.startswith("training_args.bin") for s in r.fp16_signs)
+    if framework:
+        ev_["note"] = "the Hugging Face Trainer saves no GradScaler state; it re-calibrates after a resume"
     j.findings.append(finding(
         "ckpt-missing-scaler",
         "float16 training but no GradScaler state: on resume the loss scale restarts at 65536 and the "
@@ -153,8 +165,10 @@ def _missing_scaler(ev: Evidence, j: Judgment) -> None:
         ev_,
         fix="Save scaler.state_dict() and restore it with scaler.load_state_dict() (an empty dict means the "
             "scaler was disabled: GradScaler(enabled=False)).",
+        severity="info" if framework else None,
     ))
 
 
 def _mode_text(ev: Evidence) -> str:
-    return "--expect resume" if ev.expect == "resume" else "auto → resume (training state present)"
+    return "--expect resume" if ev.expect == "resume" else \
+        "auto → resume (training state, progress counter or training config present)"

@@ -14,9 +14,12 @@ import struct
 from collections import OrderedDict
 
 from torchdoctor.checkpoint.errors import Unreadable
-from torchdoctor.checkpoint.values import ITEMSIZE, Storage, TensorInfo
+from torchdoctor.checkpoint.fsutil import open_regular
+from torchdoctor.checkpoint.values import ITEMSIZE, Storage, TensorInfo, brief, plain
 
 MAX_HEADER = 100 * 1024 * 1024  # the reference implementation refuses larger headers too
+READ_HEADER = 16 << 20  # headers this torchdoctor parses (bounded memory; real ones are < 1 MiB)
+MAX_NUMEL = 1 << 62
 
 DTYPES = {
     "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
@@ -36,20 +39,24 @@ def looks_safetensors(head: bytes, size: int) -> bool:
 
 def read_header(path: str) -> tuple[dict, int, int]:
     """(header dict, data start offset, file size); raises :class:`Unreadable`."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
         head = f.read(8)
         if len(head) < 8:
             raise Unreadable("truncated safetensors", f"{size} bytes: no header length", path)
         (n,) = struct.unpack("<Q", head)
-        if n > MAX_HEADER or 8 + n > size:
+        if 8 + n > size:
             raise Unreadable("truncated safetensors",
                              f"header says {n} bytes of JSON but the file has {size - 8} after the length", path)
+        if n > READ_HEADER:
+            raise Unreadable("oversized safetensors header",
+                             f"{n} bytes of JSON header (limit {READ_HEADER >> 20} MiB)", path)
         raw = f.read(n)
     try:
         header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise Unreadable("corrupt safetensors", f"header is not valid JSON: {e}", path) from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise Unreadable("corrupt safetensors", f"header is not valid JSON: {type(e).__name__}: "
+                         f"{brief(str(e), 160)}", path) from None
     if not isinstance(header, dict):
         raise Unreadable("corrupt safetensors", "header is not a JSON object", path)
     return header, 8 + n, size
@@ -63,23 +70,40 @@ def read_safetensors(path: str) -> tuple[OrderedDict, dict]:
     entries = []
     for name, spec in header.items():
         if not isinstance(spec, dict) or "dtype" not in spec or "data_offsets" not in spec:
-            raise Unreadable("corrupt safetensors", f"entry {name!r} lacks dtype/data_offsets", path)
-        try:
-            begin, end = (int(x) for x in spec["data_offsets"])
-            shape = tuple(int(x) for x in spec.get("shape", []))
-        except (TypeError, ValueError):
-            raise Unreadable("corrupt safetensors", f"entry {name!r}: bad shape or offsets", path) from None
-        entries.append((begin, end, name, spec["dtype"], shape))
-    for begin, end, name, st_dtype, shape in sorted(entries):
-        dtype = DTYPES.get(str(st_dtype), str(st_dtype).lower())
+            raise Unreadable("corrupt safetensors", f"entry {brief(name, 80)} lacks dtype/data_offsets", path)
+        offs, shape = spec["data_offsets"], spec.get("shape", [])
+        if not (isinstance(offs, list) and len(offs) == 2 and all(_count(x) for x in offs)
+                and isinstance(shape, list) and all(_count(x) for x in shape) and _numel(shape) <= MAX_NUMEL
+                and isinstance(spec["dtype"], str) and len(spec["dtype"]) <= 32):
+            raise Unreadable("corrupt safetensors", f"entry {brief(name, 80)}: bad dtype, shape or data_offsets "
+                             "(non-negative integers expected)", path)
+        entries.append((offs[0], offs[1], name, spec["dtype"], tuple(shape)))
+    for begin, end, name, st_dtype, shape in sorted(entries, key=lambda e: (e[0], e[1])):
+        dtype = DTYPES.get(st_dtype, st_dtype.lower())
         if end < begin or start + end > size:
-            raise Unreadable("truncated safetensors",
-                             f"tensor {name!r} needs bytes up to {start + end} but the file has {size}", path)
+            raise Unreadable("truncated safetensors" if end >= begin else "corrupt safetensors",
+                             f"tensor {brief(name, 80)} needs bytes {begin}..{end} after the header but the file "
+                             f"has {size - start}", path)
         t = TensorInfo(dtype=dtype, shape=shape, storage=Storage(path, start + begin, end - begin,
                                                                    key=f"{path}:{name}", dtype=dtype))
         if dtype in ITEMSIZE and t.nbytes != end - begin:
             raise Unreadable("corrupt safetensors",
-                             f"tensor {name!r}: {shape} {dtype} needs {t.nbytes} bytes, offsets give {end - begin}",
-                             path)
+                             f"tensor {brief(name, 80)}: {list(shape)} {dtype} needs {t.nbytes} bytes, offsets give "
+                             f"{end - begin}", path)
         out[name] = t
-    return out, {str(k): str(v) for k, v in meta.items()} if isinstance(meta, dict) else {}
+    return out, {str(k): plain(v) if isinstance(v, str) else brief(v) for k, v in meta.items()} \
+        if isinstance(meta, dict) else {}
+
+
+def _count(x) -> bool:
+    """A JSON non-negative integer (not a bool, not a float such as 1e999)."""
+    return type(x) is int and 0 <= x < 1 << 63
+
+
+def _numel(shape: list) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+        if n > MAX_NUMEL:
+            return n
+    return n

@@ -20,11 +20,13 @@ import os
 import time
 from dataclasses import dataclass, field, replace
 
+from torchdoctor.checkpoint.fsutil import open_regular
 from torchdoctor.checkpoint.values import FLOAT_DTYPES, Storage, TensorInfo
 
 CHUNK = 32 << 20  # bytes per window
 AHEAD = 256 << 20  # how far ahead of the check the kernel is asked to read (POSIX_FADV_WILLNEED)
 MAX_GAP = 1 << 16  # storages closer than this are checked in one window
+MAX_COUNTED = 256  # tensors on failing storages that are counted element by element
 
 # dtype -> (numpy uint type code, exponent mask, mantissa mask, rule)
 #   ieee: NaN/Inf iff exponent all ones; fn: NaN iff all bits but sign set (no Inf); fnuz: NaN iff == 0x80
@@ -218,9 +220,11 @@ def scan_tensors(named: list[tuple[str, TensorInfo]]) -> ScanResult:
     res.backend = ops.name
     t0 = time.perf_counter()
     by_storage: dict[str, tuple[Storage, list[tuple[str, TensorInfo]]]] = {}
+    seen: set[int] = set()
     for name, t in named:
-        if t.dtype not in FLOAT_DTYPES:
+        if t.dtype not in FLOAT_DTYPES or id(t) in seen:  # one tensor reached by many paths is checked once
             continue
+        seen.add(id(t))
         if not scannable(t):
             res.not_scanned.append(f"{name} ({t.dtype}: no check for this dtype)")
             continue
@@ -229,15 +233,25 @@ def scan_tensors(named: list[tuple[str, TensorInfo]]) -> ScanResult:
             if t.device != "meta":
                 res.not_scanned.append(f"{name} (bytes not located)")
             continue
+        size = ops.itemsize(t.dtype)
+        if any(st.data is None and st.nbytes % size for st in parts):
+            res.not_scanned.append(f"{name} (storage size is not a multiple of {size} bytes)")
+            continue
         res.tensors_scanned += 1
         for st in parts:
             if st.dtype != t.dtype:  # e.g. float8 tensors over an UntypedStorage (uint8): check as the tensor
                 st = replace(st, dtype=t.dtype, key=f"{st.key}#{t.dtype}")
             by_storage.setdefault(st.key, (st, []))[1].append((name, t))
     bad_storages = _scan_storages(ops, [v[0] for v in by_storage.values()], res)
+    counted = 0
     for key in bad_storages:
         st, users = by_storage[key]
         for name, t in users:
+            if counted >= MAX_COUNTED:  # each count re-reads the tensor's bytes: bounded work
+                res.not_scanned.append(f"{name} (on a storage with NaN/Inf; only the first {MAX_COUNTED} "
+                                       "such tensors are counted)")
+                continue
+            counted += 1
             hit = _count_tensor(ops, st, t, name)
             if hit is not None:
                 res.hits.append(hit)
@@ -260,19 +274,21 @@ def _scan_storages(ops, storages: list[Storage], res: ScanResult) -> list[str]:
     for s in on_disk:
         by_path.setdefault(s.path, []).append(s)
     for path, group in by_path.items():
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         try:
             size = os.fstat(fd).st_size
+            inside = []
+            for s in group:  # checked before any window is planned: a claimed size costs nothing
+                if s.offset < 0 or s.nbytes < 0 or s.offset + s.nbytes > size:
+                    res.not_scanned.append(f"{s.key}: {s.nbytes} bytes at offset {s.offset} lie outside the file "
+                                           f"({size} bytes)")
+                else:
+                    inside.append(s)
             _advise(fd, 0, 0, "SEQUENTIAL")
-            windows = list(_windows(group))
-            if windows:
-                _advise(fd, windows[0][0], AHEAD, "WILLNEED")
-            for win_off, win_len, pieces in windows:
+            if inside:
+                _advise(fd, inside[0].offset, AHEAD, "WILLNEED")
+            for win_off, win_len, pieces in _windows(inside):
                 _advise(fd, win_off + AHEAD, CHUNK, "WILLNEED")  # keep the disk busy ahead of the check
-                if win_off + win_len > size:
-                    res.not_scanned.append(f"{path}: file ends at byte {size}, data expected up to "
-                                           f"{win_off + win_len}")
-                    break
                 _check_window(ops, fd, win_off, win_len, pieces, bad, res)
                 res.bytes_scanned += sum(p[2] for p in pieces)
         finally:
@@ -318,11 +334,8 @@ def _windows(group: list[Storage]):
     Windows are at most CHUNK bytes, aligned to the element size inside each storage,
     and merge neighbouring storages separated by less than MAX_GAP bytes.
     """
-    pieces = []
-    for st in group:
-        step = max(16, (CHUNK // 16) * 16)
-        for p in range(0, st.nbytes, step):
-            pieces.append((st, p, min(step, st.nbytes - p)))
+    step = max(16, (CHUNK // 16) * 16)
+    pieces = ((st, p, min(step, st.nbytes - p)) for st in group for p in range(0, st.nbytes, step))
     cur: list = []
     start = end = 0
     for st, p, n in pieces:
@@ -358,10 +371,10 @@ def _count_tensor(ops, st: Storage, t: TensorInfo, name: str) -> TensorHit | Non
         per = 2 if st.dtype.startswith("complex") else 1
         lo = t.storage_offset * itemsize * per if t.parts == [] else 0
         extent = _extent(t) * itemsize * per if t.parts == [] else st.nbytes
-        lo, hi = max(0, lo), min(st.nbytes, lo + extent)
+        lo, hi = max(0, lo), min(st.nbytes, max(0, lo) + extent)
         nan = pinf = ninf = 0
         first = -1
-        with open(st.path, "rb") as f:
+        with open_regular(st.path) as f:
             pos = lo
             while pos < hi:
                 n = min(CHUNK, hi - pos)

@@ -24,7 +24,7 @@ from collections import Counter, OrderedDict
 from typing import Any, Callable
 
 from torchdoctor.checkpoint.allowlist import DTYPE_NAMES
-from torchdoctor.checkpoint.values import NdArrayInfo, NpDType, Opaque, Storage, TensorInfo, opaque_type
+from torchdoctor.checkpoint.values import NdArrayInfo, NpDType, Opaque, Storage, TensorInfo, brief, opaque_type
 
 # legacy storage class name -> dtype name
 STORAGE_DTYPES = {
@@ -59,14 +59,29 @@ class StorageRef:
         self.resolved: Storage | None = None
 
 
+def _s(v: Any, limit: int = 100) -> str:
+    """``str`` of a value from the pickle, bounded (a crafted int or object must not raise or bloat)."""
+    if isinstance(v, str):
+        return v if len(v) <= limit else v[:limit] + "…"
+    return brief(v, limit) if not isinstance(v, DType) else str(v)
+
+
 def _device(loc: Any) -> str:
-    s = loc.decode("ascii", "replace") if isinstance(loc, bytes) else str(loc)
+    s = loc.decode("ascii", "replace") if isinstance(loc, bytes) else _s(loc)
     return s or "cpu"
 
 
+_I64 = 1 << 63
+
+
+def _dim(v: Any) -> int:
+    """A shape/stride/offset entry: an int64 as torch has it (a crafted value outside is -1, i.e. invalid)."""
+    return int(v) if isinstance(v, int) and not isinstance(v, bool) and -_I64 <= v < _I64 else -1
+
+
 def _as_tuple(x: Any) -> tuple:
-    if isinstance(x, (tuple, list)):
-        return tuple(int(v) if isinstance(v, int) else v for v in x)
+    if isinstance(x, (tuple, list)) and len(x) <= 64:
+        return tuple(_dim(v) for v in x)
     return ()
 
 
@@ -75,12 +90,12 @@ def _tensor(storage: Any, offset: Any, size: Any, stride: Any, requires_grad: An
     if not isinstance(storage, StorageRef):
         return opaque_type("torch._utils._rebuild_tensor")(storage, offset, size, stride)
     return TensorInfo(
-        dtype=str(dtype) if dtype else storage.dtype,
+        dtype=_s(dtype) if dtype else storage.dtype,
         shape=_as_tuple(size),
         device=_device(storage.location),
         storage=storage.resolved,
         ref=storage,
-        storage_offset=int(offset) if isinstance(offset, int) else 0,
+        storage_offset=max(0, _dim(offset)),
         stride=_as_tuple(stride),
         requires_grad=bool(requires_grad) if isinstance(requires_grad, bool) else False,
     )
@@ -130,7 +145,7 @@ def _rebuild_from_type_v2(func, new_type, args, state):
 
 
 def _rebuild_meta_tensor_no_storage(dtype, size, stride, requires_grad=False, *_rest):
-    return TensorInfo(dtype=str(dtype), shape=_as_tuple(size), device="meta", stride=_as_tuple(stride))
+    return TensorInfo(dtype=_s(dtype), shape=_as_tuple(size), device="meta", stride=_as_tuple(stride))
 
 
 def _rebuild_device_tensor(data, dtype=None, device=None, requires_grad=False, *_rest):
@@ -138,7 +153,7 @@ def _rebuild_device_tensor(data, dtype=None, device=None, requires_grad=False, *
         data.device = _device(device) if device is not None else data.device
         return data
     if isinstance(data, NdArrayInfo):
-        return TensorInfo(dtype=str(dtype or data.dtype), shape=data.shape, device=_device(device))
+        return TensorInfo(dtype=_s(dtype or data.dtype), shape=_as_tuple(data.shape), device=_device(device))
     return opaque_type("torch._utils._rebuild_device_tensor_from_cpu_tensor")(data, dtype, device)
 
 
@@ -153,11 +168,11 @@ def _size(*args):
 def _torch_device(*args):
     if len(args) >= 2 and isinstance(args[1], int):
         return f"{args[0]}:{args[1]}"
-    return str(args[0]) if args else "cpu"
+    return _s(args[0]) if args else "cpu"
 
 
 def _codecs_encode(obj=None, encoding="utf-8", *_rest):
-    if isinstance(obj, str) and str(encoding).lower().replace("_", "-") in ("latin1", "latin-1", "iso-8859-1"):
+    if isinstance(obj, str) and _s(encoding).lower().replace("_", "-") in ("latin1", "latin-1", "iso-8859-1"):
         return obj.encode("latin-1")
     return opaque_type("_codecs.encode")(obj, encoding)
 
@@ -177,7 +192,7 @@ def _np_reconstruct(*args):
 
 
 def _np_dtype(*args):
-    return NpDType(code=str(args[0]) if args else "?")
+    return NpDType(code=_s(args[0]) if args else "?")
 
 
 def _layout(name=None, *_rest):
@@ -272,15 +287,15 @@ class StubUnpickler(pickle.Unpickler):
                 return self._on_storage(pid)
             if kind == "module" and len(pid) >= 2 and isinstance(pid[1], type):
                 return pid[1]  # legacy format: an nn.Module class saved with its source
-        return opaque_type("<persistent id>")(repr(pid)[:200])
+        return opaque_type("<persistent id>")(brief(pid, 200))
 
 
 def storage_ref(pid: tuple) -> StorageRef:
     """Turn ``('storage', storage_type, key, location, numel[, view])`` into a StorageRef."""
     stype = pid[1]
     dtype = stype.dtype if isinstance(stype, StorageType) else "uint8"
-    key = pid[2].decode("ascii", "replace") if isinstance(pid[2], bytes) else str(pid[2])
-    numel = int(pid[4]) if isinstance(pid[4], int) else 0
+    key = pid[2].decode("ascii", "replace") if isinstance(pid[2], bytes) else _s(pid[2], 200)
+    numel = max(0, _dim(pid[4]))
     return StorageRef(key, dtype, _device(pid[3]), numel)
 
 

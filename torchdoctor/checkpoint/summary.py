@@ -7,7 +7,7 @@ from typing import Any
 
 from torchdoctor.checkpoint.roles import Roles
 from torchdoctor.checkpoint.scan import ScanResult
-from torchdoctor.checkpoint.values import Contents, TensorInfo
+from torchdoctor.checkpoint.values import Contents, TensorInfo, brief, plain
 from torchdoctor.checkpoint.walk import children, iter_tensors, kind_of
 
 MAX_ENTRIES = 40
@@ -52,7 +52,7 @@ def entries(root: Any, roles: Roles) -> list[dict]:
     for k, v in children(root):
         row = {"key": k, "role": _role(k, roles), "type": kind_of(v)}
         if isinstance(v, (bool, int, float, str)) or v is None:
-            row["value"] = v if not isinstance(v, str) else v[:60]
+            row["value"] = plain(v, 60)
         row.update(_tensor_stats(v))
         rows.append(row)
         if len(rows) >= MAX_ENTRIES:
@@ -95,7 +95,8 @@ def build(contents: Contents, roles: Roles, scan: ScanResult | None, mode: str, 
         "weights_only_load": weights_only_verdict(contents),
     }
     if contents.metadata:
-        out["format_metadata"] = contents.metadata
+        out["format_metadata"] = {plain(k, 100): plain(v) if not isinstance(v, (dict, list)) else brief(v, 200)
+                                  for k, v in list(contents.metadata.items())[:50]}
     if scan is not None:
         out["scan"] = {"tensors": scan.tensors_scanned, "storages": scan.storages_scanned,
                        "bytes": scan.bytes_scanned, "seconds": round(scan.seconds, 3), "backend": scan.backend,

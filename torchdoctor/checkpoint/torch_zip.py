@@ -9,6 +9,7 @@ their absolute file offset so the NaN/Inf scan can stream them later.
 
 from __future__ import annotations
 
+import os
 import struct
 import zipfile
 from dataclasses import dataclass, field
@@ -18,10 +19,9 @@ from torchdoctor.checkpoint.errors import Unreadable
 from torchdoctor.checkpoint.fileview import open_window
 from torchdoctor.checkpoint.pickle_scan import PickleScanError, scan_pickle
 from torchdoctor.checkpoint.stub_unpickler import StorageRef, storage_ref, stub_load
-from torchdoctor.checkpoint.values import PickleInfo, Storage
+from torchdoctor.checkpoint.values import PickleInfo, Storage, brief
 
 _LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # zip local file header, 30 bytes
-_MAX_PICKLE = 1 << 31
 
 
 @dataclass
@@ -35,6 +35,8 @@ class ZipRead:
 
 def _data_offset(f, zi: zipfile.ZipInfo) -> int:
     """Offset of a member's bytes inside the (windowed) file, from its local header."""
+    if zi.header_offset < 0:
+        raise Unreadable("corrupt zip", f"negative local header offset for {zi.filename}")
     f.seek(zi.header_offset)
     hdr = f.read(30)
     if len(hdr) != 30 or hdr[:4] != b"PK\x03\x04":
@@ -57,32 +59,53 @@ def _find_pickle(names: list[str]) -> str:
 
 
 def read_torch_zip(path: str, base: int = 0, length: int | None = None, label: str | None = None) -> ZipRead:
-    """Read the zip archive found at ``[base, base+length)`` of ``path`` (whole file by default)."""
+    """Read the zip archive found at ``[base, base+length)`` of ``path`` (whole file by default).
+
+    Bounded by construction: ``data.pkl`` must be stored (torch never compresses it: a deflated
+    one is refused, so a decompression bomb is never inflated), at most ``MAX_PICKLE`` bytes and
+    inside the file; a storage record whose claimed size runs past the end of the file is
+    reported and never scanned.
+    """
+    from torchdoctor.checkpoint.detect import MAX_PICKLE
+
     label = label or path
+    size = os.path.getsize(path)
+    limit = max(0, size - base) if length is None else max(0, min(length, size - base))
     with open_window(path, base, length) as f:
         try:
             zf = zipfile.ZipFile(f)
-        except zipfile.BadZipFile as e:
+        except Exception as e:  # noqa: BLE001 - BadZipFile, and whatever a crafted directory provokes
             raise Unreadable("truncated or corrupt zip",
-                             f"{e}: the zip's central directory is missing or damaged "
-                             "(an interrupted save or copy cuts it off)", path) from None
+                             f"{type(e).__name__}: {brief(str(e), 200)}: the zip's central directory is missing "
+                             "or damaged (an interrupted save or copy cuts it off)", path) from None
         with zf:
-            infos = {zi.filename: zi for zi in zf.infolist()}
+            try:
+                infos = {zi.filename: zi for zi in zf.infolist()}
+            except Exception as e:  # noqa: BLE001
+                raise Unreadable("corrupt zip", f"{type(e).__name__}: {brief(str(e), 200)}", path) from None
             pkl_name = _find_pickle(list(infos))
             prefix = pkl_name[: -len("data.pkl")]
             zi = infos[pkl_name]
-            if zi.file_size > _MAX_PICKLE:
-                raise Unreadable("oversized pickle", f"{pkl_name} is {zi.file_size} bytes", path)
+            if zi.compress_type != zipfile.ZIP_STORED:
+                raise Unreadable("compressed data.pkl",
+                                 f"{pkl_name} is compressed (method {zi.compress_type}); torch.save never compresses "
+                                 "it, so it is refused unread (a compressed pickle can inflate to gigabytes)", path)
+            if zi.file_size > MAX_PICKLE or zi.file_size > limit:
+                raise Unreadable("oversized pickle", f"{pkl_name} claims {zi.file_size} bytes (limit "
+                                 f"{MAX_PICKLE >> 20} MiB, file {limit} bytes)", path)
             try:
                 data = zf.read(pkl_name)
-                byteorder = zf.read(prefix + "byteorder").decode("ascii", "replace").strip() \
-                    if prefix + "byteorder" in infos else "little"
-            except (zipfile.BadZipFile, OSError, EOFError) as e:
-                raise Unreadable("corrupt zip", f"cannot read {pkl_name}: {e}", path) from None
+                bo = infos.get(prefix + "byteorder")
+                byteorder = zf.read(bo.filename).decode("ascii", "replace").strip() \
+                    if bo is not None and bo.file_size <= 16 and bo.compress_type == zipfile.ZIP_STORED else "little"
+            except Exception as e:  # noqa: BLE001 - CRC errors, short reads, crafted headers
+                raise Unreadable("corrupt zip", f"cannot read {pkl_name}: {type(e).__name__}: "
+                                 f"{brief(str(e), 200)}", path) from None
             try:
                 pinfo, _ = scan_pickle(data, f"{label}:{pkl_name}")
             except PickleScanError as e:
-                raise Unreadable("corrupt pickle", f"{pkl_name}: {e}", path) from None
+                raise Unreadable("corrupt pickle", f"{pkl_name}: {e}", path,
+                                 pickles=[e.partial] if e.partial else []) from None
             out = ZipRead(root=None, pickle=pinfo, archive=prefix.rstrip("/"))
             cache: dict[str, StorageRef] = {}
 
@@ -97,7 +120,12 @@ def read_torch_zip(path: str, base: int = 0, length: int | None = None, label: s
                 elif rec.compress_type != zipfile.ZIP_STORED:
                     out.problems.append(f"storage {ref.key}: compressed record, not scanned")
                 else:
-                    st = Storage(path, base + _data_offset(f, rec), rec.file_size,
+                    off = _data_offset(f, rec)
+                    if off + rec.file_size > limit:
+                        out.problems.append(f"storage {ref.key}: record claims {rec.file_size} bytes at offset {off}, "
+                                            f"past the end of the file ({limit} bytes); not scanned")
+                        return ref
+                    st = Storage(path, base + off, rec.file_size,
                                  key=f"{label}:{ref.key}", dtype=ref.dtype, byteorder=byteorder)
                     ref.resolved = st
                     out.storages[ref.key] = st
@@ -105,10 +133,11 @@ def read_torch_zip(path: str, base: int = 0, length: int | None = None, label: s
 
             try:
                 out.root = stub_load(data, on_storage)
-            except Unreadable:
+            except Unreadable as e:
+                e.pickles = e.pickles or [pinfo]
                 raise
             except Exception as e:  # noqa: BLE001 - any malformed pickle is unreadable input
                 names = ", ".join(pinfo.globals[:6]) or "none"
-                raise Unreadable("corrupt pickle", f"{pkl_name}: {type(e).__name__}: {e} (globals it names: {names})",
-                                 path, pickles=[pinfo]) from None
+                raise Unreadable("corrupt pickle", f"{pkl_name}: {type(e).__name__}: {brief(str(e), 200)} "
+                                 f"(globals it names: {names})", path, pickles=[pinfo]) from None
             return out

@@ -76,7 +76,7 @@ class TensorInfo:
     def numel(self) -> int:
         n = 1
         for s in self.shape:
-            n *= int(s)
+            n *= max(0, int(s)) if isinstance(s, int) else 0
         return n
 
     @property
@@ -89,6 +89,9 @@ class TensorInfo:
 
     def __setstate__(self, state: Any) -> None:  # BUILD on a rebuilt tensor
         self.state = state
+
+
+MAX_CALL_NAME = 200
 
 
 class Opaque:
@@ -116,8 +119,13 @@ class Opaque:
         self.state = state
 
     def __call__(self, *args: Any, **kwargs: Any) -> "Opaque":
-        """Calling a stand-in (``getattr(...)(...)`` chains) only records the call."""
-        return opaque_type(f"{self.cls}()")(*args, **kwargs)
+        """Calling a stand-in (``getattr(...)(...)`` chains) only records the call.
+
+        The name grows by ``()`` per call up to a bound: a pickle of 20 000 chained calls
+        must not build 20 000 ever-longer class names (quadratic memory).
+        """
+        name = f"{self.cls}()" if len(self.cls) < MAX_CALL_NAME else self.cls
+        return opaque_type(name)(*args, **kwargs)
 
     def __setitem__(self, key: Any, value: Any) -> None:
         self.items[key] = value
@@ -189,9 +197,14 @@ class NpDType:
         return self.code
 
 
-@dataclass
+@dataclass(eq=False)
 class PickleInfo:
-    """What the opcode scan of one pickle found (see ``pickle_scan``)."""
+    """What the opcode scan of one pickle found (see ``pickle_scan``).
+
+    ``error`` is set when the scan stopped early (truncated or corrupt stream): the globals
+    seen before that point are kept, because ``pickle.load`` would already have imported
+    and called them before reaching the broken opcode.
+    """
 
     name: str  # which pickle: "data.pkl", a file name, "…/.metadata"
     globals: list[str] = field(default_factory=list)  # module.qualname, in first-seen order
@@ -199,6 +212,7 @@ class PickleInfo:
     unsupported_ops: list[str] = field(default_factory=list)  # opcodes weights_only rejects
     persistent_kinds: list[str] = field(default_factory=list)  # "storage", "module"
     strings: set[str] = field(default_factory=set)  # a few tell-tale string constants seen
+    error: str | None = None  # why the scan stopped before STOP (None: complete)
 
 
 @dataclass
@@ -223,3 +237,51 @@ class Contents:
     @property
     def total_bytes(self) -> int:
         return sum(int(f.get("bytes", 0)) for f in self.files)
+
+
+# -- bounded views of untrusted values (repr/str of a crafted value can be huge or raise) ----------
+
+MAX_INT_BITS = 256  # ints wider than this are shown by size: str() of a 5000-digit int raises
+
+
+def plain(v: Any, limit: int = 200) -> Any:
+    """A JSON-safe, bounded copy of a scalar read from a checkpoint (containers become a summary)."""
+    if v is None or isinstance(v, (bool, float)):
+        return v
+    if isinstance(v, int):
+        return v if v.bit_length() <= MAX_INT_BITS else f"<int of {v.bit_length()} bits>"
+    if isinstance(v, str):
+        return v if len(v) <= limit else v[:limit] + f"… (+{len(v) - limit} chars)"
+    return brief(v, limit)
+
+
+def brief(v: Any, limit: int = 120, depth: int = 0) -> str:
+    """``repr`` that never recurses deeply, never converts huge ints, and stays near ``limit`` chars."""
+    if depth > 3:
+        return "…"
+    if isinstance(v, bool) or v is None:
+        return repr(v)
+    if isinstance(v, int):
+        return repr(v) if v.bit_length() <= MAX_INT_BITS else f"<int of {v.bit_length()} bits>"
+    if isinstance(v, float):
+        return repr(v)
+    if isinstance(v, (str, bytes, bytearray)):
+        r = repr(v[:limit])
+        return r + (f"… (+{len(v) - limit})" if len(v) > limit else "")
+    if isinstance(v, TensorInfo):
+        return f"<tensor {brief(v.dtype, 40, depth + 1)}>"
+    if isinstance(v, Opaque):
+        return f"<{v.cls[:limit]}>"
+    if isinstance(v, (list, tuple, set, frozenset, dict)):
+        items = list(v.items())[:6] if isinstance(v, dict) else list(v)[:6] if not isinstance(
+            v, (set, frozenset)) else [x for _i, x in zip(range(6), v)]
+        if isinstance(v, dict):
+            parts = [f"{brief(k, 40, depth + 1)}: {brief(x, 60, depth + 1)}" for k, x in items]
+        else:
+            parts = [brief(x, 60, depth + 1) for x in items]
+        more = ", …" if len(v) > 6 else ""
+        o, c = ("{", "}") if isinstance(v, (dict, set, frozenset)) else ("(", ")") if isinstance(v, tuple) \
+            else ("[", "]")
+        s = o + ", ".join(parts) + more + c
+        return s if len(s) <= 4 * limit else s[:4 * limit] + "…"
+    return f"<{type(v).__name__}>"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from torchdoctor.checkpoint.values import NdArrayInfo, Opaque, TensorInfo
+from torchdoctor.checkpoint.values import NdArrayInfo, Opaque, TensorInfo, brief
 
 MAX_DEPTH = 32
 
@@ -34,7 +34,15 @@ def children(obj: Any) -> Iterator[tuple[str, Any]]:
 
 
 def _key(k: Any) -> str:
-    return k if isinstance(k, str) else str(k)
+    """A key as text: ints and other keys through ``brief`` (``str`` of a 5000-digit int raises)."""
+    if isinstance(k, str):
+        return k
+    if isinstance(k, int) and not isinstance(k, bool):
+        return brief(k)
+    return brief(k, 80)
+
+
+key_text = _key
 
 
 def join(prefix: str, key: str) -> str:
@@ -43,10 +51,17 @@ def join(prefix: str, key: str) -> str:
 
 def iter_tensors(obj: Any, prefix: str = "", depth: int = 0, seen: set | None = None
                  ) -> Iterator[tuple[str, TensorInfo]]:
-    """Every (dotted path, TensorInfo) under ``obj``; shared sub-objects are visited once."""
+    """Every (dotted path, TensorInfo) under ``obj``; shared sub-objects (and tensors) are visited once.
+
+    A tensor object reached by several paths (pickle memo: tied weights, or a crafted list of
+    a million references) is yielded at its first path only, so every walk stays linear in the
+    size of the file.
+    """
     seen = set() if seen is None else seen
     if isinstance(obj, TensorInfo):
-        yield prefix, obj
+        if id(obj) not in seen:
+            seen.add(id(obj))
+            yield prefix, obj
         return
     if depth > MAX_DEPTH or id(obj) in seen or not _is_container(obj):
         return

@@ -15,6 +15,7 @@ from typing import Any
 
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Finding, finding
+from torchdoctor.report.safe import visible
 from torchdoctor.rules import rule
 from torchdoctor.runner.frames import short_path
 from torchdoctor.skills import (CHECKPOINTING, CUSTOM_AUTOGRAD, DEBUGGING, DISTRIBUTED,
@@ -39,7 +40,7 @@ DEVICE_PATTERNS = (
 # script-crashed routing: (message pattern, skill, hint)
 ROUTES: tuple[tuple[re.Pattern, str, str], ...] = (
     (re.compile(r"Error\(s\) in loading state_dict|Unexpected key\(s\)|Missing key\(s\)|"
-                r"PytorchStreamReader|Weights only load failed"), CHECKPOINTING,
+                r"PytorchStreamReader"), CHECKPOINTING,
      "checkpoint/state_dict mismatch: compare keys and shapes (torchdoctor checkpoint-audit PATH)"),
     (re.compile(r"NCCL|ProcessGroup|c10d|init_process_group|collective", re.I), DISTRIBUTED,
      "distributed set-up or collective failure: run torchdoctor dist"),
@@ -55,6 +56,26 @@ ROUTES: tuple[tuple[re.Pattern, str, str], ...] = (
      "re-run with CUDA_LAUNCH_BLOCKING=1 to get the failing line (often an index/label out of "
      "range)"),
 )
+
+# torch.load(weights_only=True) refusing a global (the default since torch 2.6); its text carries
+# ANSI bold codes, stripped before anything is shown
+WEIGHTS_ONLY = re.compile(r"Weights only load failed")
+_REFUSED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
+_ANSI_SGR = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def weights_only_fix(msg: str) -> str:
+    g = _REFUSED_GLOBAL.search(msg)
+    name = g.group(1) if g else "..."
+    return (f"torch.load refused the file under weights_only=True (the default since torch 2.6): it pickles "
+            f"{'the global ' + name if g else 'a global'} outside the allowlist. For a file you trust, allowlist "
+            f"the globals: torch.serialization.add_safe_globals([{name}]) or `with "
+            f"torch.serialization.safe_globals([{name}]): torch.load(...)` (a numpy RNG state needs "
+            "numpy._core.multiarray._reconstruct, numpy.ndarray, numpy.dtype and numpy.dtypes.UInt32DType); "
+            "`torchdoctor checkpoint-audit PATH` lists every global the file needs, without running it. "
+            "Or torch.load(path, weights_only=False), only for a file you made or fully trust: it runs any "
+            "code the file carries")
+
 
 _GIB = re.compile(r"([\d.]+)\s*(TiB|GiB|MiB|KiB|bytes|B)\b")
 _UNITS = {"TiB": 2**40, "GiB": 2**30, "MiB": 2**20, "KiB": 2**10, "bytes": 1, "B": 1}
@@ -182,7 +203,7 @@ def _crash_finding(ev: Evidence) -> Finding:
     res = ev.result
     exc = res.get("exception") or {}
     code = classify(exc)
-    msg = exc.get("message", "")
+    msg = _ANSI_SGR.sub("", exc.get("message", ""))
     loc, evidence = _where(exc)
     steps = int(res.get("steps") or 0)
     evidence = {"exception": f"{exc.get('type', '?')}: {_first_line(msg, 400)}", **evidence,
@@ -217,10 +238,12 @@ def _crash_finding(ev: Evidence) -> Finding:
                  "register constant tensors as buffers (self.register_buffer) so .to() moves them",
                  "create new tensors on the right device (torch.zeros(..., device=x.device))"]
     else:
-        title = f"the script raised {exc.get('type', 'an exception')}{at}: {_first_line(msg, 120)}"
+        title = f"the script raised {exc.get('type', 'an exception')}{at}: {visible(_first_line(msg, 120))}"
         fixes = ["Fix the error at the line shown; the full traceback is in the script's output "
                  "above"]
-        for pat, sk, hint in ROUTES:
+        if WEIGHTS_ONLY.search(msg):
+            skill, fixes = CHECKPOINTING, [weights_only_fix(msg)]
+        for pat, sk, hint in ROUTES if skill is None else ():
             if pat.search(msg):
                 skill = sk
                 fixes = [hint[0].upper() + hint[1:]] + fixes

@@ -1,4 +1,9 @@
-"""Console section of `checkpoint-audit`: what the checkpoint holds, per top-level entry."""
+"""Console section of `checkpoint-audit`: what the checkpoint holds, per top-level entry.
+
+Every key, type name, value, dtype and device here comes from the file: each cell is a
+:func:`~torchdoctor.report.safe.safe_text` (control bytes shown as ``\\x1b``, never parsed
+as markup), so a crafted key can neither move the cursor nor break the table.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +11,17 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from torchdoctor.report.safe import safe_text, visible
 from torchdoctor.report.sections import section
 
 
-def _size(n: int | float | None) -> str:
+def _size(n) -> str:
+    if not isinstance(n, (int, float)) or isinstance(n, bool):
+        return ""
     if not n:
-        return "" if n is None else "0 B"
+        return "0 B"
+    if isinstance(n, int) and n.bit_length() > 80:
+        return f"{n.bit_length()}-bit size"
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -19,8 +29,14 @@ def _size(n: int | float | None) -> str:
     return str(n)
 
 
-def _dtypes(d: dict) -> str:
-    return ", ".join(list(d)[:3]) + (" …" if len(d) > 3 else "")
+def _dtypes(d) -> str:
+    d = d if isinstance(d, dict) else {}
+    return ", ".join(str(k) for k in list(d)[:3]) + (" …" if len(d) > 3 else "")
+
+
+def _cell(v, limit: int = 120) -> Text:
+    s = visible(v)
+    return safe_text(s if len(s) <= limit else s[:limit] + "…")
 
 
 @section("checkpoint", order=20)
@@ -30,10 +46,11 @@ def checkpoint_contents(report):
         return None
     head = Text()
     head.append("Checkpoint ", style="bold")
-    head.append(f"{m['format']}", style="bold magenta")
-    head.append(f"  ·  {m['files']} file{'s' if m['files'] != 1 else ''}, {_size(m['file_bytes'])}"
-                f"  ·  {m['tensors']} tensors, {_size(m['tensor_bytes'])}")
-    head.append(f"  ·  judged as {m['judged_as']} checkpoint", style="dim")
+    head.append(visible(m.get("format", "?")), style="bold magenta")
+    files = m.get("files", 0)
+    head.append(f"  ·  {files} file{'s' if files != 1 else ''}, {_size(m.get('file_bytes'))}"
+                f"  ·  {m.get('tensors', 0)} tensors, {_size(m.get('tensor_bytes'))}")
+    head.append(f"  ·  judged as {visible(m.get('judged_as', '?'))} checkpoint", style="dim")
     if m.get("expect") == "auto":
         head.append(" (auto)", style="dim")
     tbl = Table(show_header=True, header_style="bold", box=None, pad_edge=False, padding=(0, 2, 0, 0))
@@ -41,16 +58,17 @@ def checkpoint_contents(report):
                       ("size", "right"), ("dtypes", "left"), ("devices", "left")):
         tbl.add_column(col, justify=just, overflow="fold")
     for e in m["entries"]:
-        typ = e.get("type", "")
+        typ = visible(e.get("type", ""))
         if "value" in e:
-            typ = f"{typ} = {e['value']}"
-        devs = ", ".join(e.get("devices", {}) or {})
-        tbl.add_row(str(e["key"]), e.get("role", ""), typ, str(e.get("tensors", "")) if e.get("tensors") else "",
-                    _size(e.get("bytes")) if e.get("tensors") else "", _dtypes(e.get("dtypes", {})),
-                    devs if devs != "cpu" else "cpu")
+            typ = f"{typ} = {visible(e['value'])}"
+        devs = ", ".join(str(d) for d in (e.get("devices") or {}))
+        n = e.get("tensors")
+        tbl.add_row(_cell(e.get("key", "")), _cell(e.get("role", "")), _cell(typ),
+                    Text(str(n) if n else ""), Text(_size(e.get("bytes")) if n else ""),
+                    _cell(_dtypes(e.get("dtypes", {}))), _cell(devs))
     lines = [head, tbl]
     foot = Text(style="dim")
-    foot.append(f"torch.load(weights_only=True): {m.get('weights_only_load', '?')}")
+    foot.append(f"torch.load(weights_only=True): {visible(m.get('weights_only_load', '?'))}")
     s = m.get("scan")
     if s:
         rate = s["bytes"] / s["seconds"] / 2**30 if s.get("seconds") else 0
