@@ -87,8 +87,8 @@ def render(report: Report, console: Console | None = None) -> None:
         try:
             renderable = fn(report)
         except Exception:  # a broken section must not hide the findings
-            renderable = Text(f"(section {name} failed: {traceback.format_exc(limit=1).strip()})",
-                              style="dim red")
+            renderable = safe_text(f"(section {name} failed: {traceback.format_exc(limit=1).strip()})",
+                                   style="dim red", keep_newlines=True)
         if renderable is not None:
             con.print()
             con.print(renderable)
