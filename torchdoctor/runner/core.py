@@ -28,6 +28,7 @@ import os
 import sys
 import time
 import traceback
+import weakref
 from typing import Any
 
 from torchdoctor.runner.context import HarnessContext, StopRun
@@ -76,6 +77,7 @@ class Core:
         self.bwd_depth = 0
         self.roots_hooked: set[int] = set()
         self.global_fwd_handles: list[Any] = []
+        self.loaders_seen: Any = weakref.WeakSet()  # iterators described (nothing set on them)
         self.cuda = None  # CudaPhaseTimer once CUDA is in use
 
     # ------------------------------------------------------------------ install / uninstall
@@ -85,6 +87,10 @@ class Core:
         from torch.utils.data import dataloader as dl_mod
 
         self._torch = torch
+        from torchdoctor.runner.userhooks import install_state_filter
+
+        # hooks on the user's modules never travel into a deepcopy or a pickle of them
+        self._undo.append(install_state_filter())
         h1 = optim_mod.register_optimizer_step_pre_hook(self._opt_pre)
         h2 = optim_mod.register_optimizer_step_post_hook(self._opt_post)
         self._undo += [h1.remove, h2.remove]
@@ -149,7 +155,7 @@ class Core:
                 ctx.phase = prev if prev != "data" else "other"
                 core.data_s += wait
                 core.batches += 1
-                if not getattr(it, "_td_seen", False):
+                if it not in core.loaders_seen:
                     core._describe_loader(it)
                 for name, fn in core.cb["on_batch"]:
                     try:
@@ -251,20 +257,31 @@ class Core:
         return None
 
     def _switch_to_root_hooks(self) -> None:
-        """After discovery: drop the global hooks (they slow every module call) for per-root ones."""
+        """After discovery: drop the global hooks (they slow every module call) for per-root ones.
+
+        Only when every root's copies and pickles leave the hooks out (:func:`hookable`): a
+        root whose class has its own ``__getstate__`` (``nn.LSTM``) keeps the global hooks on,
+        so that nothing of torchdoctor's travels into the user's ``deepcopy`` or saved file."""
+        from torchdoctor.runner.userhooks import hookable, register_on
+
+        roots = self.ctx.models()
+        try:
+            if not all(hookable(m) for m in roots):
+                return
+        except Exception:  # noqa: BLE001
+            self._instrument_failed("stepclock", "root-hooks")
+            return
         self._remove_global_fwd()
         self.fwd_depth = 0
-        for m in self.ctx.models():
+        for m in roots:
             if id(m) in self.roots_hooked:
                 continue
             self.roots_hooked.add(id(m))
-            try:
-                h1 = m.register_forward_pre_hook(self._root_pre)
-                try:
-                    h2 = m.register_forward_hook(self._root_post, always_call=True)
-                except TypeError:
-                    h2 = m.register_forward_hook(self._root_post)
-                self._undo += [h1.remove, h2.remove]
+            try:  # UserHooks: a deepcopy or pickle of the model leaves them out
+                h1, k1 = register_on(m, "forward_pre", self._root_pre)
+                self._undo += [h1.remove, k1.detach]
+                h2, k2 = register_on(m, "forward", self._root_post, always_call=True)
+                self._undo += [h2.remove, k2.detach]
             except Exception:  # noqa: BLE001
                 self._instrument_failed("stepclock", "root-hooks")
 
@@ -411,7 +428,10 @@ class Core:
     # ------------------------------------------------------------------ data loader facts
     def _describe_loader(self, it) -> None:
         try:
-            it._td_seen = True
+            try:
+                self.loaders_seen.add(it)
+            except TypeError:  # an iterator class with __slots__ and no weakref: described again
+                pass
             ds = getattr(it, "_dataset", None)
             getitem = getattr(type(ds), "__getitem__", None)
             where = None
