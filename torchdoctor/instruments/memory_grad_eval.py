@@ -158,7 +158,7 @@ class GradInEval(Instrument):
 
     def _post(self, module: Any, args: Any, output: Any) -> None:
         try:
-            if not self._grad_on() or os.getpid() != self.pid:
+            if not self._grad_on() or not self.ctx.in_owner_thread():
                 return
             if type(output) is self._Tensor:  # the common case, inlined
                 if output.grad_fn is None:

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 from typing import Any, NamedTuple
 
 from torchdoctor.instruments import Instrument, register
@@ -181,7 +180,6 @@ class NanMonitor(Instrument):
         stop = opts.get("stop_on_nonfinite")
         self.stop_on_bad = bool(ctx.probe == "nan" if stop is None else stop)
         self.pid = os.getpid()
-        self.tid = threading.get_ident()
         self.win = _Window()
         self.pending: list[_Row] = []
         self.reader = None  # CudaRowReader, made on the first CUDA row
@@ -253,7 +251,7 @@ class NanMonitor(Instrument):
 
     # ------------------------------------------------------------------ forward watch
     def _owner(self) -> bool:
-        return os.getpid() == self.pid and threading.get_ident() == self.tid
+        return self.ctx.in_owner_thread()  # not forked workers, not other threads
 
     def _fwd_pre(self, module, args):
         try:

@@ -14,7 +14,26 @@ Installed once in the child, before the user's script runs. It owns:
 * calling each armed instrument's callbacks; a callback that raises is disabled and
   reported (``instrument_error`` event), never propagated into the user's code;
 * ``--steps N`` / ``ctx.request_stop``: :class:`StopRun` raised from the post hook of the
-  step that completes the run, i.e. exactly at a step boundary.
+  step that completes the run, i.e. exactly at a step boundary, in the main thread only.
+
+Several optimizers (a GAN's generator and discriminator, WGAN's critic stepping five times per
+generator step, an encoder/decoder pair): a training step is one iteration of the outer loop,
+i.e. one period of the cycle of optimizer steps. While the cycle is unknown (more than one
+optimizer was built by the clock's thread), no boundary is made; the steps are remembered
+with the clock's counters at each. The cycle is known when the first optimizer that stepped
+steps again after every optimizer built has stepped (or after it came back
+``LEARN_REPEATS`` times: an optimizer built and never used); its last optimizer (the one
+that stepped just before the first came back) closes every iteration from then on, and the
+iterations already run are cut at its remembered steps. An optimizer that first steps later
+(a phase that adds one, an optimizer re-created each epoch) closes the iterations from then on.
+
+Threads: the step clock follows one thread: the main thread, or, when the main thread has
+not trained (backward, optimizer step) by the first step boundary, the thread that made it.
+Hooks called from other threads (and after teardown began) return at once: instruments see
+one thread's loop, their state is never shared between threads. ``ctx.in_owner_thread()``
+tells instruments' own hooks the same. :class:`StopRun` is raised only in the main thread: a
+script whose loop runs in another thread is not cut at ``--steps`` (it runs to its end or to
+``--timeout``), and no thread of the script dies of torchdoctor's exception.
 
 Events written (one line each, at most two per step):
 ``step`` {step, wall_s, data_s, forward_s, backward_s, optimizer_s, other_s, batches,
@@ -26,6 +45,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 import traceback
 import weakref
@@ -34,7 +54,12 @@ from typing import Any
 from torchdoctor.runner.context import HarnessContext, StopRun
 
 _perf = time.perf_counter
+_get_ident = threading.get_ident
 DISCOVERY_STEPS = 2  # global forward hooks find the root modules during the first steps
+# several optimizers: the first optimizer coming back this often with some built optimizer
+# still never stepped ends the learning of the cycle all the same (an optimizer built, unused)
+LEARN_REPEATS = 8
+LEARN_MAX = 4096  # optimizer steps remembered while the cycle is learned
 
 
 def user_frame(depth: int = 2) -> tuple[str, int, str] | None:
@@ -66,9 +91,16 @@ class Core:
                                 "on_crash")}
         # clock state
         self.n_optimizers_built = 0
+        self.built_by: dict[int, int] = {}  # thread ident -> optimizers it built
         self.source = None  # "optimizer" | "backward"
         self.closing_opt: int | None = None  # id of the optimizer whose step ends an iteration
-        self.opt_since_boundary: list[int] = []
+        self.opt_seen: set[int] = set()  # optimizers that stepped (ids)
+        self.learn_seq: list[tuple[int, tuple]] = []  # (optimizer id, counters) while learning
+        # threads (see "Threads" above)
+        self.main_tid = ctx._main_tid
+        self.main_trained = False  # the main thread ran backward / an optimizer step
+        self.closed = False  # teardown began: every hook returns at once
+        self.stop_deferred = False
         self.t_start: float | None = None  # start of the current step (first activity)
         self.data_s = self.fwd_s = self.bwd_s = self.opt_s = 0.0
         self.batches = self.backwards = 0
@@ -102,6 +134,8 @@ class Core:
             orig_init(opt, *a, **k)
             if core.ctx.in_owner_process():
                 core.n_optimizers_built += 1
+                tid = _get_ident()
+                core.built_by[tid] = core.built_by.get(tid, 0) + 1
 
         optim_mod.Optimizer.__init__ = opt_init
         self._undo.append(lambda: setattr(optim_mod.Optimizer, "__init__", orig_init))
@@ -111,22 +145,19 @@ class Core:
         orig_tb = torch.Tensor.backward
 
         def autograd_backward(*a, **k):
-            if core.bwd_depth == 0:  # the tensor being backpropagated (nan/training instruments)
-                core.ctx.last_backward_tensor = a[0] if a else k.get("tensors")
-            core._bwd_begin()
+            # the tensor being backpropagated (nan/training instruments)
+            mine = core._bwd_begin(a[0] if a else k.get("tensors"))
             try:
                 return orig_ab(*a, **k)
             finally:
-                core._bwd_end()
+                core._bwd_end(mine)
 
         def tensor_backward(self_t, *a, **k):
-            if core.bwd_depth == 0:
-                core.ctx.last_backward_tensor = self_t
-            core._bwd_begin()
+            mine = core._bwd_begin(self_t)
             try:
                 return orig_tb(self_t, *a, **k)
             finally:
-                core._bwd_end()
+                core._bwd_end(mine)
 
         autograd_backward.__wrapped__ = orig_ab
         tensor_backward.__wrapped__ = orig_tb
@@ -141,7 +172,7 @@ class Core:
 
         def timed_next(it):
             ctx = core.ctx
-            if not ctx.in_owner_process():
+            if not ctx.in_owner_process() or not core._here():
                 return orig_next(it)
             if core.t_start is None:
                 core.t_start = _perf()
@@ -180,6 +211,10 @@ class Core:
             self._safe(inst.name, "install", inst.install, self.ctx)
 
     def uninstall(self) -> None:
+        # from now on every hook of the core returns at once (a daemon thread of the script may
+        # still be training), and instruments' own hooks too (``ctx.in_owner_thread``)
+        self.closed = True
+        self.ctx._train_tid = -1
         for inst in reversed(self.instruments):
             self._safe(inst.name, "uninstall", inst.uninstall, self.ctx)
         for undo in reversed(self._undo):
@@ -219,6 +254,33 @@ class Core:
             if cb_name == callback:
                 self.cb[cb_name] = [(n, f) for n, f in lst if n != name]
 
+    # ------------------------------------------------------------------ threads
+    def _here(self, training: bool = False) -> bool:
+        """True when the calling thread is the one the step clock follows (module doc,
+        "Threads"). ``training``: the call is backward or an optimizer step, which marks the
+        main thread as training, or another thread as a trainer besides the clock's."""
+        tid = _get_ident()
+        clock = self.ctx._train_tid
+        if tid == clock:
+            return True
+        if clock is None and tid == self.main_tid and not self.closed:
+            if training:
+                self.main_trained = True
+            return True
+        if training:
+            self.ctx._other_trainers.add(tid)
+        return False
+
+    def _fix_clock(self) -> bool:
+        """At the first step boundary while no clock thread is fixed: the main thread if it
+        has trained, else the calling thread. True if the calling thread is the clock's."""
+        tid = _get_ident()
+        if self.closed or (tid != self.main_tid and self.main_trained):
+            return False
+        self.ctx._train_tid = tid
+        self.ctx._other_trainers.discard(tid)
+        return True
+
     # ------------------------------------------------------------------ forward (roots)
     def _remove_global_fwd(self) -> None:
         for h in self.global_fwd_handles:
@@ -226,6 +288,8 @@ class Core:
         self.global_fwd_handles = []
 
     def _g_fwd_pre(self, module, args):
+        if not self._here():
+            return None
         if self.fwd_depth == 0:
             if os.getpid() != self.ctx._owner_pid or self.bwd_depth:
                 return None
@@ -237,20 +301,22 @@ class Core:
         return None
 
     def _g_fwd_post(self, module, args, output):
-        if self.fwd_depth > 0:
+        if self.fwd_depth > 0 and self._here():
             self.fwd_depth -= 1
             if self.fwd_depth == 0:
                 self._root_end()
         return None
 
     def _root_pre(self, module, args):
+        if not self._here():
+            return None
         if self.fwd_depth == 0 and not self.bwd_depth and os.getpid() == self.ctx._owner_pid:
             self._root_begin()
         self.fwd_depth += 1
         return None
 
     def _root_post(self, module, args, output):
-        if self.fwd_depth > 0:
+        if self.fwd_depth > 0 and self._here():
             self.fwd_depth -= 1
             if self.fwd_depth == 0:
                 self._root_end()
@@ -302,10 +368,14 @@ class Core:
                 self.cuda.mark("forward", 1)
 
     # ------------------------------------------------------------------ backward
-    def _bwd_begin(self) -> None:
+    def _bwd_begin(self, tensor: Any) -> bool:
+        """Outermost backward entered; False when the call is not the clock thread's."""
+        if os.getpid() != self.ctx._owner_pid or not self._here(training=True):
+            return False
         self.bwd_depth += 1
-        if self.bwd_depth != 1 or os.getpid() != self.ctx._owner_pid:
-            return
+        if self.bwd_depth != 1:
+            return True
+        self.ctx.last_backward_tensor = tensor
         now = _perf()
         if self.t_start is None:
             self.t_start = now
@@ -323,10 +393,18 @@ class Core:
                 fn(self.ctx)
             except Exception:  # noqa: BLE001
                 self._instrument_failed(name, "on_backward_begin")
+        return True
 
-    def _bwd_end(self) -> None:
+    def _bwd_end(self, mine: bool) -> None:
+        if not mine:
+            # another thread's backward: the clock may adopt it (no optimizer, main idle)
+            if (self.ctx._train_tid is not None or self.n_optimizers_built
+                    or os.getpid() != self.ctx._owner_pid or not self._fix_clock()):
+                return
+            self.bwd_depth = 1  # its start was not seen: taken as the outermost backward
+            self.t_phase = self.t_start = _perf()
         self.bwd_depth -= 1
-        if self.bwd_depth != 0 or os.getpid() != self.ctx._owner_pid:
+        if self.bwd_depth != 0:
             return
         self.bwd_s += _perf() - self.t_phase
         self.backwards += 1
@@ -339,12 +417,14 @@ class Core:
             except Exception:  # noqa: BLE001
                 self._instrument_failed(name, "on_backward_end")
         if self.n_optimizers_built == 0 and self.source != "optimizer":
+            if self.ctx._train_tid is None and not self._fix_clock():
+                return
             self.source = "backward"
             self._boundary()
 
     # ------------------------------------------------------------------ optimizer
     def _opt_pre(self, opt, args, kwargs):
-        if os.getpid() != self.ctx._owner_pid:
+        if os.getpid() != self.ctx._owner_pid or not self._here(training=True):
             return None
         now = _perf()
         if self.t_start is None:
@@ -358,7 +438,12 @@ class Core:
     def _opt_post(self, opt, args, kwargs):
         if os.getpid() != self.ctx._owner_pid:
             return None
-        self.opt_s += _perf() - self.t_phase
+        if not self._here(training=True) and not (self.ctx._train_tid is None and self._fix_clock()):
+            return None
+        if self.ctx._train_tid is None:
+            self._fix_clock()  # the main thread's first step
+        if self.ctx.phase == "optimizer":  # (a thread just adopted: its pre hook was not seen)
+            self.opt_s += _perf() - self.t_phase
         self.ctx.phase = "other"
         if self.cuda is not None:
             self.cuda.mark("optimizer", 1)
@@ -366,36 +451,73 @@ class Core:
         self.source = "optimizer"
         oid = id(opt)
         if self.closing_opt is None:
+            self._learn(oid)
+        elif oid == self.closing_opt or oid not in self.opt_seen:
+            # a new optimizer (a phase that adds one, one re-created per epoch) closes from now on
             self.closing_opt = oid
-        elif oid != self.closing_opt and oid not in self.opt_since_boundary:
-            # a second optimizer steps after the closing one (GAN-style): it closes from now on
-            if not self.opt_since_boundary:
-                self.closing_opt = oid
-        self.opt_since_boundary.append(oid)
-        if oid == self.closing_opt:
+            self.opt_seen.add(oid)
             self._boundary()
         return None
 
+    def _learn(self, oid: int) -> None:
+        """The cycle of optimizer steps, while it is unknown (module doc, "Several optimizers")."""
+        seq = self.learn_seq
+        built = self.built_by.get(_get_ident(), 0)
+        if not seq and built <= 1:  # one optimizer: each of its steps ends an iteration
+            self.closing_opt = oid
+            self.opt_seen.add(oid)
+            self._boundary()
+            return
+        if seq and oid == seq[0][0]:
+            distinct = {o for o, _ in seq}
+            repeats = sum(1 for o, _ in seq if o == oid)
+            if len(distinct) >= built or repeats >= LEARN_REPEATS or len(seq) >= LEARN_MAX:
+                last = seq[-1][0]  # stepped just before the first one came back
+                self.closing_opt = last
+                self.opt_seen |= distinct
+                self.learn_seq = []
+                done = (0.0, 0.0, 0.0, 0.0, 0, 0)  # counters given to earlier cut steps
+                for o, (t, *counters) in seq:  # the iterations already run, cut where they ended
+                    if o == last:
+                        self._boundary(at=(t, *(c - d for c, d in zip(counters, done))))
+                        done = tuple(counters)
+                if oid == last:
+                    self._boundary()
+                return
+        seq.append((oid, (_perf(), self.data_s, self.fwd_s, self.bwd_s, self.opt_s,
+                          self.batches, self.backwards)))
+
     # ------------------------------------------------------------------ step boundary
-    def _boundary(self) -> None:
+    def _boundary(self, at: tuple | None = None) -> None:
+        """End the current step now, or (``at``: the clock's counters remembered at an earlier
+        optimizer step, while the cycle of several optimizers was learned) where it ended."""
         ctx = self.ctx
-        now = _perf()
+        if at is None:
+            now = _perf()
+            data, fwd, bwd, opt, batches, backwards = (self.data_s, self.fwd_s, self.bwd_s,
+                                                       self.opt_s, self.batches, self.backwards)
+        else:
+            now, data, fwd, bwd, opt, batches, backwards = at
         start = self.t_start if self.t_start is not None else now
         wall = now - start
         ctx.step += 1
         step = ctx.step
-        busy = self.data_s + self.fwd_s + self.bwd_s + self.opt_s
-        ctx.emit("step", step=step, wall_s=round(wall, 7), data_s=round(self.data_s, 7),
-                 forward_s=round(self.fwd_s, 7), backward_s=round(self.bwd_s, 7),
-                 optimizer_s=round(self.opt_s, 7), other_s=round(max(0.0, wall - busy), 7),
-                 batches=self.batches, backwards=self.backwards, source=self.source)
+        busy = data + fwd + bwd + opt
+        ctx.emit("step", step=step, wall_s=round(wall, 7), data_s=round(data, 7),
+                 forward_s=round(fwd, 7), backward_s=round(bwd, 7),
+                 optimizer_s=round(opt, 7), other_s=round(max(0.0, wall - busy), 7),
+                 batches=batches, backwards=backwards, source=self.source)
         if self.cuda is None:
             self._maybe_cuda()
         if self.cuda is not None:
             self.cuda.step_end(step, wall)
-        self.data_s = self.fwd_s = self.bwd_s = self.opt_s = 0.0
-        self.batches = self.backwards = 0
-        self.opt_since_boundary = []
+        # what came after ``at`` belongs to the next step
+        self.data_s -= data
+        self.fwd_s -= fwd
+        self.bwd_s -= bwd
+        self.opt_s -= opt
+        self.batches -= batches
+        self.backwards -= backwards
         if step == 1:
             from torchdoctor.runner.harness import emit_device
 
@@ -407,11 +529,16 @@ class Core:
                 fn(ctx, step)
             except Exception:  # noqa: BLE001
                 self._instrument_failed(name, "on_step_end")
-        self.t_start = _perf()
+        self.t_start = _perf() if at is None else now
         if self.max_steps and step >= self.max_steps:
             ctx.request_stop(f"--steps {self.max_steps} reached")
         if ctx.stop_reason is not None:
-            raise StopRun(ctx.stop_reason)
+            if _get_ident() == self.main_tid:
+                raise StopRun(ctx.stop_reason)
+            if not self.stop_deferred:  # never kill a thread of the script with our exception
+                self.stop_deferred = True
+                ctx.emit("stop_deferred", step=step, reason=ctx.stop_reason,
+                         thread=threading.current_thread().name)
 
     # ------------------------------------------------------------------ CUDA
     def _maybe_cuda(self) -> None:
