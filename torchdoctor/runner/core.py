@@ -27,8 +27,11 @@ that stepped just before the first came back) closes every iteration from then o
 iterations already run are cut at its remembered steps. An optimizer that first steps later
 (a phase that adds one, an optimizer re-created each epoch) closes the iterations from then on.
 
-Threads: the step clock follows one thread: the main thread, or, when the main thread has
-not trained (backward, optimizer step) by the first step boundary, the thread that made it.
+Threads: the step clock follows one thread: the main thread, or, when the main thread does
+not train (it has run no backward nor optimizer step, and waits for other threads: its
+innermost frames are in ``threading``/``queue``/``concurrent.futures``..., e.g. ``join()``)
+at another thread's step boundary, that thread (after ``ADOPT_AFTER`` such boundaries, the
+main thread doing something else, the clock follows that thread all the same).
 Hooks called from other threads (and after teardown began) return at once: instruments see
 one thread's loop, their state is never shared between threads. ``ctx.in_owner_thread()``
 tells instruments' own hooks the same. :class:`StopRun` is raised only in the main thread: a
@@ -60,6 +63,10 @@ DISCOVERY_STEPS = 2  # global forward hooks find the root modules during the fir
 # still never stepped ends the learning of the cycle all the same (an optimizer built, unused)
 LEARN_REPEATS = 8
 LEARN_MAX = 4096  # optimizer steps remembered while the cycle is learned
+# threads: another thread's boundaries seen while the main thread neither trained nor waited
+# for other threads, after which the clock follows that thread all the same
+ADOPT_AFTER = 64
+_WAITING_MODULES = ("threading", "queue", "concurrent.futures", "multiprocessing", "asyncio")
 
 
 def user_frame(depth: int = 2) -> tuple[str, int, str] | None:
@@ -99,6 +106,7 @@ class Core:
         # threads (see "Threads" above)
         self.main_tid = ctx._main_tid
         self.main_trained = False  # the main thread ran backward / an optimizer step
+        self.foreign_boundaries = 0  # other threads' boundaries while the clock was not fixed
         self.closed = False  # teardown began: every hook returns at once
         self.stop_deferred = False
         self.t_start: float | None = None  # start of the current step (first activity)
@@ -272,14 +280,38 @@ class Core:
         return False
 
     def _fix_clock(self) -> bool:
-        """At the first step boundary while no clock thread is fixed: the main thread if it
-        has trained, else the calling thread. True if the calling thread is the clock's."""
+        """At a step boundary while no clock thread is fixed: the main thread's, or another
+        thread's while the main thread does not train (module doc, "Threads"). True if the
+        calling thread is now the clock's."""
         tid = _get_ident()
-        if self.closed or (tid != self.main_tid and self.main_trained):
+        if self.closed:
             return False
+        if tid != self.main_tid:
+            if self.main_trained:
+                return False
+            self.foreign_boundaries += 1
+            if not self._main_waits() and self.foreign_boundaries < ADOPT_AFTER:
+                return False
         self.ctx._train_tid = tid
         self.ctx._other_trainers.discard(tid)
         return True
+
+    def _main_waits(self) -> bool:
+        """The main thread is blocked waiting for others (``join()``, ``Event.wait()``, a
+        queue, a future), not starting them: it does not train meanwhile."""
+        f = sys._current_frames().get(self.main_tid)
+        if f is None:
+            return True
+        waiting = False
+        while f is not None:
+            mod = f.f_globals.get("__name__", "")
+            if not mod.startswith(_WAITING_MODULES):
+                break
+            if f.f_code.co_name == "start":  # Thread.start() waits for the thread to run
+                return False
+            waiting = True
+            f = f.f_back
+        return waiting
 
     # ------------------------------------------------------------------ forward (roots)
     def _remove_global_fwd(self) -> None:
