@@ -76,6 +76,7 @@ def test_saved_whole_model_loads_in_a_plain_process(tmp_path):
     assert "torch.Size([2, 1])" in r.stdout
 
 
+@pytest.mark.slow
 def test_cli_checkup_of_the_snapshot_script_is_clean(tmp_path):
     r = run_cli("checkup", "--json", "--steps", "0", str(SCRIPT), str(tmp_path), "10")
     assert r.returncode == 0, r.stderr[-3000:]

@@ -72,3 +72,18 @@ def test_nan_made_in_a_complex_module_is_named():
     assert f.evidence["step"] == 5 and f.evidence["module"] == "model.0"
     assert f.evidence["module_class"] == "SpectralGain"
     assert f.evidence.get("op") == "aten::div"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fault", ["none", "input"])
+def test_cuda_rows_in_any_dtype(dtype, fault):
+    """On CUDA the rows are reduced with the fused kernels and read back asynchronously
+    through pinned float64 slots (numerics/hostread.py)."""
+    rep = judge("nan", SCRIPTS / "nan/dtype_mlp.py", (dtype, fault, "cuda"))
+    assert not _internal(rep)
+    want = EXPECTED_EXTRA.get(dtype, set()) | ({"nonfinite-forward"} if fault == "input" else set())
+    assert codes(rep) == want, [(f.code, f.title) for f in rep.findings]
+    if fault == "input":
+        f = by_code(rep, "nonfinite-forward")
+        assert f.evidence["step"] == 4 and f.evidence["module"] == "model"

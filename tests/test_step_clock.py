@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from conftest import ROOT, run_cli
 from test_nan_fixtures import run_inprocess
 
@@ -34,6 +36,7 @@ def test_gan_step_is_one_iteration_and_steps_counts_iterations(capsys):
     assert all(s["backwards"] == 2 for s in steps), [s["backwards"] for s in steps]
 
 
+@pytest.mark.slow
 def test_gan_moving_its_models_every_iteration_is_found():
     p = run_cli("checkup", "--json", "--steps", "20", str(SCRIPTS / "perf/gan_moved.py"),
                 timeout=180)

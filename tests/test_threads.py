@@ -29,6 +29,7 @@ def _threads_done(err: str) -> set[str]:
     return {line.split(",")[0] for line in err.splitlines() if line.startswith("thread ")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("probe", ["checkup", "profile"])
 @pytest.mark.parametrize("mode", ["workers", "--main-trains"])
 def test_threaded_script_ends_as_plainly_under_the_cli(probe, mode):
