@@ -76,3 +76,24 @@ def test_single_optimizer_steps_are_unchanged():
     ev = run_inprocess("checkup", SCRIPTS / "perf/moved_in_loop.py", (), {"steps": 7})
     assert ev.result["steps"] == 7 and len(_steps(ev)) == 7
     assert all(s["backwards"] == 1 and s["source"] == "optimizer" for s in _steps(ev))
+
+
+def test_first_optimizer_never_stepping_again_does_not_stop_the_clock(tmp_path, capsys):
+    """A warm-up optimizer steps once, then a second one trains alone: the learning ends when
+    the second came back LEARN_REPEATS times, and it closes the iterations."""
+    from torchdoctor.runner.core import LEARN_REPEATS
+
+    script = tmp_path / "two_phases.py"
+    script.write_text(
+        "import sys, torch\ntorch.manual_seed(0)\nm = torch.nn.Linear(4, 1)\n"
+        "warm = torch.optim.SGD(m.parameters(), lr=0.001)\n"
+        "main = torch.optim.Adam(m.parameters(), lr=0.01)\n"
+        "for it in range(40):\n"
+        "    print(f'iteration {it + 1}', file=sys.stderr)\n"
+        "    opt = warm if it == 0 else main\n"
+        "    opt.zero_grad(); m(torch.randn(8, 4)).pow(2).mean().backward(); opt.step()\n")
+    ev = run_inprocess("checkup", script, (), {"steps": 20})
+    assert ev.result["outcome"] == "stopped" and ev.result["steps"] == 20
+    assert LEARN_REPEATS < 20
+    assert _iterations(capsys.readouterr().err) == 21  # the warm-up step joins the first one
+    assert sum(s["backwards"] for s in _steps(ev)) == 21

@@ -21,10 +21,11 @@ generator step, an encoder/decoder pair): a training step is one iteration of th
 i.e. one period of the cycle of optimizer steps. While the cycle is unknown (more than one
 optimizer was built by the clock's thread), no boundary is made; the steps are remembered
 with the clock's counters at each. The cycle is known when the first optimizer that stepped
-steps again after every optimizer built has stepped (or after it came back
-``LEARN_REPEATS`` times: an optimizer built and never used); its last optimizer (the one
-that stepped just before the first came back) closes every iteration from then on, and the
-iterations already run are cut at its remembered steps. An optimizer that first steps later
+steps again after every optimizer built has stepped; its last optimizer (the one that
+stepped just before the first came back) closes every iteration from then on, and the
+iterations already run are cut at its remembered steps. An optimizer stepping more than
+``LEARN_REPEATS`` times ends the learning all the same (an optimizer built and never used;
+the first optimizer never stepping again: then that optimizer closes the iterations). An optimizer that first steps later
 (a phase that adds one, an optimizer re-created each epoch) closes the iterations from then on.
 
 Threads: the step clock follows one thread: the main thread, or, when the main thread does
@@ -103,6 +104,7 @@ class Core:
         self.closing_opt: int | None = None  # id of the optimizer whose step ends an iteration
         self.opt_seen: set[int] = set()  # optimizers that stepped (ids)
         self.learn_seq: list[tuple[int, tuple]] = []  # (optimizer id, counters) while learning
+        self.learn_counts: dict[int, int] = {}  # optimizer id -> steps while learning
         # threads (see "Threads" above)
         self.main_tid = ctx._main_tid
         self.main_trained = False  # the main thread ran backward / an optimizer step
@@ -500,22 +502,26 @@ class Core:
             self.opt_seen.add(oid)
             self._boundary()
             return
-        if seq and oid == seq[0][0]:
-            distinct = {o for o, _ in seq}
-            repeats = sum(1 for o, _ in seq if o == oid)
-            if len(distinct) >= built or repeats >= LEARN_REPEATS or len(seq) >= LEARN_MAX:
-                last = seq[-1][0]  # stepped just before the first one came back
-                self.closing_opt = last
-                self.opt_seen |= distinct
-                self.learn_seq = []
-                done = (0.0, 0.0, 0.0, 0.0, 0, 0)  # counters given to earlier cut steps
-                for o, (t, *counters) in seq:  # the iterations already run, cut where they ended
-                    if o == last:
-                        self._boundary(at=(t, *(c - d for c, d in zip(counters, done))))
-                        done = tuple(counters)
-                if oid == last:
-                    self._boundary()
-                return
+        counts = self.learn_counts
+        counts[oid] = counts.get(oid, 0) + 1
+        first = seq[0][0] if seq else oid
+        if seq and ((oid == first and len(counts) >= built) or counts[oid] > LEARN_REPEATS
+                    or len(seq) >= LEARN_MAX):
+            # known: the first optimizer came back after every built one stepped; or one came
+            # back LEARN_REPEATS times (an optimizer built, unused; the first never again)
+            last = seq[-1][0] if oid == first else oid  # the one that ends an iteration
+            self.closing_opt = last
+            self.opt_seen |= set(counts)
+            self.learn_seq = []
+            self.learn_counts = {}
+            done = (0.0, 0.0, 0.0, 0.0, 0, 0)  # counters given to earlier cut steps
+            for o, (t, *counters) in seq:  # the iterations already run, cut where they ended
+                if o == last:
+                    self._boundary(at=(t, *(c - d for c, d in zip(counters, done))))
+                    done = tuple(counters)
+            if oid == last:
+                self._boundary()
+            return
         seq.append((oid, (_perf(), self.data_s, self.fwd_s, self.bwd_s, self.opt_s,
                           self.batches, self.backwards)))
 
