@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 PHASES = ("data", "forward", "backward", "optimizer", "other")
+_getpid = os.getpid
+_get_ident = threading.get_ident
 
 
 class StopRun(BaseException):
@@ -67,8 +69,8 @@ class HarnessContext:
         thread, or the one thread that trains when the main thread does not). Hooks that
         instruments register themselves return at once elsewhere: their state is not shared
         between threads, and another thread's steps are not this run's steps."""
-        return (os.getpid() == self._owner_pid
-                and threading.get_ident() == (self._train_tid or self._main_tid))
+        return (_get_ident() == (self._train_tid or self._main_tid)
+                and _getpid() == self._owner_pid)
 
     def other_trainers_alive(self) -> int:
         """How many other threads seen training (backward, optimizer step) are still alive."""
