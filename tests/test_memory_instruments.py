@@ -40,6 +40,12 @@ class FakeCtx:
     def in_owner_process(self):
         return True
 
+    def in_owner_thread(self):
+        return True
+
+    def other_trainers_alive(self):
+        return 0
+
     @property
     def models_seen(self):
         return len(self._models)

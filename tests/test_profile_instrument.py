@@ -32,6 +32,12 @@ class FakeCtx:
     def in_owner_process(self):
         return True
 
+    def in_owner_thread(self):
+        return True
+
+    def other_trainers_alive(self):
+        return 0
+
     def of(self, kind):
         return [e for e in self.events if e["kind"] == kind]
 

@@ -10,9 +10,13 @@ Register a class with :func:`register`; ``probes`` names the probes that arm it
 (e.g. ``{"memory", "checkup"}``). Modules in this package are discovered automatically.
 
 Rules for code that runs inside the user's step: no device sync unless the instrument's
-docs say why (at most one per step), aggregate per step, guard against forked DataLoader
-workers with ``ctx.in_owner_process()``, and never raise into the user's code (the harness
-catches and reports instrument failures, but a failure still costs the measurement).
+docs say why (at most one per step), aggregate per step, return at once from hooks you
+register yourself unless ``ctx.in_owner_thread()`` (not in forked DataLoader workers, not in
+the script's other threads: instrument state is never shared between threads; the core's
+callbacks come from that thread only), leave nothing on the user's objects that a
+``deepcopy`` or ``torch.save`` of them would carry (``runner/userhooks.py``), and never raise
+into the user's code (the harness catches and reports instrument failures, but a failure
+still costs the measurement).
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ from typing import Any
 
 from torchdoctor.instruments import Instrument, register
 from torchdoctor.memory.frames import user_frames_from_frame
+from torchdoctor.runner.userhooks import hookable, register_on
 
 MAX_EXAMPLES = 5
 MAX_OUTPUTS = 4  # output tensors looked at per forward (tuple/dict outputs)
@@ -103,6 +104,9 @@ class GradInEval(Instrument):
         self.hooked: set[int] = set()
         self.roots_seen: int | None = None
         self.handles: list[Any] = []
+        self.hooks: list[Any] = []
+        self.unhookable: dict[int, type] = {}  # roots watched by the global hook instead
+        self.global_handle: Any = None
         self.graph_forwards = 0
         self.backpropagated = 0
         self.dropped = 0
@@ -124,9 +128,19 @@ class GradInEval(Instrument):
             if not any(True for _ in m.parameters()):
                 continue  # a loss module: its graph is the model's
             try:
-                self.handles.append(m.register_forward_hook(self._post))
+                if hookable(m):  # a UserHook: a deepcopy or pickle of the model leaves it out
+                    handle, hook = register_on(m, "forward", self._post)
+                    self.hooks.append(hook)
+                else:  # its class copies its hook dicts as they are: nothing on it
+                    self.unhookable[id(m)] = type(m)
+                    if self.global_handle is not None:
+                        continue
+                    from torch.nn.modules import module as mod_mod
+
+                    handle = self.global_handle = mod_mod.register_module_forward_hook(self._g_post)
             except Exception:  # noqa: BLE001
                 continue
+            self.handles.append(handle)
 
     def on_step_end(self, ctx: Any, step: int) -> None:
         self._hook_roots(ctx)
@@ -136,9 +150,15 @@ class GradInEval(Instrument):
             self._hook_roots(ctx)
 
     # ---- per root forward ----------------------------------------------------------------
+    def _g_post(self, module: Any, args: Any, output: Any) -> None:
+        """The global stand-in for roots that cannot carry a hook (one dict look-up a call)."""
+        if self.unhookable.get(id(module)) is type(module):
+            return self._post(module, args, output)
+        return None
+
     def _post(self, module: Any, args: Any, output: Any) -> None:
         try:
-            if not self._grad_on() or os.getpid() != self.pid:
+            if not self._grad_on() or not self.ctx.in_owner_thread():
                 return
             if type(output) is self._Tensor:  # the common case, inlined
                 if output.grad_fn is None:
@@ -211,7 +231,7 @@ class GradInEval(Instrument):
         for r in pending:
             self._example(r, "kept alive")
         eval_mode = sum(e["count"] for e in self.examples if e["mode"] == "eval")
-        ctx.emit("grad_eval", roots_hooked=len(self.handles), graph_forwards=self.graph_forwards,
+        ctx.emit("grad_eval", roots_hooked=len(self.hooks) + len(self.unhookable), graph_forwards=self.graph_forwards,
                  backpropagated=self.backpropagated, dropped=self.dropped,
                  kept_alive=len(pending), examples=self.examples, in_eval_mode=eval_mode,
                  exact_from_step=self.exact_from,
@@ -222,6 +242,8 @@ class GradInEval(Instrument):
         self.summarised = True
 
     def uninstall(self, ctx: Any) -> None:
+        for k in self.hooks:
+            k.detach()
         for h in self.handles:
             try:
                 h.remove()

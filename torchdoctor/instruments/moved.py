@@ -45,7 +45,7 @@ class ModuleMoves(Instrument):
 
         def make(name: str, orig):
             def wrapper(module, *a, **k):
-                if inst.depth or not ctx.in_owner_process():
+                if inst.depth or not ctx.in_owner_thread():
                     return orig(module, *a, **k)
                 inst.depth += 1
                 try:

@@ -77,7 +77,7 @@ class NanCapture(Instrument):
 
     # ------------------------------------------------------------------ helpers
     def _here(self) -> bool:
-        return (not self.done and os.getpid() == self.pid and self.ctx.step + 1 == self.step)
+        return (not self.done and self.ctx.step + 1 == self.step and self.ctx.in_owner_thread())
 
     def _enter_mode(self) -> None:
         if self.mode is None:
@@ -111,6 +111,8 @@ class NanCapture(Instrument):
     # ------------------------------------------------------------------ hooks
     def _opt_pre(self, opt, args, kwargs):
         try:
+            if not self.ctx.in_owner_thread():
+                return None
             self.counts.clear()  # ordinals count calls per window, as the monitor's do
             self.pre_steps += 1
             return None

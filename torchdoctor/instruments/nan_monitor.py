@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 from typing import Any, NamedTuple
 
 from torchdoctor.instruments import Instrument, register
@@ -113,7 +112,7 @@ class _Window:
         self.calls: list[Any] = []  # cid -> module
         self.parents: list[int] = []  # cid -> parent cid (-1: root call)
         self.grad_on: list[bool] = []  # cid -> grad mode at the call
-        self.losses: list[Any] = []  # detached: scalar losses as given, others [min, max] float32
+        self.losses: list[Any] = []  # detached: scalar losses as given, others [min, max] float32 (float64 kept)
         self.loss_info: list[LossInfo] = []
         self.stack: list[tuple[Any, int]] = []
         self.last_out = None
@@ -154,12 +153,15 @@ class NanMonitor(Instrument):
 
         self.torch = torch
         self.ctx = ctx
-        from torchdoctor.numerics.tensors import _kit, float_tensors
+        from torchdoctor.numerics.tensors import _kit, as_real, float_tensors, grad_norms
 
         self._Tensor, self._ok = _kit()
         self._grad_mode = (torch.is_grad_enabled, torch._C._set_grad_enabled)
         self._passthrough = _passthrough_types(torch)
         self._float_tensors = float_tensors
+        self._as_real = as_real
+        self._grad_norms = grad_norms
+        self._wide = (torch.float32, torch.float64)  # dtypes a row keeps as they are
         self._aminmax = torch.aminmax
         self.fused = hasattr(torch, "_foreach_norm")
         opts = ctx.options
@@ -178,7 +180,6 @@ class NanMonitor(Instrument):
         stop = opts.get("stop_on_nonfinite")
         self.stop_on_bad = bool(ctx.probe == "nan" if stop is None else stop)
         self.pid = os.getpid()
-        self.tid = threading.get_ident()
         self.win = _Window()
         self.pending: list[_Row] = []
         self.reader = None  # CudaRowReader, made on the first CUDA row
@@ -250,7 +251,7 @@ class NanMonitor(Instrument):
 
     # ------------------------------------------------------------------ forward watch
     def _owner(self) -> bool:
-        return os.getpid() == self.pid and threading.get_ident() == self.tid
+        return self.ctx.in_owner_thread()  # not forked workers, not other threads
 
     def _fwd_pre(self, module, args):
         try:
@@ -423,6 +424,8 @@ class NanMonitor(Instrument):
                         self.fused = False  # an older torch, a tensor subclass: per tensor
                 if vals is None:
                     vals = []
+                    if key[0].is_complex:  # [min, max] over the real and imaginary parts
+                        ts = [self._as_real(t) for t in ts]
                     for t in ts:
                         vals.extend(self._aminmax(t))
                     k = 2
@@ -455,7 +458,8 @@ class NanMonitor(Instrument):
                 self.budget_step = min(2 * ctx.step, ctx.step + 64) or 1
                 self.flush_bytes = self._budget(dev)
         t = ctx.last_backward_tensor
-        if type(t) is self._Tensor and t.numel() == 1 and self._ok(t):  # a scalar loss: inlined
+        if (type(t) is self._Tensor and t.numel() == 1 and self._ok(t)
+                and not t.is_complex()):  # a real scalar loss: inlined
             w.losses.append(t.detach())
             w.loss_info.append(LossInfo(t.shape, t.dtype, True, len(w.recs), ctx.step + 1))
             return
@@ -464,9 +468,9 @@ class NanMonitor(Instrument):
             return
         torch = self.torch
         for t in ts:
-            d = t.detach()  # detached: the ops below are not recorded for autograd
+            d = self._as_real(t.detach())  # detached: not recorded for autograd; complex: real
             scalar = d.numel() == 1
-            w.losses.append(d if scalar else torch.stack(torch.aminmax(d)).float())
+            w.losses.append(d if scalar else self._keep(torch.stack(torch.aminmax(d))))
             w.loss_info.append(LossInfo(t.shape, t.dtype, scalar, len(w.recs), ctx.step + 1))
 
     def _budget(self, dev: int) -> int:
@@ -549,7 +553,7 @@ class NanMonitor(Instrument):
             set_grad(False)  # nothing recorded for autograd (cheaper than a no_grad block)
         try:
             if grads:
-                ns = torch._foreach_norm(grads, 2, dtype=torch.float32)
+                ns = self._grad_norms(grads)  # float32, float64 for float64 gradients
                 dev = ns[0].device
                 if dev.type == "cpu" and not self.async_test:
                     norms = [n.item() for n in ns]  # per-parameter norms, read at once
@@ -572,13 +576,12 @@ class NanMonitor(Instrument):
                 loss_vec = w.losses[0]  # one scalar loss: its value is its own flag
                 if loss_vec.dim():
                     loss_vec = loss_vec.reshape(())
-                if loss_vec.dtype != torch.float32:
-                    loss_vec = loss_vec.float()
+                loss_vec = self._keep(loss_vec)
                 parts.append(loss_vec)
                 layout.append("loss")
             elif w.losses:
                 dev0 = w.losses[0].device
-                loss_vec = torch.cat([v.reshape(-1).float().to(dev0) for v in w.losses])
+                loss_vec = torch.cat([self._keep(v.reshape(-1)).to(dev0) for v in w.losses])
                 parts.append(loss_vec.mul(0).sum())
                 layout.append("lossflag")
                 last = self._last_scalar(w)
@@ -627,6 +630,11 @@ class NanMonitor(Instrument):
                 self._read()
         else:
             self._read(block=len(self.pending) > MAX_PENDING)
+
+    def _keep(self, v: Any) -> Any:
+        """``v`` in float32, or float64 when it is float64: a finite float64 loss above
+        float32's range must not read back as Inf."""
+        return v if v.dtype in self._wide else v.float()
 
     @staticmethod
     def _last_scalar(w: _Window) -> int | None:

@@ -126,6 +126,7 @@ class ProfilerWindow(Instrument):
         self.done = False
         self.closed = False
         self.steps_seen = 0
+        self.frozen = False  # another thread began training inside the window (_skip_for_threads)
         self.wait, self.warmup, self.active = plan_window(ctx.options)
         reason = compat.unavailable_reason()
         if reason:
@@ -141,7 +142,8 @@ class ProfilerWindow(Instrument):
 
     def on_step_end(self, ctx: Any, step: int) -> None:
         self.steps_seen += 1
-        if self.prof is not None and not self.closed and ctx.in_owner_process():
+        if (self.prof is not None and not self.closed and not self.frozen
+                and ctx.in_owner_process()):
             if self.done:
                 self._close()
             else:
@@ -156,10 +158,31 @@ class ProfilerWindow(Instrument):
         except Exception:  # noqa: BLE001
             changes = True
         if changes:
+            if self.ctx.other_trainers_alive():
+                self._skip_for_threads(prof)
+                return
             with quiet_kineto():
                 prof.step()
         else:
             prof.step()
+
+    def _skip_for_threads(self, prof: Any) -> None:
+        """Another thread of the script trains too: starting (or switching) the profiler while
+        other threads run ops crashed the process (SIGSEGV in ``_start_trace``). Before the
+        trace began the window is given up; once it runs it is left as it is and stopped at
+        teardown, after the script's threads ended."""
+        from torch.profiler import ProfilerAction
+
+        if prof.current_action == ProfilerAction.NONE:  # waiting: no trace started yet
+            self.done = self.closed = True
+            self.prof = None
+            self.ctx.emit("profile_window", status="unavailable",
+                          reason="other threads of the script train at the same time; starting "
+                                 "torch.profiler while other threads run ops can crash the "
+                                 "process, so no window was recorded")
+            prof.stop()  # nothing was started: no native work
+        else:
+            self.frozen = True
 
     def _close(self) -> None:
         from torchdoctor.instruments._profiler_compat import quiet_kineto

@@ -100,7 +100,7 @@ class TrainingGrads(Instrument):
             try:
                 return orig_opt(opt, *a, **k)
             finally:
-                if inst.state and os.getpid() == inst.pid:
+                if inst.state and inst.ctx.in_owner_thread():
                     for g in opt.param_groups:
                         for p in g["params"]:
                             inst.state.pop(id(p), None)
@@ -109,7 +109,7 @@ class TrainingGrads(Instrument):
             try:
                 return orig_mod(mod, *a, **k)
             finally:
-                if inst.state and os.getpid() == inst.pid:
+                if inst.state and inst.ctx.in_owner_thread():
                     for p in mod.parameters():
                         inst.state.pop(id(p), None)
 
@@ -136,7 +136,7 @@ class TrainingGrads(Instrument):
     # ------------------------------------------------------------------ hooks
     def _post_step(self, opt, args, kwargs):
         try:
-            if os.getpid() != self.pid:
+            if not self.ctx.in_owner_thread():
                 return None
             st = self.state
             for g in opt.param_groups:
@@ -202,7 +202,7 @@ class TrainingGrads(Instrument):
 
     def _pre_step(self, opt, args, kwargs):
         try:
-            if os.getpid() != self.pid:
+            if not self.ctx.in_owner_thread():
                 return None
             oid = self.opt_index.setdefault(id(opt), len(self.opt_index))
             self.opt_steps[id(opt)] = self.opt_steps.get(id(opt), 0) + 1

@@ -115,7 +115,7 @@ class TrainingModes(Instrument):
         def enter(ac, *a, **k):
             r = orig_enter(ac, *a, **k)
             try:
-                if getattr(ac, "_enabled", False) and os.getpid() == inst.pid:
+                if getattr(ac, "_enabled", False) and inst.ctx.in_owner_thread():
                     dt = getattr(ac, "fast_dtype", None)
                     if dt == torch.float16:
                         inst.fp16_since_bwd = True
@@ -135,7 +135,7 @@ class TrainingModes(Instrument):
 
         def scale(gs, outputs, *a, **k):
             try:
-                if os.getpid() == inst.pid:
+                if inst.ctx.in_owner_thread():
                     inst.scaler_seen = True
                     if gs.is_enabled():
                         inst.scaled_since_bwd = True
@@ -164,7 +164,7 @@ class TrainingModes(Instrument):
                     inst.loss_calls += 1
                     try:
                         if (isinstance(input, torch.Tensor) and isinstance(target, torch.Tensor)
-                                and input.shape != target.shape and os.getpid() == inst.pid):
+                                and input.shape != target.shape and inst.ctx.in_owner_thread()):
                             inst._loss_shape(fname, input, target)
                     except Exception:  # noqa: BLE001
                         pass
@@ -283,7 +283,7 @@ class TrainingModes(Instrument):
 
     def _pre_step(self, opt, args, kwargs):
         try:
-            if os.getpid() != self.pid:
+            if not self.ctx.in_owner_thread():
                 return None
             ctx = self.ctx
             torch = self.torch

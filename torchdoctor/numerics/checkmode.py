@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from torchdoctor.numerics.names import source_line, user_stack
-from torchdoctor.numerics.tensors import exact_stats, float_tensors
+from torchdoctor.numerics.tensors import as_real, exact_stats, float_tensors
 
 
 MASK_OPS = ("masked_fill", "fill", "full", "where", "index_fill", "index_put", "masked_scatter")
@@ -28,7 +28,7 @@ def _state(ts: list) -> str:
         return "ok"
     flags = []
     for t in ts:
-        d = t.detach()
+        d = as_real(t.detach())
         flags.append(torch.stack([torch.isnan(d).any(), torch.isposinf(d).any(), torch.isneginf(d).any()]))
     nan, pos, neg = torch.stack(flags).any(dim=0).tolist()
     return "bad" if (nan or pos) else ("neg" if neg else "ok")

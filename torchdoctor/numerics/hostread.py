@@ -24,7 +24,8 @@ class CudaRowReader:
 
         self.torch = torch
         # explicit device: the script may have set torch.set_default_device("cuda")
-        self.buf = torch.empty(SLOT * SLOTS, dtype=torch.float32, device="cpu", pin_memory=True)
+        self.buf = torch.empty(SLOT * SLOTS, dtype=torch.float64, device="cpu",
+                               pin_memory=True)  # float64: a float64 loss keeps its range
         self.pos = 0
 
     def submit(self, row: Any) -> tuple[Any, Any]:
@@ -37,7 +38,7 @@ class CudaRowReader:
         dst = self.buf[i * SLOT: i * SLOT + n]
         with torch.cuda.device(row.device):
             stream = torch.cuda.current_stream(row.device)
-            dst.copy_(row.detach().reshape(-1).float(), non_blocking=True)
+            dst.copy_(row.detach().reshape(-1).double(), non_blocking=True)
             ev = torch.cuda.Event()
             ev.record(stream)
         return dst, ev

@@ -43,7 +43,7 @@ class Locator:
         torch = self.torch
         out: list[tuple[int, bool]] = []
         for s, seqs in r.stacks.values():
-            mm = s.float()
+            mm = s if s.dtype == torch.float64 else s.float()  # float64: no overflow to Inf
             bad = ~torch.isfinite(mm).all(dim=1)
             if mm.shape[1] == 2:
                 weak = (mm[:, 0] == float("-inf")) & torch.isfinite(mm[:, 1])
@@ -114,7 +114,8 @@ class Locator:
         bad = []
         with torch.no_grad():
             for n, p in list(m.named_parameters(recurse=False)) + list(m.named_buffers(recurse=False)):
-                if p.is_floating_point() and p.numel() and not bool(torch.isfinite(p).all()):
+                if ((p.is_floating_point() or p.is_complex()) and p.numel()
+                        and not bool(torch.isfinite(p).all())):
                     bad.append(f"{namer.module(m)}.{n}")
         return bad
 
@@ -206,7 +207,9 @@ class Locator:
         if not bad_idx:  # finite gradients whose float32 norm overflowed: an explosion, not NaN
             if r.live:
                 with torch.no_grad():
-                    n64 = torch._foreach_norm([p.grad for p in params], 2, dtype=torch.float64)
+                    from torchdoctor.numerics.tensors import grad_norms
+
+                    n64 = grad_norms([p.grad for p in params], wide=True)
                     r.gnorm64 = float(torch.linalg.vector_norm(torch.stack([n.cpu() for n in n64])))
             self.emit("grad_norm_overflow", step=r.step, norm=r.gnorm64)
             return None

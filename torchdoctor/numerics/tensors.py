@@ -14,7 +14,8 @@ MAX_TENSORS_PER_CALL = 8
 
 
 def float_tensors(obj: Any, limit: int = MAX_TENSORS_PER_CALL) -> list:
-    """Dense floating-point tensors in ``obj`` (a tensor, or one/two levels of tuple/list/dict)."""
+    """Dense floating-point or complex tensors in ``obj`` (a tensor, or one/two levels of
+    tuple/list/dict)."""
     Tensor, ok = _kit()
     if isinstance(obj, Tensor):
         return [obj] if ok(obj) else []
@@ -50,10 +51,56 @@ def _kit():
         strided = torch.strided
 
         def ok(t) -> bool:
-            return t.is_floating_point() and t.layout == strided and not t.is_meta and t.numel() > 0
+            return ((t.is_floating_point() or t.is_complex()) and t.layout == strided
+                    and not t.is_meta and t.numel() > 0)
 
         _KIT = (torch.Tensor, ok)
     return _KIT
+
+
+def as_real(t: Any) -> Any:
+    """A complex tensor seen as a real one (its real and imaginary parts side by side, a
+    view unless its conjugate bit must be resolved); any other tensor unchanged. A complex
+    value is finite iff both parts are."""
+    if t.is_complex():
+        import torch
+
+        return torch.view_as_real(t.resolve_conj())
+    return t
+
+
+def norm_dtype(dtype: Any, wide: bool = False) -> Any:
+    """The ``dtype`` argument of ``torch._foreach_norm`` / ``vector_norm`` for tensors of
+    ``dtype``: float32 accumulation for float32 and narrower floats (float16, bfloat16: the
+    norm of finite values cannot overflow there), the tensor's own for float64 (a float32
+    accumulation would narrow it, which torch refuses) and for complex tensors (whose norm
+    is real: float32 for complex64, float64 for complex128). ``wide``: float64 (complex128)."""
+    import torch
+
+    if dtype.is_complex:
+        return torch.complex128 if wide else None
+    if wide or dtype == torch.float64:
+        return torch.float64
+    return torch.float32
+
+
+def grad_norms(grads: list, wide: bool = False) -> list:
+    """The L2 norm of each tensor of ``grads`` (0-dim tensors, in order): one fused
+    ``torch._foreach_norm`` per accumulation dtype (:func:`norm_dtype`), usually one call.
+    The norms are float32, or float64 for float64/complex128 tensors (or all with ``wide``)."""
+    import torch
+
+    groups: dict[Any, list[int]] = {}
+    for i, g in enumerate(grads):
+        groups.setdefault(norm_dtype(g.dtype, wide), []).append(i)
+    if len(groups) == 1:
+        (dt, _idx), = groups.items()
+        return list(torch._foreach_norm(grads, 2, dtype=dt))
+    out: list = [None] * len(grads)
+    for dt, idx in groups.items():
+        for i, n in zip(idx, torch._foreach_norm([grads[i] for i in idx], 2, dtype=dt)):
+            out[i] = n
+    return out
 
 
 def _num(x: float) -> float | str:
@@ -69,8 +116,8 @@ def exact_stats(t: Any) -> dict[str, Any]:
     import torch
 
     with torch.no_grad():
-        x = t.detach()
-        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        x = as_real(t.detach())
+        xf = x.float() if x.element_size() < 4 else x  # float16, bfloat16, float8
         nan = torch.isnan(xf)
         posinf = torch.isposinf(xf)
         neginf = torch.isneginf(xf)

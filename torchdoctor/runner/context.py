@@ -8,17 +8,21 @@ cleanly (``request_stop``). Everything here is cheap: it is called from inside t
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 from pathlib import Path
 from typing import Any
 
 PHASES = ("data", "forward", "backward", "optimizer", "other")
+_getpid = os.getpid
+_get_ident = threading.get_ident
 
 
 class StopRun(BaseException):
     """Raised at a step boundary to end the script cleanly (``--steps`` reached, ``request_stop``).
 
     A ``BaseException`` so that the user's ``except Exception`` blocks do not swallow it.
+    Raised in the main thread only: a thread of the script never dies of it.
     """
 
 
@@ -39,6 +43,11 @@ class HarnessContext:
         self.last_backward_tensor: Any = None
         self._writer = writer
         self._owner_pid = os.getpid()
+        # the thread whose training the step clock follows (see runner/core.py, "Threads"):
+        # the main thread until the clock adopts another one; threads seen training besides
+        self._main_tid = threading.main_thread().ident
+        self._train_tid: int | None = None
+        self._other_trainers: set[int] = set()
         self._optimizers: list[weakref.ref] = []
         self._optimizer_ids: set[int] = set()
         self._models: list[weakref.ref] = []
@@ -54,6 +63,21 @@ class HarnessContext:
     def in_owner_process(self) -> bool:
         """False inside forked DataLoader workers, which inherit the global hooks."""
         return os.getpid() == self._owner_pid
+
+    def in_owner_thread(self) -> bool:
+        """True in the owner process *and* the thread whose training is measured (the main
+        thread, or the one thread that trains when the main thread does not). Hooks that
+        instruments register themselves return at once elsewhere: their state is not shared
+        between threads, and another thread's steps are not this run's steps."""
+        return (_get_ident() == (self._train_tid or self._main_tid)
+                and _getpid() == self._owner_pid)
+
+    def other_trainers_alive(self) -> int:
+        """How many other threads seen training (backward, optimizer step) are still alive."""
+        if not self._other_trainers:
+            return 0
+        alive = {t.ident for t in threading.enumerate()}
+        return len(self._other_trainers & alive)
 
     # -- control --------------------------------------------------------------------------
     def request_stop(self, reason: str) -> None:

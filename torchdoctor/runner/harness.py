@@ -130,6 +130,28 @@ def _run_target(meta: dict[str, Any]) -> None:
 STOP_BY_TIMEOUT = "--timeout reached"
 
 
+def _join_script_threads() -> None:
+    """Wait for the script's non-daemon threads, as the interpreter would before exiting,
+    so that the instruments are never removed under a thread that still trains (the core's
+    hooks are no-ops from teardown on all the same, for daemon threads). Threads that only
+    the interpreter's exit wakes (``concurrent.futures`` workers) are not waited for; a
+    second Ctrl-C stops the wait, as it stops Python's own."""
+    import threading
+
+    me = threading.current_thread()
+    for t in threading.enumerate():
+        target = getattr(t, "_target", None)
+        if (t is me or t.daemon or t.name.startswith("torchdoctor-")
+                or getattr(target, "__module__", "").startswith("concurrent.futures")):
+            continue
+        try:
+            t.join()
+        except KeyboardInterrupt:
+            return
+        except Exception:  # noqa: BLE001 - a dummy thread (started outside threading)
+            continue
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     run_dir = Path(args[0])
@@ -185,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         result["steps"] = ctx.step
         if core is not None:
+            _join_script_threads()
             core.uninstall()
         try:
             emit_device(ctx)
@@ -207,7 +230,9 @@ def emit_device(ctx) -> None:
         ctx.emit("device", device=f"cuda:{i}", name=torch.cuda.get_device_name(i),
                  capability=list(torch.cuda.get_device_capability(i)))
     else:
-        ctx.emit("device", device="cpu", name=platform.processor() or platform.machine())
+        # not platform.processor(): it runs `uname -p` in a subprocess, a fork while the
+        # script's other threads may be inside autograd
+        ctx.emit("device", device="cpu", name=platform.machine())
 
 
 if __name__ == "__main__":
