@@ -276,7 +276,7 @@ def test_site_window_waits_for_growth_the_rule_could_report():
     """A steady rise of 8 KiB a step is above the per-step suspicion but 5 steps of it are
     below the growth rule's minimum rise: no window until the total passes it."""
     from torchdoctor.instruments import memory_sampler as ms
-    from torchdoctor.rules.memory import GROWTH_MIN_RISE
+    from torchdoctor.memory.growth import GROWTH_MIN_RISE
 
     assert ms.SUSPECT_MIN_TOTAL == GROWTH_MIN_RISE
     ctx = FakeCtx(probe="checkup")
