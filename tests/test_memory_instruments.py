@@ -172,6 +172,32 @@ def test_dispatch_tracker_sees_the_growing_graph_of_a_kept_loss():
     assert g["nodes_per_step"] > 0
 
 
+def test_dispatch_tracker_names_an_in_place_running_sum_of_losses():
+    # `total_loss += loss` (issue 13): the sum is made before the window (`0.0 + loss`), then
+    # updated in place: no new tensor in the window, yet its graph grows at the `+=` line
+    model = nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)  # in-place updates of leaves
+    total_loss = 0.0
+    total_loss += model(torch.randn(4, 8)).pow(2).mean()
+    tr = DispatchTracker()
+    tr.start(0)
+    try:
+        for step in range(1, 6):
+            loss = model(torch.randn(4, 8)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            total_loss += loss  # in-place graph leak site
+            tr.boundary(step)
+    finally:
+        tr.stop()
+    line = _line_of("in-place graph leak site")
+    assert all(s.frames[0][1] != line for s in tr.survivors(5))  # (momentum buffers survive)
+    [g] = tr.graph_growth()
+    assert g["site"].endswith(f"{HERE}:{_line_of('in-place graph leak site')}")
+    assert g["nodes_per_step"] > 0
+
+
 def test_snapshot_survivors_need_to_persist_from_before_the_last_step():
     fr = [{"filename": "/tmp/user/train.py", "line": 21, "name": "forward"}]
 

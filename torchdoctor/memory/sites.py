@@ -7,8 +7,10 @@ Two measurements, both armed only on a short window of steps (never on every ste
   from the op's schema) is recorded with its bytes, the step it was created in and the user's
   ``file:line`` (weak references only: it keeps nothing alive). At the window end, storages
   still alive that were created before the window's last step are *survivors*. It also
-  measures the size of the autograd graph hanging off tensors created in the window, which
-  names the classic ``total = total + loss`` leak (the graph grows, no tensor survives).
+  measures the size of the autograd graph hanging off tensors created in the window, or
+  updated in place in it, which names the classic ``total = total + loss`` leak and its
+  in-place form ``total_loss += loss`` (the graph grows, no tensor survives; the in-place sum
+  was made before the window, so only its in-place updates name the line).
   Cost while armed: one Python call per op (~10-30 us); nothing outside the window.
 * :func:`survivors_from_snapshots` (CUDA): allocator snapshots (memory history on, Python
   stacks) at each step boundary of the window; a block is a survivor when it appeared during
@@ -105,6 +107,7 @@ class DispatchTracker:
     """Track storages created by ops during a window of steps (see module docstring)."""
 
     MAX_RECORDS = 200_000  # stop recording new storages beyond this (bounded memory)
+    MAX_INPLACE = 5_000  # tensors updated in place whose graph is measured (bounded memory)
 
     def __init__(self, min_bytes: int = 1) -> None:
         self.min_bytes = min_bytes
@@ -113,6 +116,9 @@ class DispatchTracker:
         # data_ptr -> (storage weakref, tensor weakref|None, nbytes, step, frames)
         self._rec: dict[int, tuple] = {}
         self._alias: dict[Any, tuple[bool, ...]] = {}
+        self._writes: dict[Any, bool] = {}
+        # id(tensor) -> (tensor weakref, frames): tensors updated in place (``+=``) in the window
+        self._inplace: dict[int, tuple] = {}
         self._mode = None
         self._tensor_type = None
         self.active = False
@@ -165,8 +171,38 @@ class DispatchTracker:
             self._alias[func] = al
         return al
 
+    def _writes_in_place(self, func: Any) -> bool:
+        """Does ``func`` return an input it wrote to (``add_``, ``out=``)? Cached."""
+        w = self._writes.get(func)
+        if w is None:
+            try:
+                r = func._schema.returns
+                w = len(r) == 1 and r[0].alias_info is not None and bool(r[0].alias_info.is_write)
+            except Exception:  # noqa: BLE001
+                w = False
+            self._writes[func] = w
+        return w
+
+    def _record_inplace(self, t: Any) -> None:
+        """An in-place update of ``t``: its graph is measured at the boundaries (a running
+        ``total_loss += loss`` keeps every step's graph without making a new tensor)."""
+        key = id(t)
+        old = self._inplace.get(key)
+        if (old is not None and old[0]() is t) or len(self._inplace) >= self.MAX_INPLACE:
+            return
+        if t.is_leaf:  # parameters, buffers, gradients: no graph hangs off them
+            return
+        try:
+            self._inplace[key] = (weakref.ref(t), user_frames_from_frame(sys._getframe(2)))
+        except TypeError:
+            pass
+
     def _record(self, func: Any, out: Any) -> None:
         al = self._aliasing(func)
+        if isinstance(out, self._tensor_type) and al and al[0]:
+            if self._writes_in_place(func):
+                self._record_inplace(out)
+            return
         if isinstance(out, (tuple, list)):
             if al and al[0] and len(al) == 1:  # Tensor[] of views (split, unbind)
                 return
@@ -209,7 +245,8 @@ class DispatchTracker:
         grad_fn only; bounded walk)."""
         sizes: dict[Any, int] = {}
         budget = 50_000
-        for _sref, tref, _n, _step, frames in list(self._rec.values()):
+        refs = [(r[1], r[4]) for r in list(self._rec.values())] + list(self._inplace.values())
+        for tref, frames in refs:
             t = tref() if tref is not None else None
             gf = getattr(t, "grad_fn", None) if t is not None else None
             if gf is None or budget <= 0:
