@@ -491,6 +491,7 @@ def test_cuda_site_window_with_a_faked_allocator(monkeypatch):
     [w] = ctx.of("mem_sites")
     assert w["reason"] == "cuda"
     assert history == ["state", "stop"]  # checkup: stacks recorded only during the window
+    assert "cuda_sites" in w, (w.get("cost"), w.get("cut"), w.get("skipped"))
     [site] = w["cuda_sites"]
     assert site["site"] == "/home/u/train.py:7" and site["bytes_per_step"] == MiB
     assert [d["name"] for d in ctx.of("mem_device")] == ["fake"]

@@ -109,6 +109,11 @@ def test_growth_of_the_steps_own_tensors_is_not_a_leak():
     heap = [100 * MiB + s * 16 * 1024 for s in range(40)]
     grown_tensors = _window(tensor_survivor_bytes=0, cpu_tensor_bytes_change=64 * 1024)
     assert memory_growth(Evidence.from_events(mem_events(heap, extra=[grown_tensors]))) == []
+    # the same from the window's own tensors (no gc scan): +16 KiB a step of live CPU tensors
+    per_step = _window(tensor_survivor_bytes=0, cpu_tensor_bytes_per_step=16 * 1024)
+    assert memory_growth(Evidence.from_events(mem_events(heap, extra=[per_step]))) == []
+    flat = _window(tensor_survivor_bytes=0, cpu_tensor_bytes_per_step=0)
+    assert len(memory_growth(Evidence.from_events(mem_events(heap, extra=[flat])))) == 1
     outside = _window(tensor_survivor_bytes=0, cpu_tensor_bytes_change=0, python_sites=[
         {"site": "train.py:9", "bytes": 64 * 1024, "count": 4, "bytes_per_step": 16 * 1024,
          "called_from": []}])

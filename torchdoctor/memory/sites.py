@@ -113,7 +113,7 @@ class DispatchTracker:
         self.min_bytes = min_bytes
         self.step = 0
         self.first_step = 0
-        # data_ptr -> (storage weakref, tensor weakref|None, nbytes, step, frames)
+        # data_ptr -> (storage weakref, tensor weakref|None, nbytes, step, frames, on CPU)
         self._rec: dict[int, tuple] = {}
         self._alias: dict[Any, tuple[bool, ...]] = {}
         self._writes: dict[Any, bool] = {}
@@ -230,15 +230,21 @@ class DispatchTracker:
             tref = weakref.ref(t)
         except TypeError:
             tref = None
-        self._rec[key] = (weakref.ref(st), tref, n, self.step, frames)
+        self._rec[key] = (weakref.ref(st), tref, n, self.step, frames, t.device.type == "cpu")
 
     def survivors(self, last_step: int) -> list[Survivor]:
         """Storages created before ``last_step`` (in the window) that are still alive."""
         out = []
-        for sref, _tref, n, step, frames in self._rec.values():
+        for sref, _tref, n, step, frames, _cpu in self._rec.values():
             if step < last_step and sref() is not None:
                 out.append(Survivor(n, step, frames))
         return out
+
+    def live_cpu_bytes(self, step: int | None = None) -> int:
+        """Bytes of CPU storages recorded in the window (in ``step`` only, if given) that are
+        still alive: the window's cheap view of live CPU tensors (no gc scan)."""
+        return sum(r[2] for r in list(self._rec.values())
+                   if r[5] and (step is None or r[3] == step) and r[0]() is not None)
 
     def _graph_sizes(self) -> dict[Any, int]:
         """Largest autograd graph reachable from a live tensor of each site (tensors with a

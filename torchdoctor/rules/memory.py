@@ -99,8 +99,11 @@ def _bigger_steps_not_a_leak(ev: Evidence, s, fit) -> bool:
         return False
     if s.key.startswith("cuda"):
         return True
-    live = w.get("cpu_tensor_bytes_change")
-    return live is not None and live >= WINDOW_SEEN * grown
+    live = w.get("cpu_tensor_bytes_change")  # a gc scan before and after (older runs)
+    if live is not None:
+        return live >= WINDOW_SEEN * grown
+    per_step = w.get("cpu_tensor_bytes_per_step")  # the window's own tensors
+    return per_step is not None and per_step >= WINDOW_SEEN * grown / (after - first + 1)
 
 
 @rule("memory-growth", probes={"memory", "checkup"})
