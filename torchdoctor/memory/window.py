@@ -11,9 +11,13 @@ budget of :data:`WINDOW_BUDGET_STEPS` median step times (at least :data:`WINDOW_
 the extra wall time it adds (its start, the slowdown of its steps, its boundaries, its finish)
 is measured at each of its boundaries against the median step time before it, and
 
-* when the remaining steps plus the finish would overrun, ``tracemalloc`` (the costliest part
-  for steps with many Python allocations) is stopped first: Python-level sites are skipped,
-  tensors and graphs are still tracked;
+* ``tracemalloc`` (the costliest part: a step that makes many small Python objects ran 6x
+  slower traced with 1 frame, 14x with 8, on the CPU box) has a hard deadline, a share
+  :data:`TRACE_SHARE` of the budget: a timer thread stops it there, even in the middle of a
+  step (a window step of the bench workload took 1.3 s instead of 80 ms before that);
+  Python-level sites are then skipped, tensors and graphs are still tracked;
+* when the remaining steps plus the finish would overrun, ``tracemalloc`` is stopped at the
+  boundary already;
 * when even that overruns, the window is cut at this boundary and reports what it has
   (``partial``, with ``cut`` saying why);
 * the finish is estimated before it runs (the gc scan as long as the first one, Python sites
@@ -26,6 +30,7 @@ the CPU box under load, the raw pass a small fraction of that).
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -35,9 +40,10 @@ from torchdoctor.memory.units import KiB
 WINDOW_STEPS = 4  # steps recorded by the site window
 TRACEMALLOC_FRAMES = 8  # Python frames kept per traced allocation (window on host memory only)
 WINDOW_BUDGET_STEPS = 3.0  # the window may add at most this many median step times...
-WINDOW_BUDGET_MIN_S = 1.0  # ...or this many seconds, whichever is larger
+WINDOW_BUDGET_MIN_S = 0.5  # ...or this many seconds, whichever is larger
 TRACE_COST_S = 3e-6  # finish cost per traced block (raw grouping pass: 2.9 us on the loaded CPU box)
 TRACE_TABLE_BYTES = 46  # tracemalloc's own memory per traced block (to count them cheaply)
+TRACE_SHARE = 0.5  # tracemalloc is stopped once it has used this share of the budget
 PY_SITE_MIN_BYTES = 64 * KiB  # a Python-level site below this over the window is not listed
 
 
@@ -77,12 +83,19 @@ class SiteWindow:
         self.tracker_ok = self.tracker.start(start_step)
         self.live_first: int | None = None  # live CPU bytes of the first window step, at its end
         self.tracing = False
+        self._lock = threading.Lock()  # tracemalloc is stopped by the deadline timer or by us
+        self._timer: threading.Timer | None = None
         if host:  # host memory rising: Python-level allocations are traced too (window only)
             import tracemalloc
 
             if not tracemalloc.is_tracing():
                 tracemalloc.start(TRACEMALLOC_FRAMES)
                 self.tracing = True
+                if budget_s is not None:
+                    left = budget_s * TRACE_SHARE - (self._clock() - t0)
+                    self._timer = threading.Timer(max(0.0, left), self._deadline)
+                    self._timer.daemon = True
+                    self._timer.start()
         self.started_history = False
         self.snaps: list[dict] | None = None
         if use_cuda:
@@ -104,12 +117,23 @@ class SiteWindow:
             est += _traced_blocks() * TRACE_COST_S
         return est
 
-    def _stop_tracing(self, why: str) -> None:
+    def _deadline(self) -> None:
+        """Timer thread: tracemalloc has used its share of the budget (mid-step, maybe)."""
+        self._stop_tracing(f"stopped after {self.budget_s * TRACE_SHARE:.2g} s, its share of the "
+                           f"window's time budget", from_timer=True)
+
+    def _stop_tracing(self, why: str | None, from_timer: bool = False) -> None:
         import tracemalloc
 
-        tracemalloc.stop()
-        self.tracing = False
-        self.skipped.append(f"Python-level sites (tracemalloc): {why}")
+        with self._lock:
+            if self._timer is not None and not from_timer:
+                self._timer.cancel()
+            if not self.tracing:
+                return
+            tracemalloc.stop()
+            self.tracing = False
+            if why:
+                self.skipped.append(f"Python-level sites (tracemalloc): {why}")
 
     def _over_budget(self, n: int) -> bool:
         """Check the budget after ``n`` window steps; stop tracemalloc or ask for a cut."""
@@ -129,7 +153,7 @@ class SiteWindow:
         return False
 
     # ---- measurement -------------------------------------------------------------------------
-    def _python_sites(self, n_steps: int) -> list[dict[str, Any]]:
+    def _python_sites(self, n_steps: int) -> list[dict[str, Any]] | None:
         """Lines whose Python-level allocations (tracemalloc: bytearray, numpy, ...) made in the
         window are still alive, grouped by innermost user frame (raw traces, one pass)."""
         import tracemalloc
@@ -137,11 +161,16 @@ class SiteWindow:
         from torchdoctor.memory.frames import loc
         from torchdoctor.runner.frames import is_user_file
 
-        try:
-            raw = tracemalloc._get_traces()  # [(domain, size, frames most recent first, n)]
-        finally:
-            tracemalloc.stop()
-            self.tracing = False
+        with self._lock:
+            if not self.tracing:  # the deadline timer stopped it meanwhile
+                return None
+            try:
+                raw = tracemalloc._get_traces()  # [(domain, size, frames most recent first, n)]
+            finally:
+                tracemalloc.stop()
+                self.tracing = False
+                if self._timer is not None:
+                    self._timer.cancel()
         user_of: dict[str, bool] = {}
         by: dict[Any, list] = {}
         for tr in raw:
@@ -192,11 +221,7 @@ class SiteWindow:
         self.tracker.stop()
         if self.started_history:
             cuda.stop_history()
-        if self.tracing:
-            import tracemalloc
-
-            tracemalloc.stop()
-            self.tracing = False
+        self._stop_tracing(None)
 
     def finish(self, last_step: int) -> dict[str, Any]:
         from torchdoctor.memory.sites import group_sites, survivors_from_snapshots
