@@ -103,3 +103,30 @@ def test_window_opens_only_for_growth_that_would_matter():
     assert len(_sampler_opens(0.01, 16 << 30)) == 1
     # the same rise at 1 s a step: full in ~24 days, info at most: not worth the window's cost
     assert _sampler_opens(1.0, 16 << 30) == []
+
+
+def test_live_cpu_bytes_count_batches_made_outside_the_window():
+    # a growing batch that arrives from elsewhere (DataLoader worker processes, a prefetch
+    # queue): no op in the window made it, yet it is a live CPU tensor of its step. The window
+    # must see it grow (else a healthy curriculum reads as growth outside torch)
+    from torchdoctor.memory.sites import DispatchTracker
+
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    batches = [torch.randn(512 + 64 * s, 64) for s in range(8)]  # 16 KiB more each step
+    tr = DispatchTracker()
+    tr.start(0)
+    try:
+        for step in range(1, 6):
+            x = batches.pop(0)
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            tr.boundary(step)
+            if step == 1:
+                first = tr.live_cpu_bytes(1)
+    finally:
+        tr.stop()
+    assert (tr.live_cpu_bytes() - first) / 4 == 64 * 64 * 4
+    assert tr.survivors(5) == []

@@ -95,6 +95,7 @@ def _make_mode_class():
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             try:
+                self.tracker._record_inputs(args)
                 self.tracker._record(func, out)
             except Exception:  # noqa: BLE001 - never break the user's op
                 pass
@@ -119,6 +120,9 @@ class DispatchTracker:
         self._writes: dict[Any, bool] = {}
         # id(tensor) -> (tensor weakref, frames): tensors updated in place (``+=``) in the window
         self._inplace: dict[int, tuple] = {}
+        # data_ptr -> (storage weakref, nbytes, step first used): CPU inputs of ops made outside
+        # the window's ops (batches from DataLoader workers, parameters): live bytes only
+        self._inputs: dict[int, tuple] = {}
         self._mode = None
         self._tensor_type = None
         self.active = False
@@ -240,11 +244,38 @@ class DispatchTracker:
                 out.append(Survivor(n, step, frames))
         return out
 
+    def _record_inputs(self, args: Any) -> None:
+        """CPU tensors an op reads that the window did not see made (a batch from a worker
+        process, a tensor from before the window): counted in the live bytes from the step
+        they are first used in."""
+        for a in args:
+            if isinstance(a, (list, tuple)):
+                for b in a:
+                    if isinstance(b, self._tensor_type):
+                        self._record_input(b)
+            elif isinstance(a, self._tensor_type):
+                self._record_input(a)
+
+    def _record_input(self, t: Any) -> None:
+        if t.device.type != "cpu" or t.is_meta or t.is_sparse:
+            return
+        st = t.untyped_storage()
+        key = st.data_ptr()
+        if key in self._rec or len(self._inputs) >= self.MAX_RECORDS:
+            return
+        old = self._inputs.get(key)
+        if old is not None and old[0]() is st:
+            return
+        self._inputs[key] = (weakref.ref(st), st.nbytes(), self.step)
+
     def live_cpu_bytes(self, step: int | None = None) -> int:
-        """Bytes of CPU storages recorded in the window (in ``step`` only, if given) that are
-        still alive: the window's cheap view of live CPU tensors (no gc scan)."""
-        return sum(r[2] for r in list(self._rec.values())
+        """Bytes of CPU storages made or first used in the window (in ``step`` only, if
+        given) that are still alive: the window's cheap view of live CPU tensors (no gc scan)."""
+        made = sum(r[2] for r in list(self._rec.values())
                    if r[5] and (step is None or r[3] == step) and r[0]() is not None)
+        used = sum(n for ref, n, st in list(self._inputs.values())
+                   if (step is None or st == step) and ref() is not None)
+        return made + used
 
     def _graph_sizes(self) -> dict[Any, int]:
         """Largest autograd graph reachable from a live tensor of each site (tensors with a
