@@ -63,6 +63,16 @@ def _traced_blocks() -> int:
         return 0
 
 
+def _raw_traces(tracemalloc: Any) -> list:
+    """[(domain, size, ((file, line), ...) most recent first, nframes)] of every traced block:
+    the private ``_get_traces`` (no Trace/Frame objects), else through a snapshot."""
+    get = getattr(tracemalloc, "_get_traces", None)
+    if get is not None:
+        return get()
+    return [(0, t.size, tuple((f.filename, f.lineno) for f in reversed(t.traceback)), 0)
+            for t in tracemalloc.take_snapshot().traces]
+
+
 class SiteWindow:
     """Allocation-site recording over WINDOW_STEPS steps (see module docstring)."""
 
@@ -165,7 +175,7 @@ class SiteWindow:
             if not self.tracing:  # the deadline timer stopped it meanwhile
                 return None
             try:
-                raw = tracemalloc._get_traces()  # [(domain, size, frames most recent first, n)]
+                raw = _raw_traces(tracemalloc)
             finally:
                 tracemalloc.stop()
                 self.tracing = False
