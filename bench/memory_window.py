@@ -76,6 +76,9 @@ def main() -> int:
     ap.add_argument("--probe", default="checkup")
     ap.add_argument("--script", default=str(DEFAULT))
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="bare runs first, not counted (the first run in a process pays torch's "
+                         "lazy initialisation: it read 0.4-0.7x in the first round without one)")
     ap.add_argument("--json", dest="json_out", help="write the rounds here")
     ap.add_argument("wargs", nargs=argparse.REMAINDER, help="-- arguments of the script")
     a = ap.parse_args()
@@ -83,6 +86,8 @@ def main() -> int:
     from overhead import machine
 
     print(f"machine: {machine()}; probe {a.probe}; {Path(a.script).name} {' '.join(wargs)}")
+    for _ in range(a.warmup):
+        run_script(a.script, wargs)
     rows = []
     for r in range(a.rounds):
         first_bare = r % 2 == 0
