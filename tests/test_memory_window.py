@@ -130,3 +130,23 @@ def test_live_cpu_bytes_count_batches_made_outside_the_window():
         tr.stop()
     assert (tr.live_cpu_bytes() - first) / 4 == 64 * 64 * 4
     assert tr.survivors(5) == []
+
+
+def test_the_dispatch_mode_does_not_import_dynamo_in_a_script_that_does_not_use_it():
+    # torch wraps a dispatch mode's handler in torch._disable_dynamo, whose first call imports
+    # torch._dynamo, inductor and sympy: 1.6 s in the window's first op on the CPU box, 40 s
+    # when tracemalloc was tracing the import (the window's "pause" on real scripts)
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    code = ("import sys, time, torch\n"
+            "from torchdoctor.memory.sites import DispatchTracker\n"
+            "tr = DispatchTracker(); tr.start(0)\n"
+            "t = time.perf_counter(); torch.randn(8, 8).sum(); dt = time.perf_counter() - t\n"
+            "tr.stop()\n"
+            "print('torch._dynamo' in sys.modules, dt)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
+                         timeout=120).stdout.split()
+    assert out[0] == "False", out
