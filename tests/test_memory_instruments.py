@@ -267,7 +267,8 @@ def test_sampler_samples_every_step_and_names_the_leak_in_its_window():
     assert [m["step"] for m in mems] == list(range(1, 17))
     assert all("bwd" in m and m["bwd"]["act"] > 0 for m in mems)
     h = [m["heap"] for m in mems]
-    assert h[-1] - h[5] >= 10 * MiB  # ~1 MiB kept per step
+    # ~1 MiB kept per step for 10 steps; the site window frees its own few KiB in between
+    assert h[-1] - h[5] >= 10 * MiB - 64 * 1024
     [w] = ctx.of("mem_sites")
     top = w["tensor_sites"][0]
     assert top["site"].endswith(f"{HERE}:{_line_of('256 x 1024 floats')}")
