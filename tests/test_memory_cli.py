@@ -79,6 +79,43 @@ def test_checkup_runs_the_cheap_memory_checks_quietly(script):
     assert "breakdown" not in rep["metrics"]["memory"]  # the memory probe's costlier part
 
 
+def test_in_place_running_loss_is_one_finding_under_memory_and_checkup():
+    # issue 13: `total_loss += loss` was found by `memory` and missed by `checkup`, and its site
+    # was "(no user frame)": one judgment for both, naming the `+=` line
+    line = f"leak_total_loss.py:{line_of('leak_total_loss.py', 'total_loss += loss  # bug')}"
+    found = {}
+    for probe in ("memory", "checkup"):
+        _, rep = report(probe, "leak_total_loss.py")
+        [f] = [f for f in rep["findings"] if f["code"] == "memory-growth"]
+        assert f["severity"] == "warning", (probe, f)
+        assert f["title"].endswith(f"growing site: tests/fixtures/scripts/memory/{line}"), f["title"]
+        assert line in f["evidence"]["graph_growth"][0]
+        assert "(no user frame)" not in json.dumps(f)
+        found[probe] = f["evidence"]["bytes_per_step"]
+    assert abs(found["memory"] - found["checkup"]) < 0.1 * found["memory"]
+
+
+@pytest.mark.parametrize("probe", ["memory", "checkup"])
+def test_a_bounded_queue_that_fills_is_not_growth(probe):
+    # issue 13: a deque(maxlen=40) of detached hidden states (+16 KiB/step for 40 steps, then
+    # flat) raised a memory-growth warning from a fit over the rise
+    _, rep = report(probe, "bounded_queue.py")
+    assert "memory-growth" not in codes(rep), rep["findings"]
+    assert rep["metrics"]["memory"]["trend"]["heap"]["bytes_per_step"] > 8 * 1024  # it did rise
+
+
+FIXTURES = ROOT / "tests" / "fixtures" / "scripts"
+
+
+@pytest.mark.parametrize("script", ["nan/healthy_mlp.py", "nan/healthy_accum.py",
+                                    "nan/healthy_gan.py", "perf/healthy.py", "run/healthy.py",
+                                    "memory/growing_batch.py", "memory/eval_no_grad.py"])
+def test_healthy_fixtures_raise_no_memory_growth_under_checkup(script):
+    p = run_cli("checkup", "--json", str(FIXTURES / script), cwd=ROOT, timeout=180)
+    rep = json.loads(p.stdout)
+    assert "memory-growth" not in codes(rep), rep["findings"]
+
+
 def test_growth_outside_torch_is_named_from_python_allocations():
     rc, rep = report("memory", "leak_buffers.py")
     assert rc == 1 and codes(rep) == ["memory-growth"]

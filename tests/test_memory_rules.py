@@ -19,8 +19,15 @@ MiB = 1 << 20
 GiB = 1 << 30
 
 
-def mem_events(values, key="heap", start=1, extra=None):
+def mem_events(values, key="heap", start=1, extra=None, step_s=0.01, available=16 * GiB):
+    """``mem`` samples as the sampler writes them, with the run's step times and the host's
+    available memory (what a real run records: the growth judgment rates impact with them)."""
     evs = []
+    if available is not None:
+        evs.append({"kind": "mem_info", "host": {"total": 2 * available, "available": available},
+                    "baseline_heap": values[0] if key == "heap" else 100 * MiB})
+    if step_s is not None:
+        evs += [{"kind": "step", "step": start + i, "wall_s": step_s} for i in range(len(values))]
     for i, v in enumerate(values):
         e = {"kind": "mem", "step": start + i, "rss": 300 * MiB}
         if key == "heap":
@@ -102,6 +109,11 @@ def test_growth_of_the_steps_own_tensors_is_not_a_leak():
     heap = [100 * MiB + s * 16 * 1024 for s in range(40)]
     grown_tensors = _window(tensor_survivor_bytes=0, cpu_tensor_bytes_change=64 * 1024)
     assert memory_growth(Evidence.from_events(mem_events(heap, extra=[grown_tensors]))) == []
+    # the same from the window's own tensors (no gc scan): +16 KiB a step of live CPU tensors
+    per_step = _window(tensor_survivor_bytes=0, cpu_tensor_bytes_per_step=16 * 1024)
+    assert memory_growth(Evidence.from_events(mem_events(heap, extra=[per_step]))) == []
+    flat = _window(tensor_survivor_bytes=0, cpu_tensor_bytes_per_step=0)
+    assert len(memory_growth(Evidence.from_events(mem_events(heap, extra=[flat])))) == 1
     outside = _window(tensor_survivor_bytes=0, cpu_tensor_bytes_change=0, python_sites=[
         {"site": "train.py:9", "bytes": 64 * 1024, "count": 4, "bytes_per_step": 16 * 1024,
          "called_from": []}])
@@ -181,11 +193,11 @@ def test_no_growth_on_healthy_shapes(values):
 
 def test_heap_not_judged_on_cuda_while_the_history_trace_fills_host_memory():
     info = {"kind": "mem_info", "history_trace": True}
-    evs = mem_events([GiB] * 30, key="cuda", extra=[info])
-    for i, e in enumerate(evs[:30]):
+    evs = mem_events([GiB] * 30, key="cuda")
+    for i, e in enumerate(e for e in evs if e["kind"] == "mem"):
         e["heap"] = 100 * MiB + i * 150 * 1024  # the trace ring growing
-    assert memory_growth(Evidence.from_events(evs)) == []
-    evs = evs[:30]  # same run without the trace: the heap growth is judged
+    assert memory_growth(Evidence.from_events(evs + [info])) == []
+    # same run without the trace: the heap growth is judged
     [f] = memory_growth(Evidence.from_events(evs))
     assert "host memory" in f.title
 

@@ -10,10 +10,14 @@ allocator-stats read per device (host-side, no device sync). Peaks are never res
 script may read them).
 
 When a series keeps rising after warm-up (:func:`torchdoctor.memory.trend.rising` over
-:data:`SUSPECT_SAMPLES` boundaries), it arms a short *site window* of :data:`WINDOW_STEPS`
-steps that records which lines allocate the memory that survives (``mem_sites`` event):
-a dispatch-mode tracker (CPU and CUDA) and, on CUDA, allocator snapshots with Python
-stacks. Outside that window nothing else runs.
+:data:`SUSPECT_SAMPLES` boundaries) and the rise would matter (the growth judgment's
+:func:`torchdoctor.memory.growth.impact` at the rate seen so far, the room left and the median
+step time: warning or error), it arms a short *site window*
+(:class:`torchdoctor.memory.window.SiteWindow`, a few steps, once) that records which lines
+allocate the memory that survives (``mem_sites`` event): a dispatch-mode tracker (CPU and
+CUDA), on CUDA allocator snapshots with Python stacks, on the host ``tracemalloc``. The window
+has a time budget of a few median step times and degrades (tracemalloc first) or ends early
+to stay within it. Outside that window nothing else runs.
 
 On an out-of-memory crash it adds the breakdown of what was live, the top allocation sites
 and ranked fixes to the crash finding (``crash_context``); on CUDA the numbers come from the
@@ -24,19 +28,23 @@ snapshot when memory history is on (``memory`` probe).
 from __future__ import annotations
 
 from collections import deque
+from statistics import median
+from time import perf_counter
 from typing import Any
 
 from torchdoctor.instruments import Instrument, register
 from torchdoctor.memory import cuda, session
 from torchdoctor.memory.host import host_memory, rss_bytes
+from torchdoctor.memory.growth import impact
 from torchdoctor.memory.trend import rising
 from torchdoctor.memory.units import KiB, human_bytes
+from torchdoctor.memory.window import SiteWindow, budget_for
 
 WARMUP_STEPS = 3  # boundaries ignored by the online suspicion test
 SUSPECT_SAMPLES = 5  # consecutive post-warm-up samples that must rise to arm the site window
 SUSPECT_MIN_RISE = 4 * KiB  # mean rise per step (bytes) that arms it
-# ... once the series has also risen this much since warm-up: the memory-growth rule's own
-# minimum fitted rise (GROWTH_MIN_RISE), so a window is never spent on growth too small to
+# ... once the series has also risen this much since warm-up: the memory-growth judgment's own
+# minimum fitted rise (growth.GROWTH_MIN_RISE), so a window is never spent on growth too small to
 # report (on a GPU the window's dispatch tracker and snapshots cost a step or more)
 SUSPECT_MIN_TOTAL = 128 * KiB
 # and it must have risen this much per step on average since warm-up: a burst of a few
@@ -44,121 +52,10 @@ SUSPECT_MIN_TOTAL = 128 * KiB
 # growth the rule reports (>= 4 KiB/step over the whole series); such a burst armed a window
 # that cost 0.5 s on the CPU box's MLP benchmark and found nothing
 SUSPECT_MIN_SLOPE_SINCE = SUSPECT_MIN_RISE // 2
-WINDOW_STEPS = 4  # steps recorded by the site window
-TRACEMALLOC_FRAMES = 8  # Python frames kept per traced allocation (window on host memory only)
 MAX_WINDOWS = 1
 DEVICE_RECHECK = 50  # re-list CUDA devices in use every N steps
 RSS_EVERY = 8  # RSS sampled every N steps while the heap counter works (only judged without it)
-
-
-class SiteWindow:
-    """Allocation-site recording over WINDOW_STEPS steps (see module docstring)."""
-
-    def __init__(self, start_step: int, use_cuda: bool, history_on: bool, host: bool = False):
-        import time
-
-        from torchdoctor.memory.sites import DispatchTracker, active_blocks
-
-        self._clock = time.perf_counter
-        t0 = self._clock()
-        self.start = start_step
-        self._active_blocks = active_blocks
-        self.tracker = DispatchTracker()
-        self.tracker_ok = self.tracker.start(start_step)
-        self.tensors0 = self._cpu_tensor_bytes()
-        self.tm0 = None
-        if host:  # host memory rising: Python-level allocations are traced too (window only)
-            import tracemalloc
-
-            if not tracemalloc.is_tracing():
-                tracemalloc.start(TRACEMALLOC_FRAMES)
-                self.tm0 = tracemalloc.take_snapshot()
-        self.started_history = False
-        self.snaps: list[dict] | None = None
-        if use_cuda:
-            if not history_on:
-                self.started_history = cuda.start_history("state")
-            if history_on or self.started_history:
-                self.snaps = [self._snap()]
-        self.cost_s = self._clock() - t0  # our own time at the boundaries (snapshots, graph walks)
-
-    def _python_sites(self, n_steps: int) -> list[dict[str, Any]]:
-        """Lines whose Python-level allocations (tracemalloc: bytearray, numpy, ...) grew over
-        the window, grouped by innermost user frame."""
-        import tracemalloc
-
-        from torchdoctor.memory.frames import loc
-        from torchdoctor.runner.frames import is_user_file
-
-        try:
-            tm1 = tracemalloc.take_snapshot()
-        finally:
-            tracemalloc.stop()
-        by: dict[Any, list] = {}
-        for st in tm1.compare_to(self.tm0, "traceback"):
-            if st.size_diff <= 0:
-                continue
-            user = [(f.filename, f.lineno, "") for f in reversed(st.traceback) if is_user_file(f.filename)]
-            key = tuple(user[:1])
-            rec = by.setdefault(key, [0, 0, tuple(user[:3])])
-            rec[0] += st.size_diff
-            rec[1] += max(0, st.count_diff)
-        out = [{"site": loc(k[0]) if k else "(no user frame)", "bytes": b, "count": c,
-                "bytes_per_step": round(b / max(1, n_steps + 1)),
-                "called_from": [loc(f) for f in fr[1:]]}
-               for k, (b, c, fr) in by.items() if b >= 64 * KiB]
-        out.sort(key=lambda d: -d["bytes"])
-        return out[:5]
-
-    @staticmethod
-    def _cpu_tensor_bytes() -> int | None:
-        """Python-reachable CPU tensor bytes (one gc scan): tells bigger live tensors from a
-        leak outside torch when the C heap grows but no tensor outlives its step."""
-        from torchdoctor.memory.tensors import other_tensor_bytes
-
-        try:
-            return other_tensor_bytes(set(), cuda=False)[0]
-        except Exception:  # noqa: BLE001
-            return None
-
-    def _snap(self) -> dict:
-        return self._active_blocks(cuda.segments() or [])
-
-    def boundary(self, step: int) -> bool:
-        """Record a step end; True when the window is complete."""
-        t0 = self._clock()
-        if self.tracker_ok:
-            self.tracker.boundary(step)
-        if self.snaps is not None:
-            self.snaps.append(self._snap())
-        self.cost_s += self._clock() - t0
-        return step - self.start >= WINDOW_STEPS
-
-    def finish(self, last_step: int) -> dict[str, Any]:
-        from torchdoctor.memory.sites import group_sites, survivors_from_snapshots
-
-        self.tracker.stop()
-        if self.started_history:
-            cuda.stop_history()
-        t1 = self._cpu_tensor_bytes()
-        n = max(1, last_step - self.start - 1)
-        py_sites = self._python_sites(n) if self.tm0 is not None else None
-        out: dict[str, Any] = {"steps": [self.start + 1, last_step],
-                               "boundary_ms": round(self.cost_s * 1e3, 2)}
-        if self.tracker_ok:
-            surv = self.tracker.survivors(last_step)
-            out["tensor_sites"] = group_sites(surv, n)
-            out["tensor_survivor_bytes"] = sum(s.nbytes for s in surv)
-            out["graph_growth"] = self.tracker.graph_growth()
-        if self.tensors0 is not None and t1 is not None:
-            out["cpu_tensor_bytes_change"] = t1 - self.tensors0
-        if py_sites is not None:
-            out["python_sites"] = py_sites
-        if self.snaps is not None and len(self.snaps) >= 3:
-            surv = survivors_from_snapshots(self.snaps, self.start + 1)
-            out["cuda_sites"] = group_sites(surv, n)
-            out["cuda_survivor_bytes"] = sum(s.nbytes for s in surv)
-        return out
+STEP_TIMES = 32  # recent step intervals kept for the median step time (window budget, impact)
 
 
 @register
@@ -179,12 +76,16 @@ class MemorySampler(Instrument):
         self.after_warmup: dict[str, tuple[int, int]] = {}  # (first post-warm-up value, step)
         self.window: SiteWindow | None = None
         self.windows = 0
+        self.walls: deque = deque(maxlen=STEP_TIMES)  # recent step intervals (window excluded)
+        self._t_prev: float | None = None
+        self.capacity: dict[int, int] = {}  # CUDA device -> total bytes
+        self.host = host_memory()
         self.oom: dict[str, Any] | None = None
         # the CUDA alloc/free trace (memory --history-trace) grows in host memory: heap unjudged
         self.trace = bool(ctx.options.get("memory_history_trace")) and ctx.probe == "memory"
         ctx.emit("mem_info", heap_counter=self.heap.name if self.heap.available else None,
                  baseline_heap=self.sess.base_heap, baseline_rss=self.sess.base_rss,
-                 host=host_memory(), cuda_available=cuda.available(), alloc_conf=cuda.alloc_conf(),
+                 host=self.host, cuda_available=cuda.available(), alloc_conf=cuda.alloc_conf(),
                  history_trace=self.trace)
         cuda.on_init(lambda: cuda.attach_oom_observer(self._on_oom))
 
@@ -224,9 +125,13 @@ class MemorySampler(Instrument):
                     self.devices_reported.add(d)
                     info = cuda.device_info(d)
                     if info:
+                        self.capacity[d] = int(info.get("capacity") or 0)
                         self.ctx.emit("mem_device", **info)
 
     def on_step_end(self, ctx: Any, step: int) -> None:
+        now = perf_counter()
+        if self._t_prev is not None and self.window is None:
+            self.walls.append(now - self._t_prev)
         self._refresh_devices(step)
         heap = self.heap.read()
         rec: dict[str, Any] = {"step": step, "heap": heap}
@@ -252,12 +157,30 @@ class MemorySampler(Instrument):
             rec["window"] = True  # the site window's own bookkeeping sits in this heap sample
         ctx.emit("mem", **rec)
         self._window_tick(step, {"heap": rec["heap"], "cuda": alloc_total})
+        self._t_prev = perf_counter()  # the next interval leaves out our own boundary work
+
+    def step_seconds(self) -> float | None:
+        """Median of the recent step intervals (the window's own steps left out)."""
+        return median(self.walls) if len(self.walls) >= 3 else None
+
+    def _matters(self, key: str, value: int, first: int, steps: int) -> bool:
+        """Would growth at the rate seen since warm-up be reported at warning or above?"""
+        slope = (value - first) / max(1, steps)
+        if key == "cuda":
+            cap = sum(self.capacity.get(d, 0) for d in self.devs)
+            room = cap - value if cap else None
+        else:
+            avail = (self.host or {}).get("available")
+            base = self.sess.base_heap
+            room = None if avail is None else avail - max(0, value - (base or value))
+        return impact(slope, room, self.step_seconds())[0] in ("warning", "error")
 
     # ---- allocation-site window --------------------------------------------------------
     def _window_tick(self, step: int, values: dict[str, int | None]) -> None:
         if self.window is not None:
             if self.window.boundary(step):
                 self._finish_window(step)
+                self._t_prev = None  # the interval after the window holds its finish
             return
         if self.windows >= MAX_WINDOWS or step <= WARMUP_STEPS:
             return
@@ -274,12 +197,15 @@ class MemorySampler(Instrument):
             if (len(q) == q.maxlen and q[-1] - q[0] >= SUSPECT_MIN_RISE * SUSPECT_SAMPLES
                     and v - first >= max(SUSPECT_MIN_TOTAL,
                                          (step - first_step) * SUSPECT_MIN_SLOPE_SINCE)
-                    and rising(list(q), SUSPECT_MIN_RISE)):
+                    and rising(list(q), SUSPECT_MIN_RISE)
+                    and self._matters(key, v, first, step - first_step)):
                 armed = key
         if armed:
             self.windows += 1
+            step_s = self.step_seconds()
             self.window = SiteWindow(step, use_cuda=bool(self.devs), history_on=self.sess.history,
-                                     host=armed == "heap")
+                                     host=armed == "heap", step_s=step_s,
+                                     budget_s=budget_for(step_s))
             self.window_reason = armed
 
     def _finish_window(self, step: int) -> None:
@@ -401,15 +327,9 @@ class MemorySampler(Instrument):
             w, self.window = self.window, None
             step = ctx.step
             if step - w.start >= 3:
-                ctx.emit("mem_sites", reason=self.window_reason, partial=True, **w.finish(step))
+                ctx.emit("mem_sites", reason=self.window_reason, **{"partial": True, **w.finish(step)})
             else:
-                w.tracker.stop()
-                if w.started_history:
-                    cuda.stop_history()
-                if w.tm0 is not None:
-                    import tracemalloc
-
-                    tracemalloc.stop()
+                w.stop()
         end: dict[str, Any] = {"heap": self.heap.read(), "rss": rss_bytes()}
         per = {}
         for d in self.devs:

@@ -106,6 +106,27 @@ def capacity_of(ev: Evidence, key: str) -> tuple[int | None, int | None]:
     return host.get("total"), host.get("available")
 
 
+def room_left(ev: Evidence, s: Series) -> int | None:
+    """Bytes left before ``s`` is full: a device's capacity minus what is allocated now, or the
+    host's available memory at the start minus what the heap has grown since the script began."""
+    cap, avail = capacity_of(ev, s.key)
+    now = s.values[-1] if s.values else 0
+    if s.key.startswith("cuda:"):
+        return cap - now if cap else None
+    if avail is None:
+        return cap - now if cap else None
+    base = (ev.last("mem_info") or {}).get("baseline_rss" if s.key == "rss" else "baseline_heap")
+    return int(avail - max(0, now - base)) if base is not None else int(avail)
+
+
+def step_seconds(ev: Evidence) -> float | None:
+    """Median wall time of a training step (the step clock's ``step`` events), or None."""
+    from statistics import median
+
+    walls = [float(e["wall_s"]) for e in ev.of("step") if e.get("wall_s")]
+    return median(walls) if walls else None
+
+
 def cuda_end_stats(ev: Evidence) -> dict[str, dict[str, int]]:
     """Final allocator statistics per device ("0": {...}) from ``mem_end``, else the last
     ``mem`` sample's peaks."""

@@ -7,8 +7,10 @@ Two measurements, both armed only on a short window of steps (never on every ste
   from the op's schema) is recorded with its bytes, the step it was created in and the user's
   ``file:line`` (weak references only: it keeps nothing alive). At the window end, storages
   still alive that were created before the window's last step are *survivors*. It also
-  measures the size of the autograd graph hanging off tensors created in the window, which
-  names the classic ``total = total + loss`` leak (the graph grows, no tensor survives).
+  measures the size of the autograd graph hanging off tensors created in the window, or
+  updated in place in it, which names the classic ``total = total + loss`` leak and its
+  in-place form ``total_loss += loss`` (the graph grows, no tensor survives; the in-place sum
+  was made before the window, so only its in-place updates name the line).
   Cost while armed: one Python call per op (~10-30 us); nothing outside the window.
 * :func:`survivors_from_snapshots` (CUDA): allocator snapshots (memory history on, Python
   stacks) at each step boundary of the window; a block is a survivor when it appeared during
@@ -86,6 +88,13 @@ def _make_mode_class():
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class _AllocMode(TorchDispatchMode):
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            # torch wraps a mode's __torch_dispatch__ in torch._disable_dynamo, which imports
+            # torch._dynamo (and inductor, sympy...) on the first op: 1.6 s on the CPU box, 40 s
+            # under the window's tracemalloc. Only worth it when the script already uses dynamo.
+            return "torch._dynamo" in sys.modules
+
         def __init__(self, tracker: "DispatchTracker"):
             super().__init__()
             self.tracker = tracker
@@ -93,6 +102,7 @@ def _make_mode_class():
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             try:
+                self.tracker._record_inputs(args)
                 self.tracker._record(func, out)
             except Exception:  # noqa: BLE001 - never break the user's op
                 pass
@@ -105,14 +115,21 @@ class DispatchTracker:
     """Track storages created by ops during a window of steps (see module docstring)."""
 
     MAX_RECORDS = 200_000  # stop recording new storages beyond this (bounded memory)
+    MAX_INPLACE = 5_000  # tensors updated in place whose graph is measured (bounded memory)
 
     def __init__(self, min_bytes: int = 1) -> None:
         self.min_bytes = min_bytes
         self.step = 0
         self.first_step = 0
-        # data_ptr -> (storage weakref, tensor weakref|None, nbytes, step, frames)
+        # data_ptr -> (storage weakref, tensor weakref|None, nbytes, step, frames, on CPU)
         self._rec: dict[int, tuple] = {}
         self._alias: dict[Any, tuple[bool, ...]] = {}
+        self._writes: dict[Any, bool] = {}
+        # id(tensor) -> (tensor weakref, frames): tensors updated in place (``+=``) in the window
+        self._inplace: dict[int, tuple] = {}
+        # data_ptr -> (storage weakref, nbytes, step first used): CPU inputs of ops made outside
+        # the window's ops (batches from DataLoader workers, parameters): live bytes only
+        self._inputs: dict[int, tuple] = {}
         self._mode = None
         self._tensor_type = None
         self.active = False
@@ -165,8 +182,38 @@ class DispatchTracker:
             self._alias[func] = al
         return al
 
+    def _writes_in_place(self, func: Any) -> bool:
+        """Does ``func`` return an input it wrote to (``add_``, ``out=``)? Cached."""
+        w = self._writes.get(func)
+        if w is None:
+            try:
+                r = func._schema.returns
+                w = len(r) == 1 and r[0].alias_info is not None and bool(r[0].alias_info.is_write)
+            except Exception:  # noqa: BLE001
+                w = False
+            self._writes[func] = w
+        return w
+
+    def _record_inplace(self, t: Any) -> None:
+        """An in-place update of ``t``: its graph is measured at the boundaries (a running
+        ``total_loss += loss`` keeps every step's graph without making a new tensor)."""
+        key = id(t)
+        old = self._inplace.get(key)
+        if (old is not None and old[0]() is t) or len(self._inplace) >= self.MAX_INPLACE:
+            return
+        if t.is_leaf:  # parameters, buffers, gradients: no graph hangs off them
+            return
+        try:
+            self._inplace[key] = (weakref.ref(t), user_frames_from_frame(sys._getframe(2)))
+        except TypeError:
+            pass
+
     def _record(self, func: Any, out: Any) -> None:
         al = self._aliasing(func)
+        if isinstance(out, self._tensor_type) and al and al[0]:
+            if self._writes_in_place(func):
+                self._record_inplace(out)
+            return
         if isinstance(out, (tuple, list)):
             if al and al[0] and len(al) == 1:  # Tensor[] of views (split, unbind)
                 return
@@ -194,22 +241,56 @@ class DispatchTracker:
             tref = weakref.ref(t)
         except TypeError:
             tref = None
-        self._rec[key] = (weakref.ref(st), tref, n, self.step, frames)
+        self._rec[key] = (weakref.ref(st), tref, n, self.step, frames, t.device.type == "cpu")
 
     def survivors(self, last_step: int) -> list[Survivor]:
         """Storages created before ``last_step`` (in the window) that are still alive."""
         out = []
-        for sref, _tref, n, step, frames in self._rec.values():
+        for sref, _tref, n, step, frames, _cpu in self._rec.values():
             if step < last_step and sref() is not None:
                 out.append(Survivor(n, step, frames))
         return out
+
+    def _record_inputs(self, args: Any) -> None:
+        """CPU tensors an op reads that the window did not see made (a batch from a worker
+        process, a tensor from before the window): counted in the live bytes from the step
+        they are first used in."""
+        for a in args:
+            if isinstance(a, (list, tuple)):
+                for b in a:
+                    if isinstance(b, self._tensor_type):
+                        self._record_input(b)
+            elif isinstance(a, self._tensor_type):
+                self._record_input(a)
+
+    def _record_input(self, t: Any) -> None:
+        if t.device.type != "cpu" or t.is_meta or t.is_sparse:
+            return
+        st = t.untyped_storage()
+        key = st.data_ptr()
+        if key in self._rec or len(self._inputs) >= self.MAX_RECORDS:
+            return
+        old = self._inputs.get(key)
+        if old is not None and old[0]() is st:
+            return
+        self._inputs[key] = (weakref.ref(st), st.nbytes(), self.step)
+
+    def live_cpu_bytes(self, step: int | None = None) -> int:
+        """Bytes of CPU storages made or first used in the window (in ``step`` only, if
+        given) that are still alive: the window's cheap view of live CPU tensors (no gc scan)."""
+        made = sum(r[2] for r in list(self._rec.values())
+                   if r[5] and (step is None or r[3] == step) and r[0]() is not None)
+        used = sum(n for ref, n, st in list(self._inputs.values())
+                   if (step is None or st == step) and ref() is not None)
+        return made + used
 
     def _graph_sizes(self) -> dict[Any, int]:
         """Largest autograd graph reachable from a live tensor of each site (tensors with a
         grad_fn only; bounded walk)."""
         sizes: dict[Any, int] = {}
         budget = 50_000
-        for _sref, tref, _n, _step, frames in list(self._rec.values()):
+        refs = [(r[1], r[4]) for r in list(self._rec.values())] + list(self._inplace.values())
+        for tref, frames in refs:
             t = tref() if tref is not None else None
             gf = getattr(t, "grad_fn", None) if t is not None else None
             if gf is None or budget <= 0:

@@ -15,7 +15,7 @@ so a fit costs a few milliseconds at most.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from statistics import median
 from typing import Sequence
 
@@ -33,6 +33,8 @@ class Trend:
     last_step: int
     n: int  # points fitted
     warmup: int  # samples dropped at the start
+    xs: tuple = field(default=(), repr=False, compare=False)  # the fitted points (thinned)
+    ys: tuple = field(default=(), repr=False, compare=False)
 
     @property
     def rise(self) -> float:
@@ -91,7 +93,7 @@ def fit_trend(steps: Sequence[int], values: Sequence[float | int | None],
     late, _ = theil_sen(xs[half:], ys[half:])
     return Trend(slope=slope, intercept=intercept, r2=r_squared(xs, ys, slope, intercept),
                  late_slope=late, first_step=int(xs[0]), last_step=int(xs[-1]), n=len(xs),
-                 warmup=w)
+                 warmup=w, xs=tuple(xs), ys=tuple(ys))
 
 
 def rising(values: Sequence[float], min_step_rise: float) -> bool:

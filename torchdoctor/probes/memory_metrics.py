@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from torchdoctor.evidence import Evidence
-from torchdoctor.memory.series import cuda_end_stats, memory_series, thin
+from torchdoctor.memory.growth import judge
+from torchdoctor.memory.series import cuda_end_stats, memory_series, room_left, step_seconds, thin
 from torchdoctor.memory.trend import fit_trend
 from torchdoctor.probes.registry import metrics_provider
 
@@ -42,9 +43,14 @@ def memory_metrics(ev: Evidence) -> dict[str, Any] | None:
     if ev.has("mem"):
         out["timeline"] = _timeline(ev)
     trends = {}
+    step_s = step_seconds(ev)
     for s in memory_series(ev):
         f = fit_trend(s.steps, s.values)
         trends[s.key] = {"label": s.label, **(f.to_dict() if f else {"points": len(s.steps)})}
+        if f is not None:  # the growth judgment's verdict (the rule adds the site window's view)
+            v = judge(f, s.noisy, room_left(ev, s), step_s)
+            trends[s.key]["growth"] = ({"severity": v.severity, "steps_until_full": v.steps_until_full}
+                                       if v.credible else {"not_growth": v.why_not})
     if trends:
         out["trend"] = trends
     devices = ev.of("mem_device")

@@ -4,11 +4,12 @@
 sites and ranked fixes through a ``crash_context``.)
 
 Thresholds (why: docs/findings/<code>.md, "How it is measured"):
-* memory-growth: after warm-up, Theil-Sen slope >= GROWTH_MIN_SLOPE bytes/step with
-  R^2 >= GROWTH_MIN_R2, still growing over the last half (late slope >= GROWTH_LATE_RATIO x
-  slope) and a fitted rise >= GROWTH_MIN_RISE; error from GROWTH_ERROR_SLOPE per step, warning
-  below. RSS (only when the heap counter is unavailable) needs NOISY_MIN_SLOPE. Not raised
-  when the site window saw the growth but nothing outlived its step (larger steps, no leak).
+* memory-growth: one judgment for every probe, :func:`torchdoctor.memory.growth.judge`
+  (its thresholds are declared there): a credible growth (robust slope, rise, consistency,
+  still rising at the end) is rated by its impact: error when memory would be full within
+  ERROR_HOURS of the measured step time, warning within the HORIZON_HOURS horizon (or at a
+  rate >= RATE_WARN_PER_HOUR), info beyond. Not raised when the site window saw the growth
+  but nothing outlived its step (larger steps, no leak).
 * memory-fragmentation: at peak, reserved - allocated >= FRAG_MIN_GAP and >= FRAG_RATIO of
   reserved; or after an OOM, reserved-but-unallocated >= FRAG_MIN_GAP and >= FRAG_OOM_RATIO.
 * grad-in-eval: >= GRAD_EVAL_MIN graph-building forwards never backpropagated.
@@ -23,17 +24,12 @@ from typing import Any
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Finding, finding
 from torchdoctor.memory.oom import fix_lines, rank_fixes
-from torchdoctor.memory.series import capacity_of, cuda_end_stats, memory_series
+from torchdoctor.memory.growth import SEVERITY_ORDER, judge
+from torchdoctor.memory.series import cuda_end_stats, memory_series, room_left, step_seconds
 from torchdoctor.memory.trend import MIN_POINTS, fit_trend, warmup_count
-from torchdoctor.memory.units import KiB, MiB, human_bytes
+from torchdoctor.memory.units import MiB, human_bytes
 from torchdoctor.rules import NotApplicable, rule
 
-GROWTH_MIN_SLOPE = 4 * KiB
-GROWTH_ERROR_SLOPE = 64 * KiB
-GROWTH_MIN_R2 = 0.8
-GROWTH_LATE_RATIO = 0.5
-GROWTH_MIN_RISE = 128 * KiB
-NOISY_MIN_SLOPE = 1 * MiB
 WINDOW_SEEN = 0.5  # the site window saw at least this share of the expected growth...
 SURVIVOR_SHARE = 0.25  # ...but survivors explain less than this share of it per step
 
@@ -48,12 +44,6 @@ ACT_MIN_BYTES = 16 * MiB
 
 
 # ---- memory-growth ------------------------------------------------------------------------
-
-def _growing(fit, noisy: bool) -> bool:
-    min_slope = NOISY_MIN_SLOPE if noisy else GROWTH_MIN_SLOPE
-    return (fit.slope >= min_slope and fit.r2 >= GROWTH_MIN_R2
-            and fit.late_slope >= GROWTH_LATE_RATIO * fit.slope and fit.rise >= GROWTH_MIN_RISE)
-
 
 def _site_lines(sites: list[dict[str, Any]], limit: int = 3) -> list[str]:
     out = []
@@ -109,8 +99,11 @@ def _bigger_steps_not_a_leak(ev: Evidence, s, fit) -> bool:
         return False
     if s.key.startswith("cuda"):
         return True
-    live = w.get("cpu_tensor_bytes_change")
-    return live is not None and live >= WINDOW_SEEN * grown
+    live = w.get("cpu_tensor_bytes_change")  # a gc scan before and after (older runs)
+    if live is not None:
+        return live >= WINDOW_SEEN * grown
+    per_step = w.get("cpu_tensor_bytes_per_step")  # the window's own tensors
+    return per_step is not None and per_step >= WINDOW_SEEN * grown / (after - first + 1)
 
 
 @rule("memory-growth", probes={"memory", "checkup"})
@@ -124,11 +117,40 @@ def memory_growth(ev: Evidence) -> list[Finding]:
         n = max(len(s.steps) for s in series)
         raise NotApplicable(f"needs {MIN_POINTS} steps after the {warmup_count(n)}-step warm-up, "
                             f"saw {n} steps")
-    growing = [(s, f) for s, f in fitted if _growing(f, s.noisy)
-               and not _bigger_steps_not_a_leak(ev, s, f)]
+    step_s = step_seconds(ev)
+    growing = []
+    for s, f in fitted:
+        v = judge(f, s.noisy, room_left(ev, s), step_s)
+        if v.credible and not _bigger_steps_not_a_leak(ev, s, f):
+            growing.append((s, f, v))
     if not growing:
         return []
-    s, fit = max(growing, key=lambda sf: sf[1].slope)
+    s, fit, verdict = max(growing, key=lambda g: (SEVERITY_ORDER[g[2].severity], g[1].slope))
+    return [_growth_finding(ev, s, fit, verdict, growing)]
+
+
+def _impact_lines(v) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if v.steps_until_full is not None:
+        out["steps_until_full"] = v.steps_until_full
+    if v.hours_until_full is not None:
+        out["hours_until_full"] = round(v.hours_until_full, 2)
+    if v.bytes_per_hour is not None:
+        out["growth_per_hour"] = human_bytes(v.bytes_per_hour, signed=True)
+    out["judged_against"] = v.horizon
+    return out
+
+
+def _when_full(v) -> str:
+    if v.hours_until_full is not None:
+        h = v.hours_until_full
+        return f"full in ~{h * 60:.0f} min" if h < 1 else f"full in ~{h:,.0f} h"
+    if v.steps_until_full is not None:
+        return f"full in ~{v.steps_until_full:,} steps"
+    return ""
+
+
+def _growth_finding(ev: Evidence, s, fit, verdict, growing) -> Finding:
     sites, graph, first = _sites_for(ev, s.key)
     ev_out: dict[str, Any] = {
         "series": s.label,
@@ -137,12 +159,11 @@ def memory_growth(ev: Evidence) -> list[Finding]:
         "fit_r2": round(fit.r2, 3),
         "steps_fitted": f"{fit.first_step}-{fit.last_step} (first {fit.warmup} left out as warm-up)",
         "grown_over_fit": human_bytes(fit.rise, signed=True),
+        **_impact_lines(verdict),
     }
-    cap, avail = capacity_of(ev, s.key)
-    now = s.values[-1]
-    room = (avail if avail is not None else (cap - now if cap else None))
-    if room and fit.slope > 0:
-        ev_out["steps_until_full"] = int(room / fit.slope)
+    if verdict.severity == "info":
+        ev_out["impact"] = ("below the threshold of a warning: at this rate memory is not full "
+                            "within the horizon; worth a look if the job runs much longer")
     if sites:
         ev_out["growing_sites"] = sites
         note = _python_note(ev.last("mem_sites")) if s.key == "heap" else None
@@ -150,23 +171,28 @@ def memory_growth(ev: Evidence) -> list[Finding]:
             ev_out["sites_note"] = note
     if graph:
         ev_out["graph_growth"] = graph
-    others = [f"{o.label}: {human_bytes(f.slope, signed=True)}/step" for o, f in growing if o is not s]
+    others = [f"{o.label}: {human_bytes(f.slope, signed=True)}/step" for o, f, _ in growing if o is not s]
     if others:
         ev_out["also_growing"] = others
+    w = ev.last("mem_sites")
     if not sites and not graph:
-        w = ev.last("mem_sites")
         if not w:
-            ev_out["sites"] = ("not recorded (the growth was not steady early enough to arm the "
-                               "site window)")
+            ev_out["sites"] = ("not recorded (the growth was not steady, or not fast enough to "
+                               "matter, early enough to arm the site window)")
+        elif w.get("cut"):
+            ev_out["sites"] = f"not recorded: {w['cut']}"
         elif s.key.startswith("cuda"):
             ev_out["sites"] = "no allocation outlived its step in the recorded window"
         else:
             ev_out["sites"] = ("no tensor outlived its step and CPU tensors did not grow: the "
                                "growing memory is outside torch (Python buffers, numpy arrays, "
                                "C extensions)")
+    if w and w.get("skipped"):
+        ev_out["site_window"] = w["skipped"]
     where = f"; growing site: {first}" if first else ""
+    full = _when_full(verdict)
     title = (f"{s.label} grows {human_bytes(fit.slope, signed=True)} per step "
-             f"(R² {fit.r2:.2f}, steps {fit.first_step}-{fit.last_step}){where}")
+             f"(steps {fit.first_step}-{fit.last_step}{', ' + full if full else ''}){where}")
     if graph:
         fix = ("Accumulate plain numbers, not tensors that require grad: `total += loss.item()` "
                "(or `loss.detach()`); a kept loss tensor holds every step's autograd graph")
@@ -176,8 +202,7 @@ def memory_growth(ev: Evidence) -> list[Finding]:
                "`torch.no_grad()`")
     if first:
         fix += f"; start at {first}"
-    sev = "error" if fit.slope >= GROWTH_ERROR_SLOPE else "warning"
-    return [finding("memory-growth", title, ev_out, fix=fix, severity=sev)]
+    return finding("memory-growth", title, ev_out, fix=fix, severity=verdict.severity)
 
 
 # ---- memory-fragmentation -----------------------------------------------------------------
