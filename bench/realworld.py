@@ -35,6 +35,7 @@ import glob
 import json
 import os
 import platform
+import resource
 import shutil
 import signal
 import statistics
@@ -120,9 +121,13 @@ class Bench:
     def script_argv(self, case: Case, case_dir: Path, run_dir: Path) -> tuple[str, list[str]]:
         return (str(self.src / case.script), [fmt(x, case_dir, run_dir, self.src) for x in case.args])
 
-    def _exec(self, argv: list[str], cwd: Path, env: dict, log: Path) -> tuple[int, float, str]:
+    def _exec(self, argv: list[str], cwd: Path, env: dict, log: Path) -> tuple[int, float, str, float]:
+        """Run one command; return (rc, wall s, stdout, CPU s). CPU s = user+sys of every waited-for
+        descendant (the script, its DataLoader workers, torchrun ranks, torchdoctor's follow-up runs):
+        far less sensitive than wall time to the neighbours on a shared box."""
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "wb") as err:
+            ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.perf_counter()
             p = subprocess.Popen(self.nice + argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=err,
                                  start_new_session=True)
@@ -138,7 +143,10 @@ class Bench:
                     pass
                 if p.poll() is None:
                     p.wait()
-            return rc, time.perf_counter() - t0, so.decode("utf-8", "replace")
+            wall = time.perf_counter() - t0
+            ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+            return rc, wall, so.decode("utf-8", "replace"), cpu
 
     # ------------------------------------------------------------------ runs
     def plain(self, case: Case, case_dir: Path, tag: str, rnd: int) -> dict:
@@ -147,13 +155,15 @@ class Bench:
         launch = ([self.python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={case.nproc}"]
                   if case.nproc else [self.python])
         log = self.out / "runs" / case.name / f"{tag}.log"
-        rc, wall, out = self._exec(launch + [script] + args, run_dir, self.env(case, case_dir, run_dir, False), log)
+        rc, wall, out, cpu = self._exec(launch + [script] + args, run_dir, self.env(case, case_dir, run_dir, False),
+                                        log)
         (log.with_suffix(".stdout")).write_text(out)
         ckpts = self.found_checkpoints(case, run_dir)
         rec = {"case": case.name, "probe": "plain", "round": rnd, "tag": tag, "rc": rc, "wall_s": round(wall, 2),
+               "cpu_s": round(cpu, 2),
                "checkpoints": [str(p.relative_to(run_dir)) for p in ckpts], "run_dir": str(run_dir),
                "log": str(log)}
-        print(f"  {tag:<22} rc={rc} {wall:7.1f} s  ckpts={len(ckpts)}", flush=True)
+        print(f"  {tag:<22} rc={rc} {wall:7.1f} s  cpu {cpu:6.1f} s  ckpts={len(ckpts)}", flush=True)
         self.runs.append(rec)
         return rec
 
@@ -168,14 +178,15 @@ class Bench:
             opts += ["--nproc-per-node", str(case.nproc)]
         argv = [self.python, "-m", "torchdoctor", probe] + opts + [script] + args
         log = self.out / "runs" / case.name / f"{tag}.log"
-        rc, wall, out = self._exec(argv, run_dir, self.env(case, case_dir, run_dir, True), log)
+        rc, wall, out, cpu = self._exec(argv, run_dir, self.env(case, case_dir, run_dir, True), log)
         rec = {"case": case.name, "probe": probe, "round": rnd, "tag": tag, "rc": rc, "wall_s": round(wall, 2),
+               "cpu_s": round(cpu, 2),
                "run_dir": str(run_dir), "log": str(log), "argv": argv}
         rec.update(parse_report(out))
         ckpts = self.found_checkpoints(case, run_dir)
         rec["checkpoints"] = [str(p.relative_to(run_dir)) for p in ckpts]
         fs = " ".join(rec["findings"]) or "-"
-        print(f"  {tag:<22} rc={rc} {wall:7.1f} s  status={rec.get('status')} outcome={rec.get('outcome')} "
+        print(f"  {tag:<22} rc={rc} {wall:7.1f} s  cpu {cpu:6.1f} s  status={rec.get('status')} outcome={rec.get('outcome')} "
               f"steps={rec.get('steps')} {fs}", flush=True)
         self.runs.append(rec)
         return rec
@@ -193,7 +204,7 @@ class Bench:
             argv = [self.python, "-m", "torchdoctor", "checkpoint-audit", "--json", str(path)]
             env = dict(os.environ, PYTHONPATH=str(self.checkout))
             log = self.out / "runs" / case.name / f"audit-{Path(rel).name}.log"
-            rc, wall, out = self._exec(argv, self.out, env, log)
+            rc, wall, out, _ = self._exec(argv, self.out, env, log)
             rec = {"case": case.name, "checkpoint": rel, "rc": rc, "wall_s": round(wall, 2)}
             rec.update(parse_report(out))
             print(f"  audit {rel:<40} rc={rc} {' '.join(rec['findings']) or '-'}", flush=True)
@@ -238,9 +249,13 @@ class Bench:
             for p in sorted({r["probe"] for r in probes}, key=ALL_PROBES.index):
                 recs = [r for r in probes if r["probe"] == p]
                 walls = [r["wall_s"] for r in recs]
-                base = [r["wall_s"] for r in plain_ok if r["round"] in {x["round"] for x in recs}]
+                rounds_ = {x["round"] for x in recs}
+                base = [r["wall_s"] for r in plain_ok if r["round"] in rounds_]
                 plain_s = statistics.median(base) if base else None
                 probe_s = statistics.median(walls)
+                base_cpu = [r["cpu_s"] for r in plain_ok if r["round"] in rounds_]
+                plain_cpu = statistics.median(base_cpu) if base_cpu else None
+                probe_cpu = statistics.median([r["cpu_s"] for r in recs])
                 last = recs[-1]
                 plain_ckpts = set(plains[0]["checkpoints"]) if plains else set()
                 notes = []
@@ -260,7 +275,9 @@ class Bench:
                     "findings": last.get("findings", []), "internal": last.get("internal", []),
                     "steps": last.get("steps"),
                     "plain_s": round(plain_s, 1) if plain_s else None, "probe_s": round(probe_s, 1),
-                    "ratio": round(probe_s / plain_s, 2) if plain_s else None, "notes": notes})
+                    "ratio": round(probe_s / plain_s, 2) if plain_s else None,
+                    "plain_cpu_s": round(plain_cpu, 1) if plain_cpu else None, "probe_cpu_s": round(probe_cpu, 1),
+                    "cpu_ratio": round(probe_cpu / plain_cpu, 2) if plain_cpu else None, "notes": notes})
         return rows
 
     def write(self, meta: dict) -> None:
@@ -301,19 +318,24 @@ def markdown(meta: dict, rows: list[dict], audits: list[dict], skipped: list[dic
     out = [f"Run {meta['date']} · checkout `{meta['checkout']}` @ `{meta['commit']}` · {meta['machine']} · "
            f"{meta['rounds']} round(s), plain run every {meta['plain_every']} probes, `nice -n 5`: "
            f"{meta['nice']}, OMP_NUM_THREADS={meta['threads'] or 'unset'}", "",
-           "| case | probe | exit | findings (code@severity) | internal errors | plain s | probe s | ratio | notes |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "| case | probe | exit | findings (code@severity) | internal errors | plain s | probe s | ratio "
+           "| plain CPU s | probe CPU s | CPU ratio | notes |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def x(v, suffix=""):
+        return "—" if v is None else f"{v}{suffix}"
+
     for r in rows:
-        ratio = f"{r['ratio']:.2f}×" if r["ratio"] is not None else "—"
         out.append(f"| {r['case']} | {r['probe']} | {r['rc']} | {_cell(r['findings'])} | {_cell(r['internal'])} | "
-                   f"{r['plain_s'] if r['plain_s'] is not None else '—'} | {r['probe_s']} | {ratio} | "
-                   f"{'; '.join(r['notes']) or ''} |")
-    ratios = [r["ratio"] for r in rows if r["ratio"] is not None]
-    if ratios:
-        out += ["", f"Whole-run ratio over {len(ratios)} probed runs: median {statistics.median(ratios):.2f}×, "
-                    f"worst {max(ratios):.2f}× ({rows[[r['ratio'] for r in rows].index(max(ratios))]['case']} / "
-                    f"{rows[[r['ratio'] for r in rows].index(max(ratios))]['probe']}); "
-                    f"runs over 1.2×: {sum(x > 1.2 for x in ratios)}."]
+                   f"{x(r['plain_s'])} | {r['probe_s']} | {x(r['ratio'], '×')} | {x(r.get('plain_cpu_s'))} | "
+                   f"{x(r.get('probe_cpu_s'))} | {x(r.get('cpu_ratio'), '×')} | {'; '.join(r['notes']) or ''} |")
+    for key, label in (("ratio", "Whole-run wall ratio"), ("cpu_ratio", "Whole-run CPU ratio")):
+        vals = [(r[key], r) for r in rows if r.get(key) is not None]
+        if vals:
+            worst = max(vals, key=lambda v: v[0])
+            out += ["", f"{label} over {len(vals)} probed runs: median "
+                        f"{statistics.median(v for v, _ in vals):.2f}×, worst {worst[0]:.2f}× "
+                        f"({worst[1]['case']} / {worst[1]['probe']}); over 1.2×: {sum(v > 1.2 for v, _ in vals)}."]
     out += ["", "| case | checkpoint-audit of | exit | findings (code@severity) |", "|---|---|---|---|"]
     for a in audits:
         out.append(f"| {a['case']} | `{a['checkpoint']}` | {a['rc'] if a['rc'] is not None else '—'} | "
