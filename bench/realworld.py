@@ -318,15 +318,18 @@ def markdown(meta: dict, rows: list[dict], audits: list[dict], skipped: list[dic
     out = [f"Run {meta['date']} · checkout `{meta['checkout']}` @ `{meta['commit']}` · {meta['machine']} · "
            f"{meta['rounds']} round(s), plain run every {meta['plain_every']} probes, `nice -n 5`: "
            f"{meta['nice']}, OMP_NUM_THREADS={meta['threads'] or 'unset'}", "",
-           "| case | probe | exit | findings (code@severity) | internal errors | plain s | probe s | ratio "
+           "| case | probe | exit | steps | findings (code@severity) | internal errors | plain s | probe s | ratio "
            "| plain CPU s | probe CPU s | CPU ratio | notes |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def x(v, suffix=""):
-        return "—" if v is None else f"{v}{suffix}"
+        if v is None:
+            return "—"
+        return f"{v:.2f}{suffix}" if suffix else f"{v}"
 
     for r in rows:
-        out.append(f"| {r['case']} | {r['probe']} | {r['rc']} | {_cell(r['findings'])} | {_cell(r['internal'])} | "
+        out.append(f"| {r['case']} | {r['probe']} | {r['rc']} | {x(r.get('steps'))} | {_cell(r['findings'])} | "
+                   f"{_cell(r['internal'])} | "
                    f"{x(r['plain_s'])} | {r['probe_s']} | {x(r['ratio'], '×')} | {x(r.get('plain_cpu_s'))} | "
                    f"{x(r.get('probe_cpu_s'))} | {x(r.get('cpu_ratio'), '×')} | {'; '.join(r['notes']) or ''} |")
     for key, label in (("ratio", "Whole-run wall ratio"), ("cpu_ratio", "Whole-run CPU ratio")):
@@ -347,10 +350,11 @@ def markdown(meta: dict, rows: list[dict], audits: list[dict], skipped: list[dic
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--src", required=True, help="folder holding the fetched repositories")
-    ap.add_argument("--python", required=True, help="the bench venv's python (torch, lightning, ...)")
-    ap.add_argument("--checkout", required=True, help="the torchdoctor checkout under test")
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--src", help="folder holding the fetched repositories")
+    ap.add_argument("--python", help="the bench venv's python (torch, lightning, ...)")
+    ap.add_argument("--checkout", help="the torchdoctor checkout under test")
+    ap.add_argument("--out")
+    ap.add_argument("--from-json", metavar="PATH", help="only re-render the markdown of an earlier realworld.json")
     ap.add_argument("--work", default=None, help="scratch for data and run dirs (default OUT/work)")
     ap.add_argument("--cases", default=None, help="comma-separated case names (default all)")
     ap.add_argument("--probes", default=",".join(ALL_PROBES))
@@ -362,6 +366,12 @@ def main() -> int:
                     help="OMP_NUM_THREADS for every run, plain and probed (0: leave the environment's)")
     ap.add_argument("--keep-runs", action="store_true", help="keep every run dir (default: the first plain one)")
     a = ap.parse_args()
+    if a.from_json:
+        d = json.loads(Path(a.from_json).read_text())
+        print(markdown(d["meta"], d["rows"], d["audits"], d["skipped"]), end="")
+        return 0
+    if not (a.src and a.python and a.checkout and a.out):
+        ap.error("--src, --python, --checkout and --out are required")
     probes = [p.strip() for p in a.probes.split(",") if p.strip()]
     bad = [p for p in probes if p not in ALL_PROBES]
     if bad:
