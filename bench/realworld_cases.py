@@ -119,6 +119,14 @@ def prep_lightning(case: Path, src: Path) -> None:
         link.symlink_to(case / "data")
 
 
+def prep_fabric(case: Path, src: Path) -> None:
+    """train_fabric.py reads torchvision MNIST from DATASETS_PATH = the checkout's top-level Datasets/."""
+    make_mnist(case / "data", n_train=1024, n_test=256)
+    link = src / "pytorch-lightning" / "Datasets"
+    if not link.exists():
+        link.symlink_to(case / "data")
+
+
 _WORDS = ("the market rose sharply after the company said profits would grow while analysts "
           "expected a weaker quarter and the shares fell in early trading on the news of a "
           "merger between two large banks that regulators had approved last week").split()
@@ -247,6 +255,11 @@ CASES: list[Case] = [
          probes=DDP_PROBES, nproc=2,
          checkpoints=("logs/lightning_logs/version_0/checkpoints/*.ckpt",), prepare=prep_lightning,
          links=(("data", "data"),), exercises="Lightning DDP under torchrun, DistributedSampler set by Lightning"),
+    Case("lightning_fabric", "Lightning-AI/pytorch-lightning", "pytorch-lightning",
+         "pytorch-lightning/examples/fabric/image_classifier/train_fabric.py", ("--epochs", "1", "--save-model"),
+         "Lightning Fabric's MNIST CNN (the mnist example ported to Fabric), synthetic MNIST, 1 epoch = 16 steps",
+         checkpoints=("mnist_cnn.pt",), prepare=prep_fabric,
+         exercises="Fabric setup/backward/save, torchmetrics Accuracy, StepLR, Normalize"),
     Case("accelerate_nlp", "huggingface/accelerate", "accelerate", "accelerate/examples/nlp_example.py",
          ("--cpu",),
          "accelerate's BERT/MRPC example: 2-layer BERT from a config, 256 synthetic pairs, 3 epochs (48 steps)",
