@@ -272,7 +272,8 @@ class Bench:
                     notes.append("crash: " + last["crash"])
                 rows.append({
                     "case": c, "probe": p, "rc": last["rc"], "status": last.get("status"),
-                    "findings": last.get("findings", []), "internal": last.get("internal", []),
+                    "findings": _union([r.get("findings", []) for r in recs]),
+                    "internal": _union([r.get("internal", []) for r in recs]),
                     "steps": last.get("steps"),
                     "plain_s": round(plain_s, 1) if plain_s else None, "probe_s": round(probe_s, 1),
                     "ratio": round(probe_s / plain_s, 2) if plain_s else None,
@@ -308,6 +309,19 @@ def parse_report(stdout: str) -> dict:
             "outcome": run.get("outcome"), "crash": crash,
             "steps": run.get("steps", steps.get("count") if isinstance(steps, dict) else None),
             "titles": {f"{f.get('code')}": f"{f.get('title', '')}"[:300] for f in findings}}
+
+
+def _union(per_round: list[list[str]]) -> list[str]:
+    """Every finding seen in any round, in first-seen order; "(k/n)" where it was not in every round."""
+    seen: list[str] = []
+    for xs in per_round:
+        seen += [x for x in xs if x not in seen]
+    n = len(per_round)
+    out = []
+    for x in seen:
+        k = sum(x in xs for xs in per_round)
+        out.append(x if k == n else f"{x} ({k}/{n})")
+    return out
 
 
 def _cell(xs) -> str:
