@@ -20,7 +20,6 @@ nothing here is third-party code.
 from __future__ import annotations
 
 import csv
-import gzip  # noqa: F401  (kept for readers who switch MNIST to .gz files)
 import os
 import pickle
 import random
