@@ -159,7 +159,7 @@ def test_ctrl_c_still_gives_a_report():
     r = json.loads(out)
     assert r["metrics"]["run"]["outcome"] == "interrupted"
     assert r["metrics"]["steps"]["count"] == 3
-    assert r["status"] == "ok" and proc.returncode == 0
+    assert r["status"] == "interrupted" and proc.returncode == 130
 
 
 def test_bad_input_is_one_line_exit_2(tmp_path):

@@ -11,7 +11,7 @@ from typing import Annotated, Callable
 
 import typer
 
-from torchdoctor.errors import EXIT_INTERNAL, EXIT_USAGE, ISSUES_URL, DoctorError
+from torchdoctor.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, ISSUES_URL, DoctorError
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the report as one JSON object on stdout.")]
 FailOnOpt = Annotated[
@@ -55,15 +55,22 @@ def guarded(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from torchdoctor.runner.signals import raising
+
         try:
-            return fn(*args, **kwargs)
+            with raising():  # SIGTERM and SIGHUP end a command the way Ctrl-C does
+                return fn(*args, **kwargs)
         except (typer.Exit, typer.Abort, SystemExit):
             raise
         except DoctorError as e:
             fail_usage(e)
-        except KeyboardInterrupt:
-            eprint("torchdoctor: interrupted")
-            raise typer.Exit(130)
+        except KeyboardInterrupt as e:
+            by = f" by {e}" if str(e) else ""
+            try:
+                eprint(f"torchdoctor: interrupted{by}")
+            except (OSError, ValueError):
+                pass
+            raise typer.Exit(EXIT_INTERRUPTED)
         except Exception as e:  # noqa: BLE001 - the one place internal errors are caught
             fail_internal(e)
 

@@ -36,10 +36,7 @@ def check_target(target: str, module: bool) -> None:
         top = target.split(".")[0]
         if not top.isidentifier():
             raise DoctorError(f"not a module name: {target!r}")
-        try:
-            spec = importlib.util.find_spec(top)  # top level only: imports nothing of the user's
-        except (ImportError, ValueError):
-            spec = None
+        spec = find_top_module(top)
         if spec is None:
             raise DoctorError(f"module not found: {top!r}",
                               hint="run from the folder that holds the package, or pass SCRIPT")
@@ -54,6 +51,22 @@ def check_target(target: str, module: bool) -> None:
                           hint="pass the training script's .py file, or -m PACKAGE.MODULE")
     if not os.access(p, os.R_OK):
         raise DoctorError(f"cannot read {target}")
+
+
+def find_top_module(top: str):
+    """The spec of top-level module ``top`` as ``python -m`` would find it: the current folder
+    first on the path (the ``torchdoctor`` entry point's own path does not hold it). Imports
+    nothing of the user's."""
+    import sys
+
+    saved = list(sys.path)
+    sys.path.insert(0, os.getcwd())
+    try:
+        return importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    finally:
+        sys.path[:] = saved
 
 
 def _run_dir(out: str | None) -> tuple[Path, bool]:
@@ -135,6 +148,8 @@ def run_status(outcome: str | None) -> str | None:
         return "crashed"
     if outcome == "timeout":
         return "timeout"
+    if outcome == "interrupted":
+        return "interrupted"
     return None
 
 
@@ -192,7 +207,8 @@ def run_probe(probe: str, target: str, script_args: list[str], options: dict[str
         run_rules("run", ev, report)
         if probe != "run":
             run_rules(probe, ev, report)
-        _followups(report, ev, relaunch)
+        if ev.result.get("outcome") != "interrupted":  # stopped by the user: no re-run
+            _followups(report, ev, relaunch)
         _instrument_errors(ev, report)
         _metrics(ev, report)
         for a in ev.of("artifact"):
