@@ -239,10 +239,9 @@ class _Pump:
 
     def _feed(self, chunk: bytes) -> None:
         data = self.pending + chunk
-        pos = 0
-        for m in _SEGMENT.finditer(data):
+        pos = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1  # the complete segments end here
+        for m in _SEGMENT.finditer(data, 0, pos):
             seg = m.group(0)
-            pos = m.end()
             body = seg.rstrip(b"\r\n")
             end = seg[len(body):]
             if end == b"\r\n":
