@@ -80,6 +80,15 @@ class Watched:
         self._stop = True
         return self.proc.returncode, out.decode()
 
+    def run_alive_at(self, when: float, extra: list[int] = ()) -> list[int]:
+        """Pids of the run other than torchdoctor itself still alive at monotonic time ``when``
+        (torchdoctor may still be writing its report)."""
+        while time.monotonic() < when:
+            self.read_err()
+            time.sleep(0.05)
+        return [p for p in set(self.seen) | set(extra)
+                if p != self.proc.pid and alive(p, self.seen.get(p))]
+
     def survivors(self, extra: list[int] = (), within_s: float = 10.0) -> list[int]:
         """Pids of this run (watched or ``extra``) still alive ``within_s`` after now."""
         deadline = time.monotonic() + within_s
