@@ -125,7 +125,9 @@ def run_dist(opts: DistOptions) -> Report:
         return report
     tmp = None
     if opts.out_dir:
-        out = Path(opts.out_dir) / "dist-selftest"
+        from torchdoctor.runner.outdir import fresh_subdir
+
+        out = fresh_subdir(opts.out_dir, "dist-selftest")
     else:
         tmp = tempfile.mkdtemp(prefix="torchdoctor-dist-")
         out = Path(tmp)

@@ -33,9 +33,7 @@ def run_ranked(probe: str, target: str, argv: list[str], *, module: bool, opts: 
     from torchdoctor.runner.launch import launch
 
     n = int(opts["nproc_per_node"])
-    run_dir, is_tmp = _run_dir(opts.get("out"))
-    for old in run_dir.glob("rank*"):
-        shutil.rmtree(old, ignore_errors=True)
+    run_dir, is_tmp = _run_dir(opts.get("out"))  # fresh: no rank dir of an earlier run
     try:
         launch(run_dir, probe, argv, module=module, options=opts, timeout=timeout,
                quiet_patterns=QUIET_PATTERNS + quiet_patterns(dict(os.environ)), show_progress=show,

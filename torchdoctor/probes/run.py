@@ -70,16 +70,12 @@ def find_top_module(top: str):
 
 
 def _run_dir(out: str | None) -> tuple[Path, bool]:
-    """(run dir, is_temporary). Under --out, stale files of an earlier run are removed."""
+    """(run dir, is_temporary). Under --out (a folder torchdoctor owns, see runner.outdir) the
+    run dir ``run`` of an earlier run there is replaced."""
     if out:
-        d = Path(out) / "run"
-        d.mkdir(parents=True, exist_ok=True)
-        for name in RUN_FILES:
-            try:
-                (d / name).unlink()
-            except FileNotFoundError:
-                pass
-        return d, False
+        from torchdoctor.runner.outdir import fresh_subdir
+
+        return fresh_subdir(out, "run"), False
     return Path(tempfile.mkdtemp(prefix="torchdoctor-run-")), True
 
 
@@ -197,8 +193,9 @@ def run_probe(probe: str, target: str, script_args: list[str], options: dict[str
         def relaunch(extra: dict[str, Any]) -> Evidence:
             n[0] += 1
             if opts.get("out"):
-                d = Path(opts["out"]) / f"followup-{n[0]}"
-                shutil.rmtree(d, ignore_errors=True)
+                from torchdoctor.runner.outdir import fresh_subdir
+
+                d = fresh_subdir(opts["out"], f"followup-{n[0]}")
             else:
                 d = Path(tempfile.mkdtemp(prefix="torchdoctor-followup-"))
                 tmp_dirs.append(d)
