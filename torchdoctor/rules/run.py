@@ -112,6 +112,8 @@ def script_hung(ev: Evidence) -> list[Finding]:
     med = statistics.median(walls) if walls else 0.0
     need = max(STALL_FRACTION * timeout, STALL_STEPS * med, STALL_MIN_S)
     if steps and stalled < need:
+        if res.get("clean_stop_requested"):  # asked to stop at a step boundary, and did not
+            return [_ignored_stop(ev, timeout, len(steps), stalled)]
         return []  # still stepping when the time was up: slow, not hung
     stack = stack_evidence(_stacks(ev))
     where = stack.get("stuck_at") or stack.get("waiting_in") or "an unknown place"
@@ -127,6 +129,27 @@ def script_hung(ev: Evidence) -> list[Finding]:
     return [finding("script-hung",
                     f"no progress for {stalled:.0f} s {what}, stopped at the {timeout:g} s "
                     f"timeout; stuck at {where}", evidence, fix=_hang_fix(stack))]
+
+
+def _ignored_stop(ev: Evidence, timeout: float, steps: int, stalled: float) -> Finding:
+    """Still stepping at the timeout, asked to stop at the next step boundary, killed after the
+    grace: a step longer than the grace, or the script swallowed the stop (a bare ``except``)."""
+    res = ev.result
+    grace = float(res.get("clean_stop_grace_s") or 0.0)
+    stack = stack_evidence(_stacks(ev))
+    where = stack.get("stuck_at") or stack.get("waiting_in") or "an unknown place"
+    evidence: dict[str, Any] = {"timeout_s": timeout, "steps_done": steps,
+                                "clean_stop_grace_s": grace,
+                                "last_step_before_kill_s": round(stalled, 1), **stack}
+    return finding(
+        "script-hung",
+        f"still running at the {timeout:g} s timeout and did not stop at a step boundary within "
+        f"{grace:g} s of torchdoctor's request; killed after {steps} steps at {where}",
+        evidence,
+        fix="If a step lasts longer than the grace, raise --timeout or lower --steps so the run "
+            "ends on its own; if steps are short, the script swallows the stop: a bare `except:` "
+            "or `except BaseException` around the training step also catches torchdoctor's stop "
+            "(and KeyboardInterrupt): catch `Exception` instead")
 
 
 @rule("killed-by-signal", probes={"run"})
