@@ -166,6 +166,7 @@ def run_selftest(nproc: int, out_dir: str | Path, backend: str = "auto", sizes: 
         # then by session and parent tree (their own subprocesses too).
         gone = kill_workers(out) and gone
         gone = not tracker.kill_all() and gone
+        reap.become_subreaper(False)
     wall = time.perf_counter() - t0
     merged = merge(read_ranks(out), nproc=nproc, backend=backend, sizes=sizes)
     merged.update(returncode=rc, timed_out=timed_out, timeout_s=timeout_s, wall_s=round(wall, 3),

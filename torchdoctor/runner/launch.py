@@ -341,6 +341,7 @@ def launch(run_dir: str | os.PathLike, probe: str, argv: list[str], *, module: b
         if ranks is not None:
             ranks.kill()
         left = tracker.kill_all()
+        reap.become_subreaper(False)
     pump.join(timeout=3.0)
     progress.poll()
     with lock:

@@ -66,13 +66,13 @@ def has_proc() -> bool:
     return os.path.isdir(f"{PROC}/self")
 
 
-def become_subreaper() -> bool:
+def become_subreaper(on: bool = True) -> bool:
     """Linux: orphans of our descendants are re-parented to us (PR_SET_CHILD_SUBREAPER)."""
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER = 36
+        return libc.prctl(36, 1 if on else 0, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER = 36
     except Exception:  # noqa: BLE001 - best effort
         return False
 
