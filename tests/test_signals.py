@@ -85,7 +85,8 @@ def test_signal_early_during_start_up_leaves_nothing(tmp_path):
 
 
 def test_sigkill_of_torchdoctor_takes_the_child_with_it(tmp_path):
-    """PR_SET_PDEATHSIG: the child dies with its parent, even one killed without warning."""
+    """PR_SET_PDEATHSIG: the child dies with its parent, even one killed without warning, and
+    the guard it forked at boot kills what the script left."""
     import psutil
 
     from proc_helpers import alive
@@ -98,10 +99,14 @@ def test_sigkill_of_torchdoctor_takes_the_child_with_it(tmp_path):
         created = child.create_time()
         w.signal(signal.SIGKILL)
         w.finish(timeout=30)
-        deadline = time.monotonic() + 5
+        t0 = time.monotonic()
+        deadline = t0 + 5
         while alive(child.pid, created) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not alive(child.pid, created)
+        # its guard then kills what the script started: a group and a session of their own,
+        # DataLoader workers
+        assert w.survivors(_pids(pids_file), within_s=10 - (time.monotonic() - t0)) == []
     finally:
         kill_leftovers(list(w.seen) + (_pids(pids_file) if pids_file.exists() else []))
 

@@ -55,6 +55,7 @@ _PKG_ROOT = str(Path(__file__).resolve().parents[2])
 # python -c BOOT PKG_ROOT LAUNCHER_PID RUN_DIR: bind to the parent first, then the harness
 _BOOT = ("import sys; sys.path.append(sys.argv.pop(1)); "
          "from torchdoctor.runner import lifeline; lifeline.bind(int(sys.argv.pop(1))); "
+         "lifeline.start_guard(); "
          "from torchdoctor.runner.harness import main; sys.exit(main(sys.argv[1:]))")
 
 
