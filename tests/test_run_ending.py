@@ -85,3 +85,23 @@ def test_console_footer_says_how_the_run_ended():
 def test_interrupted_report_exit_code_and_json_status():
     r = Report(command="checkup", run_status="interrupted")
     assert r.exit_code() == 130 and r.to_dict()["status"] == "interrupted"
+
+
+def test_hang_evidence_leaves_out_torchdoctors_own_threads(tmp_path):
+    import threading
+
+    from torchdoctor.rules.run import stack_evidence
+
+    thr = threading.__file__
+    pkg = str(ROOT / "torchdoctor" / "runner")
+    script = str(tmp_path / "train.py")
+    stacks = {"threads": [
+        {"id": "1", "name": None, "current": True,
+         "frames": [[script, 5, "<module>"], [f"{pkg}/harness.py", 10, "main"]]},
+        {"id": "2", "name": None, "current": False,
+         "frames": [[f"{pkg}/lifeline.py", 108, "_watch"], [thr, 982, "run"]]},
+        {"id": "3", "name": None, "current": False,
+         "frames": [[f"{pkg}/rundir.py", 99, "_run"], [thr, 982, "run"]]},
+        {"id": "4", "name": None, "current": False, "frames": [[script, 9, "worker"]]}]}
+    ev = stack_evidence(stacks)
+    assert len(ev["other_threads"]) == 1 and "worker" in ev["other_threads"][0]

@@ -29,6 +29,9 @@ SIGNAL_HINTS = {
 }
 
 
+_OWN_THREADS = ("runner/rundir.py", "runner/lifeline.py")
+
+
 def _stacks(ev: Evidence) -> dict[str, Any]:
     from torchdoctor.runner.rundir import STACKS
     from torchdoctor.runner.stacks import read_stacks
@@ -72,6 +75,8 @@ def stack_evidence(stacks: dict[str, Any]) -> dict[str, Any]:
         if t is main:
             continue
         uf = _user_frames(t["frames"])
+        if not uf and any(f[0].endswith(_OWN_THREADS) for f in t["frames"]):
+            continue  # torchdoctor's own threads (evidence flusher, lifeline): not the script's
         top = uf[0] if uf else (t["frames"][0] if t["frames"] else None)
         if top:
             others.append(_fmt(top))
