@@ -116,10 +116,8 @@ def script_hung(ev: Evidence) -> list[Finding]:
     walls = [float(s.get("wall_s", 0.0)) for s in steps]
     med = statistics.median(walls) if walls else 0.0
     need = max(STALL_FRACTION * timeout, STALL_STEPS * med, STALL_MIN_S)
-    if steps and stalled < need:
-        if res.get("clean_stop_requested"):  # asked to stop at a step boundary, and did not
-            return [_ignored_stop(ev, timeout, len(steps), stalled)]
-        return []  # still stepping when the time was up: slow, not hung
+    if steps and stalled < need:  # still stepping, slowly, when it was killed: say so
+        return [_killed_while_stepping(ev, timeout, len(steps), stalled, med)]
     stack = stack_evidence(_stacks(ev))
     where = stack.get("stuck_at") or stack.get("waiting_in") or "an unknown place"
     what = f"after step {len(steps)}" if steps else "before the first training step"
@@ -136,21 +134,28 @@ def script_hung(ev: Evidence) -> list[Finding]:
                     f"timeout; stuck at {where}", evidence, fix=_hang_fix(stack))]
 
 
-def _ignored_stop(ev: Evidence, timeout: float, steps: int, stalled: float) -> Finding:
-    """Still stepping at the timeout, asked to stop at the next step boundary, killed after the
-    grace: a step longer than the grace, or the script swallowed the stop (a bare ``except``)."""
+def _killed_while_stepping(ev: Evidence, timeout: float, steps: int, stalled: float,
+                           median_step_s: float) -> Finding:
+    """Killed at the timeout although steps still ended not long before: it did not stop at a
+    step boundary within the grace after torchdoctor's clean-stop request (a step longer than
+    the grace, or the script swallowed the stop), or no step ended in the parent's window."""
     res = ev.result
     grace = float(res.get("clean_stop_grace_s") or 0.0)
     stack = stack_evidence(_stacks(ev))
     where = stack.get("stuck_at") or stack.get("waiting_in") or "an unknown place"
     evidence: dict[str, Any] = {"timeout_s": timeout, "steps_done": steps,
-                                "clean_stop_grace_s": grace,
-                                "last_step_before_kill_s": round(stalled, 1), **stack}
+                                "last_step_before_kill_s": round(stalled, 1),
+                                "median_step_s": round(median_step_s, 3), **stack}
+    if res.get("clean_stop_requested"):
+        evidence["clean_stop_grace_s"] = grace
+        what = (f"did not stop at a step boundary within {grace:g} s of torchdoctor's clean-stop "
+                f"request")
+    else:
+        what = "made no step in the last seconds before it"
     return finding(
         "script-hung",
-        f"still running at the {timeout:g} s timeout and did not stop at a step boundary within "
-        f"{grace:g} s of torchdoctor's request; killed after {steps} steps at {where}",
-        evidence,
+        f"still running at the {timeout:g} s timeout and {what}; killed after {steps} steps at "
+        f"{where}", evidence,
         fix="If a step lasts longer than the grace, raise --timeout or lower --steps so the run "
             "ends on its own; if steps are short, the script swallows the stop: a bare `except:` "
             "or `except BaseException` around the training step also catches torchdoctor's stop "
