@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import torchdoctor
@@ -149,11 +150,13 @@ def run_selftest(nproc: int, out_dir: str | Path, backend: str = "auto", sizes: 
     t0 = time.perf_counter()
     timed_out = False
     interrupted = None
+    run_id = uuid.uuid4().hex  # marks every process of this self-test (reap.Tracker)
     with open(log_path, "w") as log, signals.catching() as pending:
         reap.become_subreaper()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=child_env(env), start_new_session=True)
-        tracker = reap.Tracker(proc.pid, adopt_after=time.monotonic())
+                                env={**child_env(env), reap.RUN_ID_ENV: run_id},
+                                start_new_session=True)
+        tracker = reap.Tracker(proc.pid, adopt_after=time.monotonic(), marker=run_id)
         rc, timed_out, interrupted = _wait(proc, tracker, pending, timeout_s)
         # Workers may outlive torchrun's exit (or we timed out, or were stopped): end the group
         # gently first (torchrun's handler stops its ranks), then everything of the run.

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -55,7 +56,7 @@ _PKG_ROOT = str(Path(__file__).resolve().parents[2])
 # python -c BOOT PKG_ROOT LAUNCHER_PID RUN_DIR: bind to the parent first, then the harness
 _BOOT = ("import sys; sys.path.append(sys.argv.pop(1)); "
          "from torchdoctor.runner import lifeline; lifeline.bind(int(sys.argv.pop(1))); "
-         "lifeline.start_guard(); "
+         "lifeline.narrow_marker(); lifeline.start_guard(); "
          "from torchdoctor.runner.harness import main; sys.exit(main(sys.argv[1:]))")
 
 
@@ -305,6 +306,7 @@ def launch(run_dir: str | os.PathLike, probe: str, argv: list[str], *, module: b
     child_env = dict(os.environ)
     child_env["PYTHONUNBUFFERED"] = "1"
     child_env["TORCHDOCTOR_RUN_DIR"] = str(d)
+    run_id = child_env[reap.RUN_ID_ENV] = uuid.uuid4().hex  # marks every process of this run
     if env:
         child_env.update(env)
     cmd = [sys.executable, "-c", _BOOT, _PKG_ROOT, str(os.getpid()), str(d)]
@@ -328,21 +330,23 @@ def launch(run_dir: str | os.PathLike, probe: str, argv: list[str], *, module: b
         # stdin is passed through, as `python script.py` would (a pipe, a terminal, a file)
         proc = subprocess.Popen(cmd, stdin=None, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, env=child_env, start_new_session=True)
-        tracker = reap.Tracker(proc.pid, adopt_after=t0)
+        tracker = reap.Tracker(proc.pid, adopt_after=t0, marker=run_id)
         if ranks is not None:
             ranks.started(proc.pid)
         pump = threading.Thread(target=_Pump(proc.stdout, quiet, tail, lock, progress).run,
                                 daemon=True, name="torchdoctor-output")
         pump.start()
         state = _Loop(proc, d, ranks, progress, tracker, timeout, t0)
-        state.run(pending)
-        wall = time.monotonic() - t0
-        # whatever the run left behind: its process group and session, the ranks' sessions,
-        # subprocesses that moved to a group or session of their own, adopted orphans
-        if ranks is not None:
-            ranks.kill()
-        left = tracker.kill_all()
-        reap.become_subreaper(False)
+        try:
+            state.run(pending)
+        finally:
+            wall = time.monotonic() - t0
+            # whatever the run left behind: its process group and session, the ranks' sessions,
+            # subprocesses that moved to a group or session of their own, adopted orphans
+            if ranks is not None:
+                ranks.kill()
+            left = tracker.kill_all()
+            reap.become_subreaper(False)
     pump.join(timeout=3.0)
     progress.poll()
     with lock:

@@ -77,6 +77,16 @@ def bind(launcher_pid: int | None) -> None:
         os._exit(EXIT_ORPHANED)
 
 
+def narrow_marker() -> None:
+    """Mark what this process starts as its own: ``<run token>.<pid>`` (the parent still finds
+    it by the token; this process's guard kills only its own, not another rank's)."""
+    from torchdoctor.runner.reap import RUN_ID_ENV
+
+    token = os.environ.get(RUN_ID_ENV)
+    if token:
+        os.environ[RUN_ID_ENV] = f"{token}.{os.getpid()}"
+
+
 def start_guard() -> int | None:
     """Fork a guard that outlives this process by a moment: when this process dies (killed
     with its parent by PDEATHSIG, or any other way), it kills what the run left (this
@@ -108,7 +118,9 @@ def _guard(child: int) -> None:
             signal.signal(s, signal.SIG_IGN)  # only the end of the run ends the guard
         except (OSError, ValueError):
             pass
-    tracker = Tracker(child)
+    from torchdoctor.runner.reap import RUN_ID_ENV
+
+    tracker = Tracker(child, marker=os.environ.get(RUN_ID_ENV))
     tracker.keep = {os.getpid()}  # everything but the guard: its parent is the run's child
     while os.getppid() == child:
         time.sleep(0.2)
@@ -170,9 +182,9 @@ def stop_now(why: str, stacks_file=None) -> None:
         except Exception:  # noqa: BLE001
             pass
     try:
-        from torchdoctor.runner.reap import Tracker
+        from torchdoctor.runner.reap import RUN_ID_ENV, Tracker
 
-        tr = Tracker(os.getpid())  # keeps ourselves and our ancestors: the others go first
+        tr = Tracker(os.getpid(), marker=os.environ.get(RUN_ID_ENV))  # keeps ourselves and our ancestors: the others go first
         tr.sessions.add(os.getsid(0))
         tr.kill_all(wait_s=1.0, group=False)
     except Exception:  # noqa: BLE001

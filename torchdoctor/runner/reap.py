@@ -9,7 +9,10 @@ it. :class:`Tracker` follows the run's processes from the parent side (Linux, ``
 * every **descendant** of a tracked process, by the parent-pid tree, snapshotted while the run
   lives (``snapshot()``, about once a second: an orphan is re-parented and leaves the tree);
 * with :func:`become_subreaper`, orphans of the run are re-parented to torchdoctor itself
-  instead of init, so those started after the run began are found as our own children.
+  instead of init, so those started after the run began are found as our own children;
+* at the end, every process whose environment carries the run's marker
+  (``TORCHDOCTOR_RUN_ID=<token>``, inherited by whatever the script starts unless it clears its
+  environment): an orphan that left the session between two snapshots is still found.
 
 ``kill_all()`` SIGKILLs all of them (a process is matched by pid *and* start time, so a
 recycled pid is never hit) until none is left, and reaps the ones that became our children.
@@ -24,6 +27,7 @@ import time
 from typing import NamedTuple
 
 PROC = "/proc"
+RUN_ID_ENV = "TORCHDOCTOR_RUN_ID"  # set in the child's environment: marks the run's processes
 
 
 class Stat(NamedTuple):
@@ -91,8 +95,9 @@ def _ancestors() -> set[int]:
 class Tracker:
     """The processes of one run (see the module docstring). ``root``: the child's pid."""
 
-    def __init__(self, root: int, adopt_after: float | None = None):
+    def __init__(self, root: int, adopt_after: float | None = None, marker: str | None = None):
         self.root = root
+        self.marker = f"{RUN_ID_ENV}={marker}".encode() if marker else None
         self.sessions: set[int] = {root}  # started with start_new_session=True
         self.seen: dict[int, int] = {}  # pid -> start ticks
         self.me = os.getpid()
@@ -104,13 +109,26 @@ class Tracker:
             self.seen[root] = root_stat.start
         self.last_snapshot = 0.0
 
-    def _members(self, stats: dict[int, Stat]) -> dict[int, Stat]:
-        """Processes of the run now: tracked sessions, tracked pids, their descendants."""
+    def _marked(self, pid: int) -> bool:
+        try:
+            with open(f"{PROC}/{pid}/environ", "rb") as f:
+                entries = f.read().split(b"\0")
+        except OSError:
+            return False
+        # the run's token, or a process's narrowed one below it ("<token>.<pid>", lifeline)
+        sub = self.marker + b"."
+        return any(e == self.marker or e.startswith(sub) for e in entries)
+
+    def _members(self, stats: dict[int, Stat], by_marker: bool = False) -> dict[int, Stat]:
+        """Processes of the run now: tracked sessions, tracked pids, their descendants (and,
+        ``by_marker``, every process whose environment carries the run's marker)."""
         found: dict[int, Stat] = {}
+        by_marker = by_marker and self.marker is not None
         for st in stats.values():
             if st.pid in self.keep:
                 continue
             if (st.sid in self.sessions or self.seen.get(st.pid) == st.start
+                    or (by_marker and st.state not in ("Z", "X") and self._marked(st.pid))
                     or (self.adopt and st.ppid == self.me and self.root_start is not None
                         and st.start >= self.root_start)):
                 found[st.pid] = st
@@ -157,9 +175,11 @@ class Tracker:
         if not has_proc():
             return []
         deadline = time.monotonic() + wait_s
+        first = True
         while True:
             stats = all_stats()
-            members = self._members(stats)
+            members = self._members(stats, by_marker=first)
+            first = False
             for st in members.values():
                 self.seen[st.pid] = st.start
                 if st.sid == st.pid:
