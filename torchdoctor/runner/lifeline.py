@@ -185,7 +185,8 @@ def stop_now(why: str, stacks_file=None) -> None:
         from torchdoctor.runner.reap import RUN_ID_ENV, Tracker
 
         tr = Tracker(os.getpid(), marker=os.environ.get(RUN_ID_ENV))  # keeps ourselves and our ancestors: the others go first
-        tr.sessions.add(os.getsid(0))
+        if os.getsid(0) != os.getpid():  # not a session of our own: never the caller's session
+            tr.sessions.clear()
         tr.kill_all(wait_s=1.0, group=False)
     except Exception:  # noqa: BLE001
         pass
