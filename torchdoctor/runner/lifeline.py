@@ -184,7 +184,8 @@ def stop_now(why: str, stacks_file=None) -> None:
     try:
         from torchdoctor.runner.reap import RUN_ID_ENV, Tracker
 
-        tr = Tracker(os.getpid(), marker=os.environ.get(RUN_ID_ENV))  # keeps ourselves and our ancestors: the others go first
+        # keeps ourselves and our ancestors: the others go first
+        tr = Tracker(os.getpid(), marker=os.environ.get(RUN_ID_ENV))
         if os.getsid(0) != os.getpid():  # not a session of our own: never the caller's session
             tr.sessions.clear()
         tr.kill_all(wait_s=1.0, group=False)
