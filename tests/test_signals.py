@@ -122,3 +122,11 @@ def test_subprocesses_left_by_a_finished_script_are_killed(tmp_path):
         assert w.survivors(_pids(pids_file), within_s=3) == []
     finally:
         kill_leftovers(list(w.seen) + (_pids(pids_file) if pids_file.exists() else []))
+
+
+def test_the_guard_is_not_a_child_of_the_script():
+    """A script that reaps "any child" (os.wait) meets only its own children."""
+    from conftest import run_cli
+
+    p = run_cli("checkup", "--json", "wait_any_child.py", cwd=PROC, timeout=120)
+    assert "waited for my child" in p.stderr and "no other child" in p.stderr, p.stderr[-2000:]

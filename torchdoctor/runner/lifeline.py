@@ -88,41 +88,56 @@ def narrow_marker() -> None:
 
 
 def start_guard() -> int | None:
-    """Fork a guard that outlives this process by a moment: when this process dies (killed
+    """Start a guard that outlives this process by a moment: when this process dies (killed
     with its parent by PDEATHSIG, or any other way), it kills what the run left (this
-    process's session, the sessions its processes lead, their descendants), then exits.
+    process's session, the sessions its processes lead, their descendants, every process
+    with this process's marker), then exits.
 
-    Forked at boot, before torch is imported (a small copy); it polls its parent pid every
-    0.2 s and snapshots the run's processes once a second (≈ 4 ms of CPU). Returns its pid.
+    Forked at boot, before torch is imported (a small copy), twice: the guard is not a child of
+    the script's process (a script that waits for "any child" never meets it); torchdoctor, a
+    child subreaper, adopts it. It checks this process every 0.2 s and snapshots the run's
+    processes once a second (≈ 4 ms of CPU). Returns True when it was started.
     """
+    from torchdoctor.runner.reap import read_stat
+
+    me = read_stat(os.getpid())
+    if me is None:
+        return None
     try:
         pid = os.fork()
     except OSError:
         return None
     if pid:
-        return pid
+        try:
+            os.waitpid(pid, 0)  # the intermediate exits at once
+        except ChildProcessError:
+            pass
+        return True
     code = 0
     try:
-        _guard(os.getppid())
+        if os.fork():
+            os._exit(0)
+        _guard(me.pid, me.start)
     except BaseException:  # noqa: BLE001 - the guard never raises into anything
         code = 1
     finally:
         os._exit(code)
 
 
-def _guard(child: int) -> None:
-    from torchdoctor.runner.reap import Tracker
+def _guard(child: int, start: int) -> None:
+    from torchdoctor.runner.reap import RUN_ID_ENV, Tracker, read_stat
 
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         try:
             signal.signal(s, signal.SIG_IGN)  # only the end of the run ends the guard
         except (OSError, ValueError):
             pass
-    from torchdoctor.runner.reap import RUN_ID_ENV
-
     tracker = Tracker(child, marker=os.environ.get(RUN_ID_ENV))
-    tracker.keep = {os.getpid()}  # everything but the guard: its parent is the run's child
-    while os.getppid() == child:
+    tracker.keep = {os.getpid()}  # everything of the run but the guard itself
+    while True:
+        st = read_stat(child)
+        if st is None or st.start != start or st.state in ("Z", "X"):
+            break
         time.sleep(0.2)
         tracker.maybe_snapshot(1.0)
     tracker.kill_all(wait_s=2.0, group=False)
