@@ -159,7 +159,7 @@ def test_ctrl_c_still_gives_a_report():
     r = json.loads(out)
     assert r["metrics"]["run"]["outcome"] == "interrupted"
     assert r["metrics"]["steps"]["count"] == 3
-    assert r["status"] == "ok" and proc.returncode == 0
+    assert r["status"] == "interrupted" and proc.returncode == 130
 
 
 def test_bad_input_is_one_line_exit_2(tmp_path):
@@ -196,7 +196,9 @@ def test_timeout_on_a_progressing_run_stops_it_cleanly_and_judges_it(tmp_path):
         "    opt.zero_grad(); m(torch.randn(8, 4)).pow(2).mean().backward(); opt.step()\n"
         "    time.sleep(0.2)\n")
     t0 = time.monotonic()
-    p, r = checkup("--timeout", "4", "--steps", "0", str(script), timeout=60)
+    # 8 s: the bound counts from the launch, and torch's import plus the first steps took 4-6 s
+    # on the loaded 2-core box, so a 4 s bound often came before the run was stepping at all
+    p, r = checkup("--timeout", "8", "--steps", "0", str(script), timeout=60)
     assert time.monotonic() - t0 < 30
     assert r["status"] == "ok" and codes(r) == [], r["findings"]
     assert r["metrics"]["run"]["outcome"] == "stopped"

@@ -169,9 +169,12 @@ def test_hung_vs_slow():
     # steps until t=2, nothing after: hung
     [f] = script_hung(Evidence.from_events(start + steps(10, wall=0.1, t0=1.0), result=res))
     assert f.code == "script-hung" and f.evidence["steps_done"] == 10
-    # stepping until the end: slow, not hung
-    assert script_hung(Evidence.from_events(start + steps(95, wall=0.1, t0=0.6),
-                                            result=res)) == []
+    # stepping until it was killed: not a silent "no problems" (issue 14 item 14)
+    [f] = script_hung(Evidence.from_events(start + steps(95, wall=0.1, t0=0.6), result=res))
+    assert f.title.startswith("still running at the 10 s timeout and made no step")
+    [f] = script_hung(Evidence.from_events(start + steps(95, wall=0.1, t0=0.6), result={
+        **res, "clean_stop_requested": True, "clean_stop_grace_s": 2.0}))
+    assert "did not stop at a step boundary within 2 s" in f.title
     # never stepped: hung
     assert len(script_hung(Evidence.from_events(start, result=res))) == 1
     assert script_hung(Evidence.from_events(start, result={"outcome": "exit"})) == []

@@ -11,6 +11,7 @@ EXIT_OK = 0
 EXIT_FINDINGS = 1
 EXIT_USAGE = 2
 EXIT_INTERNAL = 3
+EXIT_INTERRUPTED = 130  # the run was stopped by Ctrl-C, SIGTERM or SIGHUP (128 + SIGINT)
 
 ISSUES_URL = "https://github.com/torchdoctor/torchdoctor/issues"
 

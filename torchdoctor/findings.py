@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchdoctor import __version__
-from torchdoctor.errors import EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK
+from torchdoctor.errors import EXIT_FINDINGS, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK
 
 SCHEMA = 1
 SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
 MARKS = {"error": "✗", "warning": "!", "info": "•"}
-STATUSES = ("ok", "findings", "crashed", "timeout", "error")
+STATUSES = ("ok", "findings", "crashed", "timeout", "interrupted", "error")
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,8 @@ class Report:
     metrics: dict[str, Any] = field(default_factory=dict)
     artifacts: dict[str, str] = field(default_factory=dict)
     context: dict[str, Any] = field(default_factory=dict)  # header: device, torch, python
-    run_status: str | None = None  # "crashed" | "timeout" | "error" when the run itself says so
+    # "crashed" | "timeout" | "interrupted" | "error" when the run itself says so
+    run_status: str | None = None
 
     def add(self, f: Finding) -> None:
         self.findings.append(f)
@@ -108,9 +109,12 @@ class Report:
         return "findings" if self.findings else "ok"
 
     def exit_code(self, fail_on: str = "error") -> int:
-        """0 ok, 1 an error finding (or a warning with fail_on='warning'), 3 internal failure."""
+        """0 ok, 1 an error finding (or a warning with fail_on='warning'), 3 internal failure,
+        130 the run was interrupted (Ctrl-C, SIGTERM, SIGHUP): its report is partial."""
         if self.run_status == "error":
             return EXIT_INTERNAL
+        if self.run_status == "interrupted":
+            return EXIT_INTERRUPTED
         c = self.counts()
         if c["error"] or (fail_on == "warning" and c["warning"]):
             return EXIT_FINDINGS

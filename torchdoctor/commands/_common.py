@@ -11,7 +11,7 @@ from typing import Annotated, Callable
 
 import typer
 
-from torchdoctor.errors import EXIT_INTERNAL, EXIT_USAGE, ISSUES_URL, DoctorError
+from torchdoctor.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, ISSUES_URL, DoctorError
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the report as one JSON object on stdout.")]
 FailOnOpt = Annotated[
@@ -55,19 +55,41 @@ def guarded(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from torchdoctor.runner.signals import raising
+
+        from torchdoctor.runner.outdir import release_all
+
         try:
-            return fn(*args, **kwargs)
+            with raising():  # SIGTERM and SIGHUP end a command the way Ctrl-C does
+                return fn(*args, **kwargs)
         except (typer.Exit, typer.Abort, SystemExit):
             raise
         except DoctorError as e:
             fail_usage(e)
-        except KeyboardInterrupt:
-            eprint("torchdoctor: interrupted")
-            raise typer.Exit(130)
+        except KeyboardInterrupt as e:
+            by = f" by {e}" if str(e) else ""
+            try:
+                eprint(f"torchdoctor: interrupted{by}")
+            except (OSError, ValueError):
+                pass
+            raise typer.Exit(EXIT_INTERRUPTED)
         except Exception as e:  # noqa: BLE001 - the one place internal errors are caught
             fail_internal(e)
+        finally:
+            release_all()  # the --out lock
 
     return wrapper
+
+
+def prepare_out(out: str | None) -> str | None:
+    """Check and claim ``--out DIR`` before any work (exit 2 with one line if it is unfit: a
+    file, unwritable, someone else's folder, in use by another run). The one check every
+    command with ``--out`` calls; see :mod:`torchdoctor.runner.outdir`."""
+    if out is None:
+        return None
+    from torchdoctor.runner.outdir import claim
+
+    return str(claim(out))
 
 
 def check_fail_on(value: str) -> str:
@@ -87,11 +109,12 @@ def emit(report, as_json: bool, fail_on: str = "error", out_dir: str | Path | No
     if out_dir is not None:
         from torchdoctor.report.console import render_to_text
 
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
+        from torchdoctor.runner.outdir import claim, write_file
+
+        out = claim(out_dir)  # claimed before the work by the command: this only re-checks
         report.artifacts.setdefault("report", str(out / "report.json"))
-        (out / "report.json").write_text(render_json(report) + "\n")
-        (out / "report.txt").write_text(render_to_text(report))
+        write_file(out / "report.json", render_json(report) + "\n")
+        write_file(out / "report.txt", render_to_text(report))
     if as_json:
         sys.stdout.write(render_json(report) + "\n")
         sys.stdout.flush()

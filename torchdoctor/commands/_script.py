@@ -121,6 +121,9 @@ def script_command(app: typer.Typer, name: str, help: str, probe: str | None = N
         from torchdoctor.probes.run import check_target, run_probe
 
         check_target(target, bool(module))  # bad input: one line, before any banner
+        from torchdoctor.commands._common import prepare_out
+
+        options["out"] = out = prepare_out(out)  # an unfit --out: exit 2 before the run
         eprint(f"torchdoctor {name}: running {'-m ' if module else ''}{target}"
                f"{' ' + ' '.join(args) if args else ''} ({bound}timeout {timeout:g} s)")
 

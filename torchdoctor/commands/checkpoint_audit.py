@@ -39,6 +39,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         from torchdoctor.checkpoint.audit import EXPECT, Options, run, warn_unsafe
 
+        from torchdoctor.commands._common import prepare_out
+
+        out = prepare_out(out)  # an unfit --out is exit 2 before the audit, not after
         exp = expect.strip().lower()
         if exp not in EXPECT:
             raise DoctorError(f"--expect must be one of {', '.join(EXPECT)}, not {expect!r}")

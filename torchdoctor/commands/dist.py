@@ -94,6 +94,9 @@ def register(app: typer.Typer) -> None:
         as_json: JsonOpt = False,
         fail_on: FailOnOpt = "error",
     ) -> None:
+        from torchdoctor.commands._common import prepare_out
+
+        out = prepare_out(out)
         if script is not None or module is not None:
             if backend.strip().lower() != "auto" or sizes is not None or not selftest:
                 raise DoctorError("--backend, --sizes and --no-selftest apply to the self-test, not "

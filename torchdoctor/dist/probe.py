@@ -125,7 +125,9 @@ def run_dist(opts: DistOptions) -> Report:
         return report
     tmp = None
     if opts.out_dir:
-        out = Path(opts.out_dir) / "dist-selftest"
+        from torchdoctor.runner.outdir import fresh_subdir
+
+        out = fresh_subdir(opts.out_dir, "dist-selftest")
     else:
         tmp = tempfile.mkdtemp(prefix="torchdoctor-dist-")
         out = Path(tmp)
@@ -149,6 +151,10 @@ def run_dist(opts: DistOptions) -> Report:
         report.add(f)
     for rule, why in skips:
         report.skip(rule, why)
+    if st.get("status") == "interrupted":
+        report.run_status = "interrupted"
+        report.metrics["run"] = {"outcome": "interrupted", "interrupted_by": st.get("interrupted_by"),
+                                 "wall_s": st.get("wall_s")}
     dist_metrics["link_capacity"] = capacity
     dist_metrics["selftest"] = {k: v for k, v in st.items()
                                 if k != "log_tail" and not (tmp and k == "log")}

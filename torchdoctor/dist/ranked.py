@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from torchdoctor.dist.failtext import own_crash
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Finding, Report
 
@@ -32,9 +33,7 @@ def run_ranked(probe: str, target: str, argv: list[str], *, module: bool, opts: 
     from torchdoctor.runner.launch import launch
 
     n = int(opts["nproc_per_node"])
-    run_dir, is_tmp = _run_dir(opts.get("out"))
-    for old in run_dir.glob("rank*"):
-        shutil.rmtree(old, ignore_errors=True)
+    run_dir, is_tmp = _run_dir(opts.get("out"))  # fresh: no rank dir of an earlier run
     try:
         launch(run_dir, probe, argv, module=module, options=opts, timeout=timeout,
                quiet_patterns=QUIET_PATTERNS + quiet_patterns(dict(os.environ)), show_progress=show,
@@ -90,7 +89,9 @@ def judge(probe: str, target: str, run_dir: str | Path, nproc: int) -> Report:
 def _run_metrics(merged: Evidence) -> dict[str, Any]:
     res = merged.result
     out = {k: res[k] for k in ("outcome", "exit_code", "failed_rank", "signal", "timeout_s",
-                               "wall_s", "steps", "launcher_returncode") if res.get(k) is not None}
+                               "wall_s", "steps", "launcher_returncode", "interrupted_by",
+                               "killed_after_interrupt", "processes_left")
+           if res.get(k) is not None}
     out["ranks"] = res.get("ranks") or []
     return out
 
@@ -101,14 +102,19 @@ def merge_findings(report: Report, rank_reports: dict[int, Report], cross: Repor
     results = {int(e["rank"]): e for e in merged.of("rank_result")}
     explained = {f.code for f in cross.findings} & set(DIST_CODES)
     stopped = {r for r, res in results.items() if res.get("stopped_by_launcher")}
+    # a rank that raised in its own code is the failure; the others' errors follow from it
+    own = {r for r, res in results.items() if own_crash(res)} if not explained else set()
     failed_first = merged.result.get("failed_rank")
     by_code: dict[str, list[tuple[int, Finding]]] = {}
     folded: dict[str, str] = {}
     for r, rep in sorted(rank_reports.items()):
         for f in rep.findings:
-            if f.code in SYMPTOM_CODES and (explained or r in stopped):
+            if f.code in SYMPTOM_CODES and (explained or r in stopped or (own and r not in own)):
                 if r in stopped and not explained:
                     folded[f"rank {r}"] = f"stopped by torchrun after rank {failed_first} failed"
+                elif own and r not in own:
+                    folded[f"rank {r}"] = (f"failed after rank {min(own)} crashed: "
+                                           f"{visible_first_line(f.title)}")
                 continue
             by_code.setdefault(f.code, []).append((r, f))
     for code, items in by_code.items():
@@ -126,6 +132,11 @@ def merge_findings(report: Report, rank_reports: dict[int, Report], cross: Repor
         report.skip(rule_name, reasons[rule_name] + suffix)
     for s in cross.skipped:
         report.skip(s.rule, s.reason)
+
+
+def visible_first_line(text: str, limit: int = 200) -> str:
+    line = next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def _merge_one(items: list[tuple[int, Finding]], nproc: int, folded: dict[str, str] | None) -> Finding:

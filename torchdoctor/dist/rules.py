@@ -31,7 +31,7 @@ def _fmt_bytes(n: int) -> str:
 def judge_failure(st: dict) -> list[Finding]:
     """A self-test that did not end "ok" is a finding; which one depends on where it stopped."""
     status = st.get("status")
-    if status == "ok":
+    if status in ("ok", "interrupted"):  # interrupted: stopped by the user, not a failure
         return []
     ranks = st.get("ranks") or []
     bad = [r for r in ranks if r.get("error")] or [r for r in ranks if r.get("phase") != "done"]

@@ -1,8 +1,10 @@
 """Parent side of the collective self-test: launch torchrun, bound it, merge the rank files.
 
 ``run_selftest`` starts ``python -m torch.distributed.run --standalone --nproc-per-node N
--m torchdoctor.dist.selftest_worker`` in a new process group, waits at most ``timeout_s``
-seconds, kills the whole group on timeout (SIGTERM, then SIGKILL), and merges
+-m torchdoctor.dist.selftest_worker`` in a new process group (bound to us: it dies with
+torchdoctor, :mod:`torchdoctor.runner.lifeline`), waits at most ``timeout_s`` seconds, kills
+the whole group on timeout or on a stop signal (Ctrl-C, SIGTERM, SIGHUP: SIGTERM, then
+SIGKILL), then every process of the run by session and parent tree, and merges
 ``rank{R}.json`` into one dict (see :func:`merge`). It measures; it does not judge.
 """
 
@@ -14,10 +16,12 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import torchdoctor
 from torchdoctor.dist.procs import live_cmdline
+from torchdoctor.runner import lifeline, reap, signals
 from torchdoctor.dist.busbw import allreduce_bandwidth, median
 
 MiB = 1 << 20
@@ -140,32 +144,61 @@ def run_selftest(nproc: int, out_dir: str | Path, backend: str = "auto", sizes: 
     # their stack dump fires a little earlier still, so it lands before any kill.
     pg_timeout = max(5.0, timeout_s - 10.0)
     watchdog = max(3.0, timeout_s - 5.0)
-    cmd = torchrun_cmd(nproc, out, backend, sizes, pg_timeout, watchdog, warmup, reps)
+    cmd = lifeline.bound_command(
+        torchrun_cmd(nproc, out, backend, sizes, pg_timeout, watchdog, warmup, reps))
     log_path = out / "torchrun.log"
     t0 = time.perf_counter()
     timed_out = False
-    with open(log_path, "w") as log:
+    interrupted = None
+    run_id = uuid.uuid4().hex  # marks every process of this self-test (reap.Tracker)
+    with open(log_path, "w") as log, signals.catching() as pending:
+        reap.become_subreaper()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=child_env(env), start_new_session=True)
-        try:
-            rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            rc = None
-        # Workers may outlive torchrun's exit (or we timed out): end the whole group.
-        gone = kill_group(proc) if (timed_out or group_alive(proc.pid)) else True
+                                env={**child_env(env), reap.RUN_ID_ENV: run_id},
+                                start_new_session=True)
+        tracker = reap.Tracker(proc.pid, adopt_after=time.monotonic(), marker=run_id)
+        rc, timed_out, interrupted = _wait(proc, tracker, pending, timeout_s)
+        # Workers may outlive torchrun's exit (or we timed out, or were stopped): end the group
+        # gently first (torchrun's handler stops its ranks), then everything of the run.
+        gone = kill_group(proc, grace_s=2.0 if interrupted else 5.0) \
+            if (timed_out or interrupted or group_alive(proc.pid)) else True
         if rc is None:
             rc = proc.returncode
         # torchrun starts each worker in its own session (start_new_session=True), so the
-        # group kill above does not reach a worker whose agent died first: end those by pid.
+        # group kill above does not reach a worker whose agent died first: end those by pid,
+        # then by session and parent tree (their own subprocesses too).
         gone = kill_workers(out) and gone
+        gone = not tracker.kill_all() and gone
+        reap.become_subreaper(False)
     wall = time.perf_counter() - t0
     merged = merge(read_ranks(out), nproc=nproc, backend=backend, sizes=sizes)
     merged.update(returncode=rc, timed_out=timed_out, timeout_s=timeout_s, wall_s=round(wall, 3),
                   processes_left=not gone, log=str(log_path), log_tail=tail(log_path))
+    if interrupted:
+        merged["interrupted_by"] = interrupted
     merged["status"] = status_of(merged)
     (out / "selftest.json").write_text(json.dumps(merged, indent=1))
     return merged
+
+
+def _wait(proc: subprocess.Popen, tracker: reap.Tracker, pending: signals.Pending,
+          timeout_s: float) -> tuple[int | None, bool, str | None]:
+    """(return code or None, timed out, the stop signal's name or None), polling every 0.1 s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            rc = proc.poll()
+            if rc is not None:
+                return rc, False, None
+            got = pending.take()
+            if got:
+                return None, False, signals.name(got[0])
+            if time.monotonic() >= deadline:
+                return None, True, None
+            tracker.maybe_snapshot()
+            time.sleep(0.1)
+        except KeyboardInterrupt:  # handlers could not be set (not the main thread)
+            return None, False, "SIGINT"
 
 
 def read_ranks(out: Path) -> list[dict]:
@@ -251,7 +284,10 @@ def last_line(text: str | None) -> str | None:
 
 
 def status_of(m: dict) -> str:
-    """ok | timeout | failed (a rank crashed or torchrun failed) | wrong (a check gave bad values)."""
+    """ok | interrupted | timeout | failed (a rank crashed or torchrun failed) | wrong (a check
+    gave bad values)."""
+    if m.get("interrupted_by"):
+        return "interrupted"
     if m.get("timed_out"):
         return "timeout"
     if any(r.get("error") for r in m["ranks"]) or m.get("returncode") not in (0, None) \

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from torchdoctor.dist.failtext import own_crash
 from torchdoctor.dist.procs import live_cmdline
 from torchdoctor.dist.rankdir import (DUMP_DONE, DUMP_REQUEST, PID, RANKED_ENV, rank_dir)
 from torchdoctor.runner.rundir import EVENTS, RESULT, read_json, write_json
@@ -101,6 +102,12 @@ def merged_outcome(ranks: list[dict[str, Any]], timed_out: bool) -> dict[str, An
     if timed_out:
         return {"outcome": "timeout"}
     own = [r for r in ranks if not r.get("stopped_by_launcher")]
+    first_own = [r for r in own if own_crash(r)]  # raised in its own code: the others followed
+    if first_own:
+        out = {"outcome": "crash", "failed_rank": first_own[0].get("rank")}
+        if first_own[0].get("exit_code") is not None:
+            out["exit_code"] = first_own[0]["exit_code"]
+        return out
     for kind in ("crash", "signal", "interrupted"):
         hit = [r for r in own if r.get("outcome") == kind]
         if hit:

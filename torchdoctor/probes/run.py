@@ -38,10 +38,7 @@ def check_target(target: str, module: bool) -> None:
         top = target.split(".")[0]
         if not top.isidentifier():
             raise DoctorError(f"not a module name: {target!r}")
-        try:
-            spec = importlib.util.find_spec(top)  # top level only: imports nothing of the user's
-        except (ImportError, ValueError):
-            spec = None
+        spec = find_top_module(top)
         if spec is None:
             raise DoctorError(f"module not found: {top!r}",
                               hint="run from the folder that holds the package, or pass SCRIPT")
@@ -58,17 +55,29 @@ def check_target(target: str, module: bool) -> None:
         raise DoctorError(f"cannot read {target}")
 
 
+def find_top_module(top: str):
+    """The spec of top-level module ``top`` as ``python -m`` would find it: the current folder
+    first on the path (the ``torchdoctor`` entry point's own path does not hold it). Imports
+    nothing of the user's."""
+    import sys
+
+    saved = list(sys.path)
+    sys.path.insert(0, os.getcwd())
+    try:
+        return importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    finally:
+        sys.path[:] = saved
+
+
 def _run_dir(out: str | None) -> tuple[Path, bool]:
-    """(run dir, is_temporary). Under --out, stale files of an earlier run are removed."""
+    """(run dir, is_temporary). Under --out (a folder torchdoctor owns, see runner.outdir) the
+    run dir ``run`` of an earlier run there is replaced."""
     if out:
-        d = Path(out) / "run"
-        d.mkdir(parents=True, exist_ok=True)
-        for name in RUN_FILES:
-            try:
-                (d / name).unlink()
-            except FileNotFoundError:
-                pass
-        return d, False
+        from torchdoctor.runner.outdir import fresh_subdir
+
+        return fresh_subdir(out, "run"), False
     return Path(tempfile.mkdtemp(prefix="torchdoctor-run-")), True
 
 
@@ -192,6 +201,8 @@ def run_status(outcome: str | None) -> str | None:
         return "crashed"
     if outcome == "timeout":
         return "timeout"
+    if outcome == "interrupted":
+        return "interrupted"
     return None
 
 
@@ -242,8 +253,9 @@ def run_probe(probe: str, target: str, script_args: list[str], options: dict[str
             """The same script and arguments again, under ``probe`` (default: this run's)."""
             n[0] += 1
             if opts.get("out"):
-                d = Path(opts["out"]) / f"followup-{n[0]}"
-                shutil.rmtree(d, ignore_errors=True)
+                from torchdoctor.runner.outdir import fresh_subdir
+
+                d = fresh_subdir(opts["out"], f"followup-{n[0]}")
             else:
                 d = Path(tempfile.mkdtemp(prefix="torchdoctor-followup-"))
                 tmp_dirs.append(d)
@@ -252,7 +264,8 @@ def run_probe(probe: str, target: str, script_args: list[str], options: dict[str
         run_rules("run", ev, report)
         if probe != "run":
             run_rules(probe, ev, report)
-        _followups(report, ev, relaunch)
+        if ev.result.get("outcome") != "interrupted":  # stopped by the user: no re-run
+            _followups(report, ev, relaunch)
         _instrument_errors(ev, report)
         _metrics(ev, report)
         _step_limit(ev, report)

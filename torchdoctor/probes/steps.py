@@ -99,7 +99,9 @@ def run_metrics(ev: Evidence) -> dict[str, Any] | None:
     if not res:
         return None
     out = {k: res[k] for k in ("outcome", "exit_code", "reason", "signal", "timeout_s", "wall_s",
-                               "steps", "interrupted") if res.get(k) is not None}
+                               "steps", "interrupted", "interrupted_by", "killed_after_interrupt",
+                               "clean_stop_requested", "processes_left")
+           if res.get(k) is not None}
     first = ev.of("step")
     start = ev.last("script_start")
     if first and start:

@@ -67,14 +67,45 @@ def finding_block(f: Finding) -> Group:
     return Group(*lines)
 
 
+def run_ended(report: Report) -> Text | None:
+    """One line on how the run ended when it did not end on its own (interrupted, timeout)."""
+    run = report.metrics.get("run") if isinstance(report.metrics.get("run"), dict) else {}
+    steps = run.get("steps")
+    after = f" after {steps} step{'' if steps == 1 else 's'}" if isinstance(steps, int) else ""
+    timeout = run.get("timeout_s")
+    limit = f" ({timeout:g} s)" if isinstance(timeout, (int, float)) else ""
+    if report.run_status == "interrupted":
+        by = run.get("interrupted_by") or "Ctrl-C"
+        by = "Ctrl-C (SIGINT)" if by == "SIGINT" else by
+        killed = ", killed after the grace period" if run.get("killed_after_interrupt") else ""
+        return Text(f"Run interrupted by {by}{after}{killed}: the findings judge only what ran "
+                    f"before it.", style="bold yellow")
+    if report.run_status == "timeout":
+        return Text(f"Run killed at the --timeout{limit}{after}: it was still running.",
+                    style="bold red")
+    if run.get("reason") == "--timeout reached":
+        return Text(f"Run stopped cleanly at the --timeout{limit}{after}.", style="bold")
+    return None
+
+
 def footer(report: Report) -> Text:
     c = report.counts()
     n = len(report.findings)
+    ended = run_ended(report)
+    t = Text()
+    if ended is not None:
+        t.append_text(ended)
+        t.append("\n")
     if n == 0:
-        return Text("✓ No problems found", style="bold green")
+        if report.run_status in ("interrupted", "timeout"):
+            t.append("No problems found in what ran", style="bold")
+        else:
+            t.append("✓ No problems found", style="bold green")
+        return t
     word = "finding" if n == 1 else "findings"
     style = "bold red" if c["error"] else ("bold yellow" if c["warning"] else "bold")
-    return Text(f"{n} {word} ({c['error']} errors, {c['warning']} warnings)", style=style)
+    t.append(f"{n} {word} ({c['error']} errors, {c['warning']} warnings)", style=style)
+    return t
 
 
 def render(report: Report, console: Console | None = None) -> None:

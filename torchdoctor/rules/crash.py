@@ -264,6 +264,20 @@ def _exit_finding(ev: Evidence) -> Finding:
     if tail:
         evidence["last_output"] = tail
     how = "sys.exit" if not res.get("no_result") else "os._exit or a hard exit"
+    from torchdoctor.rules.misplaced import misplaced_options
+
+    argv = list(ev.meta.get("argv") or [])
+    wrong = misplaced_options(res, argv[1:])
+    if wrong:  # torchdoctor's options written after SCRIPT went to the script, which refused them
+        names = " ".join(wrong)
+        evidence["refused_options"] = wrong
+        return finding(
+            "script-crashed",
+            f"the script refused {names}: torchdoctor's options go before SCRIPT, everything "
+            f"after it is passed to the script", evidence,
+            fix=f"Move {names} (with its value) before the script: torchdoctor "
+                f"{ev.meta.get('probe') or 'checkup'} {names} ... {argv[0] if argv else 'SCRIPT'} "
+                f"[the script's own arguments]")
     return finding("script-crashed", f"the script exited with code {code} ({how})", evidence,
                    fix="Read the script's last output above: a non-zero exit code means it gave "
                        "up (bad arguments, missing file, failed check)")

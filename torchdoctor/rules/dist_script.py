@@ -13,6 +13,8 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
+from torchdoctor.dist.failtext import (COLLECTIVE_FAILURE_TEXT, MISMATCH_TEXT, PEER_GONE_TEXT,
+                                       TIMEOUT_TEXT, own_crash)
 from torchdoctor.dist.collectives import (describe, first_divergence, pending_fr, sequences,
                                           shape_text, where)
 from torchdoctor.dist.stragglers import PHASES, device_table, lag_table, per_rank_steps, step_medians
@@ -31,16 +33,7 @@ LAG_MIN_S = 0.002
 OWN_SHARE = 0.5
 MIN_STEPS = 5
 P2P = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
-# what collective failures print (gloo, NCCL, TORCH_DISTRIBUTED_DEBUG=DETAIL)
-MISMATCH_TEXT = re.compile(r"Detected mismatch between collectives|size doesn't match expected size|"
-                           r"collective mismatch|Mismatch between collective", re.I)
-PEER_GONE_TEXT = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|"
-                            r"NCCL communicator was aborted", re.I)
-TIMEOUT_TEXT = re.compile(r"Watchdog caught collective operation timeout|"
-                          r"Timed out waiting .* for collective", re.I)
-COLLECTIVE_FAILURE_TEXT = re.compile(
-    "|".join(p.pattern for p in (MISMATCH_TEXT, PEER_GONE_TEXT, TIMEOUT_TEXT))
-    + r"|ProcessGroup|c10d|gloo|NCCL", re.I)
+# what collective failures print (gloo, NCCL, TORCH_DISTRIBUTED_DEBUG=DETAIL): torchdoctor.dist.failtext
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -75,6 +68,11 @@ def failure_lines(ev: Evidence, pattern: re.Pattern = COLLECTIVE_FAILURE_TEXT) -
             if t and t not in out:
                 out.append(t)
     return out[:6]
+
+
+def crashed_ranks(ev: Evidence) -> list[int]:
+    """Ranks that raised in their own code (not a collective failure caused by another rank)."""
+    return [r for r, res in sorted(rank_results(ev).items()) if own_crash(res)]
 
 
 def rank_outcomes(ev: Evidence) -> dict[str, str]:
@@ -211,6 +209,8 @@ def collectives(ev: Evidence) -> list[Finding]:
     watchdog = failure_lines(ev, TIMEOUT_TEXT)
     mismatch_msgs = failure_lines(ev, MISMATCH_TEXT)
     interrupted = ev.result.get("outcome") == "interrupted" or bool(ev.result.get("interrupted"))
+    if crashed_ranks(ev) and not mismatch_msgs:
+        return []  # a rank raised in its own code: the others' collective errors follow from it
     hung = timed_out or interrupted or bool(gone) or bool(watchdog)
     if div is not None and div["kind"] == "skip" and (hung or not mismatch_msgs):
         if hung:

@@ -29,6 +29,9 @@ SIGNAL_HINTS = {
 }
 
 
+_OWN_THREADS = ("runner/rundir.py", "runner/lifeline.py")
+
+
 def _stacks(ev: Evidence) -> dict[str, Any]:
     from torchdoctor.runner.rundir import STACKS
     from torchdoctor.runner.stacks import read_stacks
@@ -72,6 +75,8 @@ def stack_evidence(stacks: dict[str, Any]) -> dict[str, Any]:
         if t is main:
             continue
         uf = _user_frames(t["frames"])
+        if not uf and any(f[0].endswith(_OWN_THREADS) for f in t["frames"]):
+            continue  # torchdoctor's own threads (evidence flusher, lifeline): not the script's
         top = uf[0] if uf else (t["frames"][0] if t["frames"] else None)
         if top:
             others.append(_fmt(top))
@@ -111,8 +116,8 @@ def script_hung(ev: Evidence) -> list[Finding]:
     walls = [float(s.get("wall_s", 0.0)) for s in steps]
     med = statistics.median(walls) if walls else 0.0
     need = max(STALL_FRACTION * timeout, STALL_STEPS * med, STALL_MIN_S)
-    if steps and stalled < need:
-        return []  # still stepping when the time was up: slow, not hung
+    if steps and stalled < need:  # still stepping, slowly, when it was killed: say so
+        return [_killed_while_stepping(ev, timeout, len(steps), stalled, med)]
     stack = stack_evidence(_stacks(ev))
     where = stack.get("stuck_at") or stack.get("waiting_in") or "an unknown place"
     what = f"after step {len(steps)}" if steps else "before the first training step"
@@ -127,6 +132,34 @@ def script_hung(ev: Evidence) -> list[Finding]:
     return [finding("script-hung",
                     f"no progress for {stalled:.0f} s {what}, stopped at the {timeout:g} s "
                     f"timeout; stuck at {where}", evidence, fix=_hang_fix(stack))]
+
+
+def _killed_while_stepping(ev: Evidence, timeout: float, steps: int, stalled: float,
+                           median_step_s: float) -> Finding:
+    """Killed at the timeout although steps still ended not long before: it did not stop at a
+    step boundary within the grace after torchdoctor's clean-stop request (a step longer than
+    the grace, or the script swallowed the stop), or no step ended in the parent's window."""
+    res = ev.result
+    grace = float(res.get("clean_stop_grace_s") or 0.0)
+    stack = stack_evidence(_stacks(ev))
+    where = stack.get("stuck_at") or stack.get("waiting_in") or "an unknown place"
+    evidence: dict[str, Any] = {"timeout_s": timeout, "steps_done": steps,
+                                "last_step_before_kill_s": round(stalled, 1),
+                                "median_step_s": round(median_step_s, 3), **stack}
+    if res.get("clean_stop_requested"):
+        evidence["clean_stop_grace_s"] = grace
+        what = (f"did not stop at a step boundary within {grace:g} s of torchdoctor's clean-stop "
+                f"request")
+    else:
+        what = "made no step in the last seconds before it"
+    return finding(
+        "script-hung",
+        f"still running at the {timeout:g} s timeout and {what}; killed after {steps} steps at "
+        f"{where}", evidence,
+        fix="If a step lasts longer than the grace, raise --timeout or lower --steps so the run "
+            "ends on its own; if steps are short, the script swallows the stop: a bare `except:` "
+            "or `except BaseException` around the training step also catches torchdoctor's stop "
+            "(and KeyboardInterrupt): catch `Exception` instead")
 
 
 @rule("killed-by-signal", probes={"run"})

@@ -1,6 +1,8 @@
 """The child harness: run the user's script once, unmodified, under the armed instruments.
 
-Started by :mod:`torchdoctor.runner.launch` as ``python -c BOOT RUN_DIR`` in a new session.
+Started by :mod:`torchdoctor.runner.launch` as ``python -c BOOT RUN_DIR`` in a new session;
+the boot binds it to the parent first (:mod:`torchdoctor.runner.lifeline`: it dies with
+torchdoctor, and stops itself 30 s past its --timeout if nobody did).
 Reads ``meta.json`` (probe, argv, module, options), installs the core (step clock, patches)
 and the probe's instruments, rewrites ``sys.argv`` and ``sys.path[0]`` the way ``python
 script.py`` / ``python -m mod`` would, runs the script with :mod:`runpy` as ``__main__`` and
@@ -167,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
         faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True, chain=False)
     if ranked:  # torchrun stops the other ranks with SIGTERM when one fails: keep where they were
         faulthandler.register(signal.SIGTERM, file=stacks, all_threads=True, chain=True)
+    from torchdoctor.runner import lifeline
+
+    # the parent-pid fallback and the run's own deadline: no run outlives torchdoctor or its bound
+    lifeline.watch(lifeline.deadline_of(meta), stacks)
 
     from torchdoctor.runner.context import HarnessContext, StopRun
     from torchdoctor.runner.core import Core

@@ -1,0 +1,102 @@
+"""SIGINT, SIGTERM and SIGHUP to torchdoctor: one meaning, "stop the run and report".
+
+Ctrl-C, a CI cancel or a scheduler's pre-emption (SIGTERM), a closed terminal (SIGHUP) and a
+script that signals its parent all end a run the same way: the signal is forwarded to the
+child as SIGINT (the script sees ``KeyboardInterrupt`` and its evidence is written), the child
+gets a grace period, then everything the run started is killed and the report printed with
+status ``interrupted`` (exit 130). A second signal kills at once.
+
+* :func:`catching` (while a child runs): the handlers only record the signal; the launcher's
+  loop acts on it within its poll period, so nothing is interrupted half-way.
+* :func:`raising` (around a whole command): the handlers raise :class:`Interrupted`, a
+  ``KeyboardInterrupt``, as Ctrl-C does by default; the command's guard reports it.
+
+Handlers can only be set from the main thread; elsewhere both are no-ops (Ctrl-C keeps
+Python's default). Never imports torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from typing import Iterator
+
+SIGNALS = tuple(s for s in (getattr(signal, n, None) for n in ("SIGINT", "SIGTERM", "SIGHUP"))
+                if s is not None)
+EXIT_INTERRUPTED = 130
+
+
+class Interrupted(KeyboardInterrupt):
+    """A stop signal turned into an exception (``signum``: which one)."""
+
+    def __init__(self, signum: int = signal.SIGINT):
+        super().__init__(name(signum))
+        self.signum = signum
+
+
+def name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+@contextlib.contextmanager
+def _installed(handler) -> Iterator[None]:
+    if not _main_thread():
+        yield
+        return
+    old = {}
+    for s in SIGNALS:
+        try:
+            prev = signal.getsignal(s)
+            if s != signal.SIGINT and prev is signal.SIG_IGN:
+                continue  # nohup / a parent that wants us immune: stay immune
+            old[s] = prev
+            signal.signal(s, handler)
+        except (ValueError, OSError):
+            pass
+    try:
+        yield
+    finally:
+        for s, prev in old.items():
+            try:
+                signal.signal(s, prev if prev is not None else signal.SIG_DFL)
+            except (ValueError, OSError):
+                pass
+
+
+class Pending:
+    """Signals received, oldest first (``catching``)."""
+
+    def __init__(self) -> None:
+        self.signals: list[int] = []
+
+    def __call__(self, signum, _frame) -> None:
+        self.signals.append(signum)
+
+    def take(self) -> list[int]:
+        got, self.signals = self.signals, []
+        return got
+
+
+@contextlib.contextmanager
+def catching() -> Iterator[Pending]:
+    pending = Pending()
+    with _installed(pending):
+        yield pending
+
+
+def _raise(signum, _frame) -> None:
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def raising() -> Iterator[None]:
+    with _installed(_raise):
+        yield
