@@ -11,6 +11,10 @@ def rule_missing_training_state(ev: Evidence, j: Judgment) -> None:
     r = ev.roles
     codes = ("ckpt-missing-optimizer", "ckpt-missing-scheduler", "ckpt-missing-rng", "ckpt-missing-progress",
              "ckpt-missing-scaler")
+    if j.mode == "part":
+        for code in codes:
+            j.skipped.append((code, "one part of a multi-file checkpoint: audit the folder to judge the whole"))
+        return
     if j.mode == "weights":
         why = "--expect weights" if ev.expect == "weights" else "judged a weights export (--expect resume to require)"
         for code in codes:

@@ -9,6 +9,9 @@ declare("ckpt-unsafe-pickle", CHECKPOINTING, "warning",
         "needs arbitrary-code unpickling (weights_only=False): lists the globals it would import; nothing is executed")
 declare("ckpt-full-model-pickle", CHECKPOINTING, "warning",
         "a whole pickled nn.Module instead of a state_dict")
+declare("ckpt-part-file", CHECKPOINTING, "info",
+        "the file is one part of a checkpoint (only optimizer, scheduler, scaler or RNG state, or one file of "
+        "an accelerate/Trainer/DeepSpeed/DCP folder): audit the folder")
 declare("ckpt-missing-model", CHECKPOINTING, "error", "no model weights found")
 declare("ckpt-missing-optimizer", CHECKPOINTING, "warning", "training cannot resume exactly: no optimizer state")
 declare("ckpt-missing-scheduler", CHECKPOINTING, "warning",
