@@ -18,7 +18,8 @@ declare("ckpt-missing-scheduler", CHECKPOINTING, "warning",
         "no LR-scheduler state while the optimizer state suggests one is used (info when unknown)")
 declare("ckpt-missing-rng", CHECKPOINTING, "warning", "no RNG state (torch CPU/CUDA, numpy, python)")
 declare("ckpt-missing-progress", CHECKPOINTING, "warning", "no epoch/step counter")
-declare("ckpt-missing-scaler", CHECKPOINTING, "warning", "float16 training signs but no GradScaler state")
+declare("ckpt-missing-scaler", CHECKPOINTING, "warning",
+        "float16 training signs but no GradScaler state: a few skipped steps on resume (info unless --expect resume)")
 declare("ckpt-nonfinite-weights", CHECKPOINTING, "error", "NaN/Inf in saved tensors: which ones")
 declare("ckpt-wrapper-prefix", CHECKPOINTING, "info",
         "keys carry `module.` (DDP) or `_orig_mod.` (torch.compile) prefixes")
