@@ -353,3 +353,13 @@ def test_nanogpt_gpu_float16_without_scaler_state_is_info_with_its_real_cost(tmp
     assert rep.exit_code("warning") == 0
     strict = run(str(path), Options(expect="resume"))
     assert {x.code: x.severity for x in strict.findings}["ckpt-missing-scaler"] == "warning"
+
+
+def test_ddp_tutorial_missing_optimizer_text_is_exact(built):
+    """The DDP tutorial's {"MODEL_STATE", "EPOCHS_RUN"}: the warning says what is lost, and that it is harmless
+    only for a stateless optimizer, which the audit cannot see."""
+    f = next(f for f in run(built["ddp_tutorial"], Options()).findings if f.code == "ckpt-missing-optimizer")
+    assert f.severity == "warning" and "EPOCHS_RUN" in f.title
+    assert "momentum buffers, Adam moments, step counts" in f.title
+    assert "harmless only for a stateless optimizer (plain SGD without momentum)" in f.fix
+    assert "cannot see" in f.fix

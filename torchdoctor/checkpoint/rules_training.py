@@ -46,12 +46,15 @@ def _missing_optimizer(ev: Evidence, j: Judgment) -> None:
     what = ", ".join(list(r.progress)[:3] + r.config[:2]) or ", ".join(held) or "training state"
     j.findings.append(finding(
         "ckpt-missing-optimizer",
-        f"a training snapshot ({what}) without optimizer state: resuming from it restarts the optimizer "
-        "(Adam moments, momentum) from zero",
-        {"training_state_present": held or "none", "mode": _mode_text(ev)},
-        fix="Save optimizer.state_dict() with the model and load it with optimizer.load_state_dict() after "
-            "building the optimizer over the same parameters. (Plain SGD without momentum has no state to "
-            "lose; if the file is meant only for inference, drop the counters or pass --expect weights.)",
+        f"a training snapshot ({what}) without optimizer state: on resume the optimizer's state (momentum "
+        "buffers, Adam moments, step counts) is lost and starts again from zero",
+        {"training_state_present": held or "none", "mode": _mode_text(ev),
+         "optimizer_seen": "no: the audit reads only the file, not the script that trains from it"},
+        fix="Save optimizer.state_dict() with the model and restore it with optimizer.load_state_dict() after "
+            "building the optimizer over the same parameters. Leaving it out is harmless only for a stateless "
+            "optimizer (plain SGD without momentum), which checkpoint-audit cannot see from the file: if that is "
+            "your optimizer, nothing is lost. If the file is meant only for inference, drop the counters or "
+            "pass --expect weights.",
     ))
 
 
