@@ -40,11 +40,11 @@ def test_each_file_of_an_accelerate_folder_is_a_part(accel, name, part, extra):
     rep = run(str(accel / name), Options())
     assert _codes(rep) == {"ckpt-part-file": "info", **extra}, [(f.code, f.severity, f.title) for f in rep.findings]
     f = _part(rep)
-    assert f.evidence["part"] == part and "accelerate" in f.title
+    assert f.evidence["part"] == part and f"the {part} of an accelerate save_state checkpoint" in f.title
     assert str(accel) in f.title and "audit the folder" in f.title
     assert rep.metrics["checkpoint"]["judged_as"] == "part"
     assert rep.exit_code("warning") == 0
-    render_to_text(rep)
+    assert "judged as one part of a checkpoint" in " ".join(render_to_text(rep).split())
 
 
 def test_the_accelerate_folder_itself_is_still_one_checkpoint(accel):
@@ -122,6 +122,7 @@ def test_deepspeed_model_states_file_is_a_part(tmp_path):
     assert "DeepSpeed" in _part(rep).title and _part(rep).evidence["part"] == "model weights"
     rep = run(str(ckpt / "zero_pp_rank_0_mp_rank_00_optim_states.pt"), Options())
     assert rep.exit_code("warning") == 0 and "ckpt-missing-model" not in _codes(rep)
+    assert _part(rep).evidence["part"] == "optimizer state"
 
 
 def test_the_meta_file_of_a_dcp_folder_is_a_part(tmp_path):
@@ -137,7 +138,12 @@ def test_the_meta_file_of_a_dcp_folder_is_a_part(tmp_path):
     rep = run(str(folder / "meta.pt"), Options())
     assert "ckpt-missing-model" not in _codes(rep) and rep.exit_code("warning") == 0, _codes(rep)
     assert "distributed.checkpoint" in _part(rep).title
+    assert _part(rep).evidence["part"] == "progress and bookkeeping state"
     assert run(str(folder), Options()).metrics["checkpoint"]["format"] == "dcp"
+    shard = next(p for p in folder.iterdir() if p.name.endswith(".distcp"))
+    rep = run(str(shard), Options())
+    assert rep.exit_code("warning") == 0, _codes(rep)
+    assert _part(rep).evidence["part"] == "tensor data shard"
 
 
 class Payload:

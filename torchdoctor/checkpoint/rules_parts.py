@@ -53,6 +53,24 @@ def content_part(ev: Evidence) -> str | None:
     return None
 
 
+def _kind_in_layout(ev: Evidence, lay: dict) -> str:
+    """What a file of a known layout holds, when its content alone is not one recognised part."""
+    r = ev.roles
+    if r.model is not None and r.model.tensors:
+        return "model weights"
+    if lay["name"] == "dcp" and ev.contents.path.endswith(".distcp"):
+        return "tensor data shard"  # items stored by offset; the folder's .metadata says what they are
+    if r.optimizers:
+        return "optimizer state"  # e.g. DeepSpeed's *_optim_states.pt (nested under optimizer_state_dict)
+    if r.schedulers:
+        return "LR-scheduler state"
+    if r.rng:
+        return "RNG state"
+    if r.progress:
+        return "progress and bookkeeping state"  # Lightning's meta.pt beside a DCP folder
+    return "non-weights state"
+
+
 def part_of(ev: Evidence) -> dict | None:
     """``{"part", "layout", "folder"}`` when the audited file is one part of a checkpoint, else None."""
     if ev.contents.format in ("directory", "dcp", "hf-index"):
@@ -62,9 +80,7 @@ def part_of(ev: Evidence) -> dict | None:
     if kind is None and lay is None:
         return None
     if kind is None:
-        r = ev.roles
-        kind = "model weights" if r.model is not None and r.model.tensors else \
-            "training state without model weights"
+        kind = _kind_in_layout(ev, lay)
     out = {"part": kind, "layout": lay["what"] if lay else None, "folder": lay["folder"] if lay else None}
     if lay:
         out["siblings"] = lay["evidence"]
@@ -76,7 +92,8 @@ def rule_part_file(ev: Evidence, j: Judgment) -> None:
     if not part:
         return
     if part["layout"]:
-        title = (f"this file is the {part['part']} of a {part['layout']}: audit the folder "
+        article = "an" if part["layout"][:1].lower() in "aeiou" else "a"
+        title = (f"this file is the {part['part']} of {article} {part['layout']}: audit the folder "
                  f"{visible(part['folder'])} for the whole picture")
         fix = (f"Run torchdoctor checkpoint-audit {visible(part['folder'])} — the folder is read as one checkpoint "
                "(model, optimizer, scheduler, RNG state together).")
