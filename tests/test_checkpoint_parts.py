@@ -64,6 +64,28 @@ def test_a_trainer_optimizer_file_names_the_trainer_folder(tmp_path):
         assert "ckpt-missing-model" not in _codes(rep)
 
 
+def test_a_trainer_save_model_export_is_not_a_part(tmp_path):
+    """trainer.save_model() writes the final weights beside training_args.bin: a whole weights export."""
+    folder = hf_trainer(tmp_path)
+    out = tmp_path / "final"
+    out.mkdir()
+    for n in ("model.safetensors", "training_args.bin"):
+        (out / n).write_bytes((folder / n).read_bytes())
+    rep = run(str(out / "model.safetensors"), Options())
+    assert _codes(rep) == {"ckpt-missing-optimizer": "info"} and rep.metrics["checkpoint"]["judged_as"] == "weights"
+    rep = run(str(folder / "training_args.bin"), Options())  # inside checkpoint-500/: a part
+    assert "ckpt-missing-model" not in _codes(rep) and rep.exit_code("warning") == 0, _codes(rep)
+
+
+def test_a_pickled_training_config_alone_is_a_part(tmp_path):
+    import argparse
+
+    torch.save(argparse.Namespace(lr=1e-3, epochs=3), tmp_path / "args.pt")
+    rep = run(str(tmp_path / "args.pt"), Options())
+    assert _part(rep).evidence["part"] == "training config" and "ckpt-missing-model" not in _codes(rep)
+    assert rep.exit_code("warning") == 0
+
+
 def _trained():
     torch.manual_seed(0)
     net = Small()

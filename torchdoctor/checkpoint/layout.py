@@ -26,7 +26,8 @@ MAX_NAMES = 4096  # a huge folder is not listed past this many entries
 
 _ACCELERATE = re.compile(r"^(random_states_\d+\.pkl|optimizer(_\d+)?\.bin|scheduler(_\d+)?\.bin|sampler(_\d+)?\.bin|"
                          r"custom_checkpoint_\d+\.pkl)$")
-_TRAINER = re.compile(r"^(trainer_state\.json|rng_state(_\d+)?\.pth|training_args\.bin)$")
+# not training_args.bin alone: trainer.save_model() writes it beside the final weights (a whole export)
+_TRAINER = re.compile(r"^(trainer_state\.json|rng_state(_\d+)?\.pth)$")
 _DEEPSPEED = re.compile(r"(^|_)mp_rank_\d+_model_states\.pt$|zero_pp_rank_\d+_mp_rank_\d+_optim_states\.pt$")
 _FSDP = re.compile(r"_fsdp(_|\.|$)|^optimizer_\d+(_rank\d+)?\.bin$")
 _DCP = re.compile(r"^(\.metadata|__\d+\.metadata|__\d+_\d+\.distcp)$")

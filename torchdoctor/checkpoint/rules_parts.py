@@ -25,7 +25,8 @@ from torchdoctor.findings import finding
 from torchdoctor.report.safe import visible
 
 _ROOT_KINDS = {"optimizer": "optimizer state", "scheduler": "LR-scheduler state", "scaler": "GradScaler state",
-               "scaler (disabled)": "GradScaler state (disabled scaler)"}
+               "scaler (disabled)": "GradScaler state (disabled scaler)",
+               "config": "training config"}  # a pickled TrainingArguments / argparse.Namespace (training_args.bin)
 
 
 def _scalar(v: Any) -> bool:
