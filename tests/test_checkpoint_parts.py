@@ -142,6 +142,8 @@ def test_deepspeed_model_states_file_is_a_part(tmp_path):
     rep = run(str(ckpt / "mp_rank_00_model_states.pt"), Options())
     assert _codes(rep) == {"ckpt-part-file": "info"}, [(f.code, f.severity, f.title) for f in rep.findings]
     assert "DeepSpeed" in _part(rep).title and _part(rep).evidence["part"] == "model weights"
+    assert "audit the folder" not in _part(rep).title  # checkpoint-audit does not read it as one checkpoint
+    assert "the other parts are the files beside it" in _part(rep).title
     rep = run(str(ckpt / "zero_pp_rank_0_mp_rank_00_optim_states.pt"), Options())
     assert rep.exit_code("warning") == 0 and "ckpt-missing-model" not in _codes(rep)
     assert _part(rep).evidence["part"] == "optimizer state"
@@ -184,3 +186,24 @@ def test_a_code_running_part_is_still_an_error(accel, tmp_path):
     torch.save(sd, folder / "optimizer.bin")
     rep = run(str(folder / "optimizer.bin"), Options())
     assert _codes(rep)["ckpt-unsafe-pickle"] == "error" and "ckpt-part-file" in _codes(rep)
+
+
+@pytest.mark.parametrize("siblings, layout, whole", [
+    (["model.safetensors", "optimizer.bin", "random_states_0.pkl"], "accelerate", True),
+    (["pytorch_model_fsdp_0.bin", "optimizer_0.bin", "random_states_0.pkl"], "fsdp", True),
+    (["model.safetensors", "trainer_state.json", "rng_state.pth"], "hf-trainer", True),
+    (["mp_rank_00_model_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"], "deepspeed", False),
+    ([".metadata", "__1_0.distcp"], "dcp", True),
+    (["epoch_1.pt", "best.pt", "log.txt"], None, False),
+    (["model.safetensors", "training_args.bin", "config.json"], None, False),  # trainer.save_model() output
+])
+def test_sibling_layouts_by_name(tmp_path, siblings, layout, whole):
+    from torchdoctor.checkpoint.layout import sibling_layout
+
+    for n in siblings:
+        (tmp_path / n).write_bytes(b"")
+    (tmp_path / "audited.pt").write_bytes(b"")
+    got = sibling_layout(str(tmp_path / "audited.pt"))
+    assert (got and got["name"]) == (layout or None)
+    if got:
+        assert got["folder_audit"] is whole and got["folder"] == str(tmp_path)

@@ -63,9 +63,24 @@ def sibling_layout(path: str) -> dict | None:
     for name, what, pat in LAYOUTS:
         hits = [n for n in others if pat.search(n)]
         if hits:
-            return {"name": name, "what": what, "folder": folder, "evidence": hits[:6]}
+            return {"name": name, "what": what, "folder": folder, "evidence": hits[:6],
+                    "folder_audit": _folder_reads_as_one(name, names)}
     if _TRAINER_DIR.match(os.path.basename(folder)) and any(n.endswith((".pt", ".pth", ".bin", ".safetensors"))
                                                             for n in others):
         return {"name": "hf-trainer", "what": "Hugging Face Trainer checkpoint", "folder": folder,
-                "evidence": [f"folder name {os.path.basename(folder)}"]}
+                "evidence": [f"folder name {os.path.basename(folder)}"],
+                "folder_audit": _folder_reads_as_one("hf-trainer", names)}
     return None
+
+
+def _folder_reads_as_one(layout: str, names: list[str]) -> bool:
+    """Whether ``checkpoint-audit FOLDER`` reads this folder as one checkpoint (detect._read_dir's rule).
+
+    DCP folders and folders with Trainer/accelerate state files are; a DeepSpeed folder is not (its
+    ranks' files are read one by one).
+    """
+    from torchdoctor.checkpoint.detect import TRAINER_FILES
+
+    if layout == "dcp":
+        return True
+    return any(n in TRAINER_FILES or n.startswith(("rng_state", "random_states_")) for n in names)

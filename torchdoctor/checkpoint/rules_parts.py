@@ -82,7 +82,8 @@ def part_of(ev: Evidence) -> dict | None:
         return None
     if kind is None:
         kind = _kind_in_layout(ev, lay)
-    out = {"part": kind, "layout": lay["what"] if lay else None, "folder": lay["folder"] if lay else None}
+    out = {"part": kind, "layout": lay["what"] if lay else None, "folder": lay["folder"] if lay else None,
+           "folder_audit": bool(lay and lay.get("folder_audit"))}
     if lay:
         out["siblings"] = lay["evidence"]
     return out
@@ -92,12 +93,18 @@ def rule_part_file(ev: Evidence, j: Judgment) -> None:
     part = j.facts.get("part")
     if not part:
         return
-    if part["layout"]:
-        article = "an" if part["layout"][:1].lower() in "aeiou" else "a"
+    article = "an" if (part["layout"] or "")[:1].lower() in "aeiou" else "a"
+    if part["layout"] and part["folder_audit"]:
         title = (f"this file is the {part['part']} of {article} {part['layout']}: audit the folder "
                  f"{visible(part['folder'])} for the whole picture")
         fix = (f"Run torchdoctor checkpoint-audit {visible(part['folder'])} — the folder is read as one checkpoint "
                "(model, optimizer, scheduler, RNG state together).")
+    elif part["layout"]:  # DeepSpeed: the folder is not read as one checkpoint; say where the rest is
+        title = (f"this file is the {part['part']} of {article} {part['layout']}: the other parts are the files "
+                 f"beside it in {visible(part['folder'])}, so a missing model or optimizer here is expected")
+        fix = ("Audit each file of the folder (the model states file holds the weights, the per-rank "
+               "optim_states files the optimizer shards); for one file with the full weights, consolidate them "
+               "first (DeepSpeed's zero_to_fp32.py) and audit its output.")
     else:
         title = (f"this file holds only the {part['part']}: one part of a checkpoint whose model weights are "
                  "saved in another file")
