@@ -207,3 +207,15 @@ def test_sibling_layouts_by_name(tmp_path, siblings, layout, whole):
     assert (got and got["name"]) == (layout or None)
     if got:
         assert got["folder_audit"] is whole and got["folder"] == str(tmp_path)
+
+
+def test_a_hostile_folder_name_reaches_the_console_escaped(tmp_path):
+    folder = tmp_path / "ep\x1b[2J0"
+    folder.mkdir()
+    _net, opt, _sched = _trained()
+    torch.save(opt.state_dict(), folder / "optimizer.bin")
+    (folder / "random_states_0.pkl").write_bytes(b"")
+    rep = run(str(folder / "optimizer.bin"), Options())
+    assert str(folder) in _part(rep).title  # exact in the JSON
+    text = render_to_text(rep)
+    assert "\x1b" not in text and "\\x1b[2J" in text

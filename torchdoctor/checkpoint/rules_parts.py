@@ -1,5 +1,7 @@
 """A file that is one part of a checkpoint (only the optimizer, scheduler, scaler or RNG state).
 
+Paths in titles stay exact (the JSON keeps them); the console shows them through ``visible()``.
+
 ``torch.save(optimizer.state_dict(), "optimizer.bin")`` (accelerate), ``scheduler.pt`` (the
 Hugging Face Trainer) or ``random_states_0.pkl`` hold one part of a checkpoint whose model
 weights lie in another file. Audited alone, such a file lacks a model *by design*: reporting
@@ -22,7 +24,6 @@ from torchdoctor.checkpoint.rules_base import Evidence, Judgment
 from torchdoctor.checkpoint.values import TensorInfo
 from torchdoctor.checkpoint.walk import children, join
 from torchdoctor.findings import finding
-from torchdoctor.report.safe import visible
 
 _ROOT_KINDS = {"optimizer": "optimizer state", "scheduler": "LR-scheduler state", "scaler": "GradScaler state",
                "scaler (disabled)": "GradScaler state (disabled scaler)",
@@ -96,12 +97,12 @@ def rule_part_file(ev: Evidence, j: Judgment) -> None:
     article = "an" if (part["layout"] or "")[:1].lower() in "aeiou" else "a"
     if part["layout"] and part["folder_audit"]:
         title = (f"this file is the {part['part']} of {article} {part['layout']}: audit the folder "
-                 f"{visible(part['folder'])} for the whole picture")
-        fix = (f"Run torchdoctor checkpoint-audit {visible(part['folder'])} — the folder is read as one checkpoint "
+                 f"{part['folder']} for the whole picture")
+        fix = (f"Run torchdoctor checkpoint-audit {part['folder']} — the folder is read as one checkpoint "
                "(model, optimizer, scheduler, RNG state together).")
     elif part["layout"]:  # DeepSpeed: the folder is not read as one checkpoint; say where the rest is
         title = (f"this file is the {part['part']} of {article} {part['layout']}: the other parts are the files "
-                 f"beside it in {visible(part['folder'])}, so a missing model or optimizer here is expected")
+                 f"beside it in {part['folder']}, so a missing model or optimizer here is expected")
         fix = ("Audit each file of the folder (the model states file holds the weights, the per-rank "
                "optim_states files the optimizer shards); for one file with the full weights, consolidate them "
                "first (DeepSpeed's zero_to_fp32.py) and audit its output.")
