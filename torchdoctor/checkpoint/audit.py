@@ -96,6 +96,10 @@ def run(path: str, opts: Options) -> Report:
             return unreadable_report(path, e, seen)
         # parts that failed inside a folder/index were noted as problems; their pickles are judged too
         contents.pickles += [p for p in seen if p.error and not any(p is q for q in contents.pickles)]
+    if os.path.isfile(path):  # one file of an accelerate/Trainer/DeepSpeed/DCP folder is a part, not a whole
+        from torchdoctor.checkpoint.layout import sibling_layout
+
+        contents.layout = sibling_layout(path)
     if opts.unsafe_load:
         from torchdoctor.checkpoint.unsafe import unsafe_load
 

@@ -67,6 +67,7 @@ class Roles:
     progress: dict[str, Any] = field(default_factory=dict)  # path -> value
     config: list[str] = field(default_factory=list)
     full_modules: list[tuple[str, str]] = field(default_factory=list)  # (path, class)
+    module_classes: set[str] = field(default_factory=set)  # classes of every pickled module and submodule
     fp16_signs: list[str] = field(default_factory=list)
     bf16_signs: list[str] = field(default_factory=list)
     role_of: dict[str, str] = field(default_factory=dict)  # path -> role, for the contents tree
@@ -154,8 +155,8 @@ def _progress_value(v: Any) -> bool:
     return isinstance(v, TensorInfo) and v.numel == 1
 
 
-def flatten_module(mod: Opaque, prefix: str = "", depth: int = 0, seen: set | None = None
-                   ) -> dict[str, TensorInfo]:
+def flatten_module(mod: Opaque, prefix: str = "", depth: int = 0, seen: set | None = None,
+                   classes: set | None = None) -> dict[str, TensorInfo]:
     """The state_dict of a pickled nn.Module, rebuilt from its recorded attributes.
 
     A module reached twice (shared submodule, or a crafted cycle) is flattened once, as
@@ -166,6 +167,8 @@ def flatten_module(mod: Opaque, prefix: str = "", depth: int = 0, seen: set | No
     if depth > 64 or id(mod) in seen or len(seen) > MAX_MODULES:
         return out
     seen.add(id(mod))
+    if classes is not None:
+        classes.add(mod.cls)
     a = mod.attrs
     for name, t in (a.get("_parameters") or {}).items():
         if isinstance(t, TensorInfo):
@@ -177,7 +180,7 @@ def flatten_module(mod: Opaque, prefix: str = "", depth: int = 0, seen: set | No
             out[prefix + key_text(name)] = t
     for name, child in (a.get("_modules") or {}).items():
         if _is_module(child):
-            out.update(flatten_module(child, f"{prefix}{name}.", depth + 1, seen))
+            out.update(flatten_module(child, f"{prefix}{name}.", depth + 1, seen, classes))
     return out
 
 
@@ -246,7 +249,7 @@ def _classify(path: str, v: Any, r: Roles, candidates: list[ModelRole]) -> str |
         return "scaler (disabled)"
     if _is_module(v):
         r.full_modules.append((path, v.cls))
-        candidates.append(ModelRole(path, flatten_module(v), full_pickle_class=v.cls))
+        candidates.append(ModelRole(path, flatten_module(v, classes=r.module_classes), full_pickle_class=v.cls))
         return "model (pickled nn.Module)"
     kind = _rng_kind(path, v)
     if kind is not None:

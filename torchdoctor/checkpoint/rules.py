@@ -9,7 +9,10 @@ scheduler when one drives the LR, RNG, progress counter, GradScaler under float1
 ``weights`` requires only sound weights; ``auto`` (default) treats a checkpoint that
 holds any optimizer/scheduler/scaler/RNG state, a progress counter or a training config as a
 training snapshot and any other as a weights export, which gets one info finding instead of
-a warning per missing part.
+a warning per missing part. A file that is one *part* of a multi-file checkpoint (only an
+optimizer/scheduler/scaler/RNG state, or any file of an accelerate/Trainer/DeepSpeed/FSDP/DCP
+folder) is judged as ``part`` under ``auto``: one info finding that names the folder to audit,
+and no missing-model/-optimizer findings (``rules_parts.py``).
 
 Every rule runs guarded (:func:`guarded`): one that raises on odd input becomes an
 ``internal-error`` finding and the other rules still run.
@@ -20,6 +23,7 @@ from __future__ import annotations
 from typing import Callable
 
 from torchdoctor.checkpoint.rules_base import Evidence, Judgment, mode_of
+from torchdoctor.checkpoint.rules_parts import part_of, rule_part_file
 from torchdoctor.checkpoint.values import brief
 from torchdoctor.checkpoint.rules_safety import AUX_PICKLES, rule_full_model_pickle, rule_unreadable_parts, \
     rule_unsafe_pickle
@@ -40,6 +44,7 @@ RULES: list[Callable[[Evidence, Judgment], None]] = [
     rule_unreadable_parts,
     rule_unsafe_pickle,
     rule_full_model_pickle,
+    rule_part_file,
     rule_missing_model,
     rule_missing_training_state,
     rule_nonfinite,
@@ -53,7 +58,13 @@ RULES: list[Callable[[Evidence, Judgment], None]] = [
 def judge(ev: Evidence) -> Judgment:
     """Run every rule; a rule that raises becomes an ``internal-error`` finding, the others still run."""
     j = Judgment()
-    j.mode = mode_of(ev)
+    try:
+        part = part_of(ev)
+    except Exception:  # noqa: BLE001 - odd input: judged as a whole file, as before
+        part = None
+    if part:
+        j.facts["part"] = part
+    j.mode = "part" if part and ev.expect == "auto" else mode_of(ev)
     for rule in RULES:
         guarded(rule, ev, j)
     return j

@@ -99,9 +99,11 @@ def rule_unsafe_pickle(ev: Evidence, j: Judgment) -> None:
     if not c.pickles:
         j.skipped.append(("ckpt-unsafe-pickle", f"{c.format}: no pickle in this format"))
         return
-    g = _Globals()
+    g = _Globals(_module_classes(ev))
     for p in c.pickles:
         g.add(p, dcp=c.format == "dcp")
+    if g.module_cls:  # the same cause is ckpt-full-model-pickle's evidence: not reported twice
+        j.facts["module_classes"] = short(sorted(g.module_cls))
     if g.bad:
         _code_finding(ev, j, g)
     elif g.unsafe or g.ops or g.module_records:
@@ -112,10 +114,24 @@ def rule_unsafe_pickle(ev: Evidence, j: Judgment) -> None:
         _info_finding(j, g)
 
 
-class _Globals:
-    """The non-allowlisted globals of every pickle, sorted by what loading them means."""
+def _module_classes(ev: Evidence) -> set[str]:
+    """Classes of the pickled nn.Modules (``ckpt-full-model-pickle``'s evidence), when there are any."""
+    if not ev.roles.full_modules:
+        return set()
+    return {c.split("(", 1)[0] for c in ev.roles.module_classes}
 
-    def __init__(self):
+
+class _Globals:
+    """The non-allowlisted globals of every pickle, sorted by what loading them means.
+
+    With ``module_classes`` (a whole pickled nn.Module is in the file), the module's own classes —
+    the user's model classes and torch's ``torch.nn`` classes — are the full-model-pickle finding's
+    evidence, not unsafe-pickle's: one cause, one finding. A code-running global is always ``bad``.
+    """
+
+    def __init__(self, module_classes: set[str] | frozenset = frozenset()):
+        self.module_classes = module_classes
+        self.module_cls: set[str] = set()  # globals that are classes of the pickled modules
         self.bad: dict[str, list[str]] = {}  # run code
         self.unsafe: dict[str, list[str]] = {}  # other classes weights_only refuses
         self.numpy_user: dict[str, list[str]] = {}  # numpy arrays in a file a plain torch.load must read
@@ -135,6 +151,9 @@ class _Globals:
                 continue
             if dangerous(name):
                 target = self.bad
+            elif self.module_classes and (name in self.module_classes or name.startswith("torch.nn.")):
+                self.module_cls.add(name)
+                continue
             elif is_aux:
                 target = self.aux
             elif is_numpy_array_global(name):
@@ -146,7 +165,7 @@ class _Globals:
             target.setdefault(name, []).append(p.name)
         if p.unsupported_ops and not dcp and not is_aux:
             self.ops[p.name] = p.unsupported_ops
-        if "module" in p.persistent_kinds:
+        if "module" in p.persistent_kinds and not self.module_classes:  # legacy module source records
             self.module_records.append(p.name)
 
     def where(self, *groups: dict) -> list[str]:
@@ -187,6 +206,8 @@ def _unsafe_finding(j: Judgment, g: _Globals) -> None:
         ev_["unsupported_opcodes"] = sorted({o for v in ops.values() for o in v})
     if g.stopped:
         ev_["scan_stopped_early"] = short(g.stopped, 4)
+    if g.module_cls:
+        ev_["module_classes"] = "reported by ckpt-full-model-pickle"
     ev_["executed"] = "nothing (read from the opcodes; objects kept as inert stand-ins)"
     if unsafe:
         title = (f"torch.load(weights_only=True) refuses it: {len(unsafe)} global"
@@ -261,13 +282,19 @@ def rule_full_model_pickle(ev: Evidence, j: Judgment) -> None:
         return
     path, cls = mods[0]
     n = len(ev.roles.model.tensors) if ev.roles.model and ev.roles.model.full_pickle_class else 0
+    ev_: dict[str, Any] = {"modules": [f"{p or '<root>'}: {c}" for p, c in mods[:MAX_LIST]], "tensors": n}
+    classes = j.facts.get("module_classes")
+    if classes:
+        ev_["classes_outside_allowlist"] = classes
     j.findings.append(finding(
         "ckpt-full-model-pickle",
-        f"a whole nn.Module ({cls}) is pickled{' at ' + repr(path) if path else ''} instead of its state_dict",
-        {"modules": [f"{p or '<root>'}: {c}" for p, c in mods[:MAX_LIST]], "tensors": n},
-        fix="Save model.state_dict() and rebuild the model in code before load_state_dict: a pickled module "
-            "needs its class importable at the same path, breaks on refactors, and loads only with "
-            "weights_only=False.",
+        f"a whole nn.Module ({cls}) is pickled{' at ' + repr(path) if path else ''} instead of its state_dict: "
+        "torch.load(path) with its default weights_only=True (torch ≥ 2.6) refuses it",
+        ev_,
+        fix="Save model.state_dict() instead, and rebuild the model in code before model.load_state_dict("
+            "torch.load(path)): a pickled module loads only with weights_only=False (which runs whatever the file "
+            "imports), needs its class importable at the same module path, and breaks on refactors. To convert "
+            "a file you made: torch.save(torch.load(path, weights_only=False).state_dict(), new_path).",
     ))
 
 

@@ -15,6 +15,10 @@ def rule_missing_model(ev: Evidence, j: Judgment) -> None:
     m = ev.roles.model
     top = [k for k, _v, d in iter_nodes(ev.contents.root, max_depth=1) if d == 1]
     if m is None or not m.tensors:
+        if j.facts.get("part"):  # an optimizer.bin / random_states_0.pkl holds no model by design
+            j.skipped.append(("ckpt-missing-model", f"one part of a checkpoint ({j.facts['part']['part']}): "
+                                                    "the model weights are in another file"))
+            return
         found = [f"{p}: {r}" for p, r in ev.roles.role_of.items()]
         j.findings.append(finding(
             "ckpt-missing-model",

@@ -233,6 +233,7 @@ class Contents:
     weights_only_roots: set = field(default_factory=set)  # root keys read from weights-only formats
     problems: list[dict] = field(default_factory=list)  # {"what", "reason"} for parts that failed
     unsafe_loaded: bool = False
+    layout: dict | None = None  # a single file of a known multi-file layout (layout.sibling_layout)
 
     @property
     def total_bytes(self) -> int:

@@ -50,7 +50,9 @@ def checkpoint_contents(report):
     files = m.get("files", 0)
     head.append(f"  ·  {files} file{'s' if files != 1 else ''}, {_size(m.get('file_bytes'))}"
                 f"  ·  {m.get('tensors', 0)} tensors, {_size(m.get('tensor_bytes'))}")
-    head.append(f"  ·  judged as {visible(m.get('judged_as', '?'))} checkpoint", style="dim")
+    mode = m.get("judged_as", "?")
+    head.append("  ·  judged as one part of a checkpoint" if mode == "part" else
+                f"  ·  judged as {visible(mode)} checkpoint", style="dim")
     if m.get("expect") == "auto":
         head.append(" (auto)", style="dim")
     tbl = Table(show_header=True, header_style="bold", box=None, pad_edge=False, padding=(0, 2, 0, 0))
