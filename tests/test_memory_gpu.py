@@ -76,7 +76,10 @@ def test_gpu_oom_breakdown_sums_to_reserved_and_snapshot_opens(tmp_path):
     p = sum(4096 * 4096 * 4 + 4096 * 4 for _ in range(10)) + 4096 * 16 * 4 + 16 * 4
     assert parts["parameters"] == p
     assert 2 * p <= parts["optimizer_state"] < 2 * p + 4096
-    assert ev["requested_bytes"] == 2 ** 19 * 4096 * 4
+    import torch
+
+    big = int(1.5 * torch.cuda.get_device_properties(0).total_memory / (10 * 4096 * 4)) // 1024 * 1024
+    assert ev["requested_bytes"] == big * 4096 * 4  # the fixture's batch, sized from the card
     assert ev["capacity_bytes"] > 70 * GiB
     assert any("gpu_oom.py" in s for s in ev["top_sites"]), ev["top_sites"]
     snap = Path(rep["artifacts"]["memory_snapshot"])
