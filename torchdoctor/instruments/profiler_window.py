@@ -48,8 +48,9 @@ from torchdoctor.instruments import Instrument, register
 DEFAULT_SKIP, DEFAULT_WARMUP, DEFAULT_ACTIVE = 5, 1, 3
 DEFAULT_TRACE_MAX_MB = 256
 # Python calls (calls + C calls of the main thread) the window may record: post-processing
-# costs ~10-15 µs per recorded call on the 2-core box (57k calls: 0.2 s stop + 0.7 s flatten)
-PY_EVENT_BUDGET = 40_000
+# costs ~15-25 µs per recorded call on the loaded 2-core box (57k calls: 0.2 s stop + 0.7 s
+# flatten); 30k keeps cpu_slow_python (8.6k calls a step) at 3 steps, vae (15.9k) at one
+PY_EVENT_BUDGET = 30_000
 STACK_OFF_FACTOR = 4  # one step above this many budgets: record without Python stacks
 RECORD_SLOWDOWN_MAX = 4.0  # recorded steps this many times the un-profiled step time ...
 RECORD_MIN_S = 0.5  # ... and at least this long: the window stops after the current step
