@@ -150,3 +150,5 @@ def test_the_pil_style_script_pays_a_bounded_window(cli, tmp_path):
     assert w["budget"]["py_calls_per_step"] > 15_000 and w["active_steps"] < 3
     assert w["trace_bytes"] < 12 * 2**20  # 19.6 MB with the 3-step window
     assert "gpuGetDeviceCount" not in p.stderr and "profiler_start" not in p.stderr
+    assert "Python calls per step" in m["budget"]
+    assert "window cost bounded:" in (tmp_path / "report.txt").read_text()
