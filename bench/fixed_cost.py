@@ -5,12 +5,15 @@ and last line into a file; the CLI writes ``meta.json["started"]`` when it launc
 and the child's last evidence write is the ``events.jsonl`` mtime. So per run:
 
 * ``cli``: shell start -> the CLI launches the child (imports, option parsing);
-* ``child_start``: launch -> the script's first line (python, ``import torch``, instruments);
-* ``script``: the script's first -> last line (instruments inside the steps, the profiler window);
+* ``child_start``: launch -> the script's line after ``import torch`` (python, ``import torch``,
+  instruments);
+* ``script``: that line -> the last line (instruments inside the steps, the profiler window);
 * ``teardown``: last line -> the child's last evidence (uninstall, end-of-run analysis);
+* ``exit``: -> the CLI wrote ``result.json`` (the child's interpreter shut down);
 * ``report``: -> the CLI exits (evidence read, rules, rendering, report files).
 
-The bare run gives ``child_start`` (python + torch import) and ``script`` for reference.
+The bare run gives ``child_start`` (python + torch import), ``script`` and ``after`` (the
+interpreter's exit) for reference.
 
     python bench/fixed_cost.py --probe profile --probe memory --rounds 3 [--python PY]
 """
@@ -30,8 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = '''
 import os, time
-open(os.environ["TD_STAMP"], "a").write(f"first {time.time()}\\n")
 import torch
+open(os.environ["TD_STAMP"], "a").write(f"first {time.time()}\\n")
 torch.manual_seed(0)
 torch.set_num_threads(1)
 m = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1))
@@ -61,8 +64,10 @@ def one(py: str, probe: str | None, script: Path, tmp: Path) -> dict[str, float]
         return {"total": t1 - t0, "child_start": first - t0, "script": last - first, "after": t1 - last}
     launched = json.loads((out / "run" / "meta.json").read_text())["started"]
     child_end = (out / "run" / "events.jsonl").stat().st_mtime
+    exited = (out / "run" / "result.json").stat().st_mtime  # the CLI writes it once the child exited
     return {"total": t1 - t0, "cli": launched - t0, "child_start": first - launched,
-            "script": last - first, "teardown": child_end - last, "report": t1 - child_end}
+            "script": last - first, "teardown": child_end - last, "exit": exited - child_end,
+            "report": t1 - exited}
 
 
 def main() -> None:
