@@ -557,7 +557,14 @@ def python_hotspots(w: Window, src: Sources) -> dict[str, Any]:
     agg: dict[str, list] = {}
     # node name -> ("file:def line", func), None when not the user's; one source walk per name
     keys: dict[str, tuple[str, str] | None] = {}
+    # in_data per node in one pass (depth-first order: a parent comes before its children), not
+    # an ancestor walk per call: linear in the nodes however deep the Python stacks
+    in_data = [False] * len(w.nodes)
     for node in w.nodes:
+        p = node[1]
+        if p >= 0:
+            pn = w.nodes[p]
+            in_data[node[0]] = in_data[p] or (pn[2] == "op" and pn[3].startswith("enumerate(DataLoader)"))
         if node[2] != "py":
             continue
         if node[3] not in keys:
@@ -574,8 +581,7 @@ def python_hotspots(w: Window, src: Sources) -> dict[str, Any]:
         a = agg.setdefault(key, [func, 0, 0, False])
         a[1] += 1
         a[2] += self_ns
-        if not a[3]:
-            a[3] = any(x[2] == "op" and x[3].startswith("enumerate(DataLoader)") for x in w.ancestors(node[0]))
+        a[3] = a[3] or in_data[node[0]]
     rows = [{"def": k, "func": v[0], "calls": round(v[1] / n, 2), "self_ms": _ms(v[2] / n),
              **({"in_data": True} if v[3] else {})} for k, v in agg.items()]
     rows.sort(key=lambda r: -r["self_ms"])

@@ -15,7 +15,8 @@ Flat layout (all times in ns relative to the trace start; JSON-able)::
 
 ``nodes``: tree events in depth-first order; ``parent`` is the index of the parent node or -1;
 ``tag`` is "op" (torch op / record_function), "py" (Python call), "pyc" (Python C call) or
-"k" (a Kineto activity placed in the tree). ``extra``: for "op" ``{"corr", "scope", "tf32",
+"k" (a Kineto activity placed in the tree); leaf "pyc" nodes (a C call that ran no torch op:
+``min``, ``len``, ``list.append``) are not kept, only counted (``leaf_c_calls_dropped``). ``extra``: for "op" ``{"corr", "scope", "tf32",
 "in": [[dtype, numel] | None, ...]}``, for "py"/"pyc" ``{"file", "line", "func"}`` of the *caller*
 frame (the call site), for "k" ``{"corr"}``.
 ``device``: ``kind`` is "kernel", "memcpy", "memset" or "other"; ``link`` is the correlation id
@@ -34,7 +35,7 @@ import tempfile
 from typing import Any, Callable
 
 FLAT_VERSION = 1
-MAX_NODES = 1_500_000  # a pathological window (millions of Python calls) is cut, not analysed forever
+MAX_NODES = 400_000  # a pathological window (hundreds of thousands of Python calls) is cut, not analysed forever
 MAX_NAME = 240  # templated kernel names run to kilobytes; the head tells them apart
 
 # Kineto activity types: ``activity_type()`` returns the enum's int on some builds and its
@@ -43,7 +44,8 @@ MAX_NAME = 240  # templated kernel names run to kilobytes; the head tells them a
 _ACT_NAMES = {3: "gpu_memcpy", 4: "gpu_memset", 5: "kernel", 7: "cuda_runtime", 8: "cuda_driver"}
 _RUNTIME_NAME = re.compile(r"^cu[A-Z_a-z]")
 _KINETO_LINE = re.compile(r"(SyncActivityProfilerHandler|ActivityProfilerController|"
-                          r"CuptiActivityProfiler|profiler_start|profiler_stop|libkineto|Kineto)",
+                          r"CuptiActivityProfiler|profiler_start|profiler_stop|libkineto|Kineto|"
+                          r"DeviceProperties\.cpp.*gpuGetDeviceCount)",
                           re.I)
 
 
@@ -72,6 +74,26 @@ def cuda_wanted() -> bool:
         return False
 
 
+def make_schedule(wait: int, warmup: int, active: int) -> Callable[[int], Any]:
+    import torch.profiler as tp
+
+    return tp.schedule(wait=wait, warmup=warmup, active=active, repeat=1)
+
+
+def set_window(prof: Any, wait: int, warmup: int, active: int, with_stack: bool) -> bool:
+    """Re-plan a scheduled profiler that is still waiting (nothing prepared yet).
+
+    ``with_stack`` and ``schedule`` are read when the warm-up begins (``prepare_trace`` builds
+    the autograd profiler from ``self.with_stack``; ``step()`` asks ``self.schedule``), so
+    changing them before that takes effect. False when this torch has neither attribute.
+    """
+    if not hasattr(prof, "with_stack") or not hasattr(prof, "schedule"):
+        return False
+    prof.with_stack = bool(with_stack)
+    prof.schedule = make_schedule(wait, warmup, active)
+    return True
+
+
 def make_profiler(wait: int, warmup: int, active: int, cuda: bool,
                   on_ready: Callable[[Any], None]) -> Any:
     """A scheduled ``torch.profiler.profile`` (shapes + Python stacks), not started.
@@ -88,7 +110,7 @@ def make_profiler(wait: int, warmup: int, active: int, cuda: bool,
         acts.append(tp.ProfilerActivity.CUDA)
     kw: dict[str, Any] = dict(activities=acts, record_shapes=True, with_stack=True,
                               profile_memory=False, on_trace_ready=on_ready,
-                              schedule=tp.schedule(wait=wait, warmup=warmup, active=active, repeat=1))
+                              schedule=make_schedule(wait, warmup, active))
     params = inspect.signature(tp.profile.__init__).parameters
     if "acc_events" in params:
         kw["acc_events"] = False
@@ -218,7 +240,7 @@ def _frame(fs: Any) -> dict[str, Any]:
         return {}
 
 
-def _tree_nodes(res: Any, t0: int) -> tuple[list, bool]:
+def _tree_nodes(res: Any, t0: int) -> tuple[list, bool, int]:
     from torch._C._profiler import _EventType
 
     tag_of = {_EventType.TorchOp: "op", _EventType.PyCall: "py", _EventType.PyCCall: "pyc"}
@@ -232,6 +254,7 @@ def _tree_nodes(res: Any, t0: int) -> tuple[list, bool]:
         pass
     nodes: list = []
     truncated = False
+    dropped = 0
     stack: list[tuple[Any, int]] = [(r, -1) for r in reversed(res.experimental_event_tree())]
     while stack:
         ev, parent = stack.pop()
@@ -254,6 +277,11 @@ def _tree_nodes(res: Any, t0: int) -> tuple[list, bool]:
                 extra["user"] = user_scope is not None and ef.scope == user_scope
             except Exception:  # noqa: BLE001
                 pass
+        elif tag == "pyc" and not ev.children:
+            # a leaf C call (min, len, list.append): half the events of Python-heavy code, and
+            # nothing the analysis uses; its time stays in its Python caller's self time
+            dropped += 1
+            continue
         elif tag in ("py", "pyc"):
             extra = _frame(ef.caller)
         else:
@@ -264,7 +292,7 @@ def _tree_nodes(res: Any, t0: int) -> tuple[list, bool]:
         nodes.append([idx, parent, tag, ev.name, int(ev.start_tid), start, end, extra])
         for c in reversed(ev.children):
             stack.append((c, idx))
-    return nodes, truncated
+    return nodes, truncated, dropped
 
 
 def _bytes_of(ke: Any) -> int | None:
@@ -333,7 +361,8 @@ def collect(prof: Any) -> dict[str, Any]:
 
     res = prof.profiler.kineto_results
     t0 = int(res.trace_start_ns())
-    nodes, truncated = _tree_nodes(res, t0)
+    nodes, truncated, dropped = _tree_nodes(res, t0)
     device, runtime = _kineto_lists(res, t0)
     return {"version": FLAT_VERSION, "torch": torch.__version__, "nodes": nodes,
-            "device": device, "runtime": runtime, "truncated": truncated}
+            "device": device, "runtime": runtime, "truncated": truncated,
+            "leaf_c_calls_dropped": dropped}

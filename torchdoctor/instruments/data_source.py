@@ -16,7 +16,8 @@ Nothing is stored on the user's loaders or iterators (id-keyed dicts with weak r
 Events: ``data_loader`` {loader, created_at, loop, dataset, getitem, num_workers, pin_memory,
 batch_size} once per loader (``loop``: the user's line that took its first batch);
 ``data_step`` {step, wait_s: {loader: s}, batches: {loader: n}, fed} per step that drew a
-batch (``fed``: the loader of the step's last batch, the one its backward used). Cost: two
+batch (``fed``: the loader of the step's last batch, the one its backward used; ``starts``: the
+loaders whose iterator was created in the step, i.e. an epoch began there). Cost: two
 dict look-ups per batch, one event per step.
 """
 
@@ -47,6 +48,7 @@ class DataSource(Instrument):
         self.wait: dict[int, float] = {}
         self.batches: dict[int, int] = {}
         self.fed: int | None = None
+        self.started: set[int] = set()  # loaders whose iterator (an epoch) began in this step
         self._undo: list = []
         inst = self
         DL, It = dl_mod.DataLoader, dl_mod._BaseDataLoaderIter
@@ -69,6 +71,7 @@ class DataSource(Instrument):
                         rec = [len(inst.loaders), None, False]
                         inst.loaders.put(loader, rec)
                     inst.iters.put(it, rec)
+                    inst.started.add(rec[0])
                 except Exception:  # noqa: BLE001
                     pass
 
@@ -101,9 +104,10 @@ class DataSource(Instrument):
     def on_step_end(self, ctx: Any, step: int) -> None:
         if not self.batches:
             return
+        extra = {"starts": sorted(str(k) for k in self.started)} if self.started else {}
         ctx.emit("data_step", step=step, wait_s={str(k): round(v, 7) for k, v in self.wait.items()},
-                 batches={str(k): v for k, v in self.batches.items()}, fed=self.fed)
-        self.wait, self.batches = {}, {}
+                 batches={str(k): v for k, v in self.batches.items()}, fed=self.fed, **extra)
+        self.wait, self.batches, self.started = {}, {}, set()
 
     def uninstall(self, ctx: Any) -> None:
         self.live = False

@@ -16,6 +16,16 @@ The rules judge device figures against the *un-profiled* step time of the step c
 ``step`` events of the steps the window did not touch): the Python tracer slows the host
 during the active steps, never the device.
 
+The window's cost is bounded *before* it is paid (``budget`` in ``profile_window``): the Python
+tracer records every Python call, and a step that makes tens of thousands of them (a Dataset
+that decodes images in Python per sample) turned a 3-step window into a 33 MB trace and seconds
+of post-processing. So the last waiting step counts the Python calls of the main thread with a
+trivial ``sys.setprofile`` counter (:func:`plan_budget`): the number of active steps is cut to
+fit ``PY_EVENT_BUDGET`` calls, and Python stacks are left off altogether when even one step
+makes more than ``STACK_OFF_FACTOR`` × that (the torch-op view stays; Python hotspots are then
+not listed). While recording, the window stops early once the recorded steps took more than
+``RECORD_SLOWDOWN_MAX`` × the un-profiled step time (and at least ``RECORD_MIN_S``).
+
 Options (``ctx.options``): ``profile_skip`` (wait steps, default 5, shrunk to fit ``steps``),
 ``profile_active`` (default 3), ``profile_warmup`` (default 1), ``trace_max_mb`` (default 256),
 ``profile_dump_flat`` (or env ``TORCHDOCTOR_PROFILE_FLAT=1``: also write the flattened profile as
@@ -37,6 +47,66 @@ from torchdoctor.instruments import Instrument, register
 
 DEFAULT_SKIP, DEFAULT_WARMUP, DEFAULT_ACTIVE = 5, 1, 3
 DEFAULT_TRACE_MAX_MB = 256
+# Python calls (calls + C calls of the main thread) the window may record: post-processing
+# costs ~15-25 µs per recorded call on the loaded 2-core box (57k calls: 0.2 s stop + 0.7 s
+# flatten); 30k keeps cpu_slow_python (8.6k calls a step) at 3 steps, vae (15.9k) at one
+PY_EVENT_BUDGET = 30_000
+STACK_OFF_FACTOR = 4  # one step above this many budgets: record without Python stacks
+RECORD_SLOWDOWN_MAX = 4.0  # recorded steps this many times the un-profiled step time ...
+RECORD_MIN_S = 0.5  # ... and at least this long: the window stops after the current step
+
+
+def plan_budget(py_calls_per_step: int | None, active: int,
+                budget: int | None = None) -> dict[str, Any]:
+    """Active steps and Python stacks that fit the window's budget of recorded Python calls.
+
+    ``py_calls_per_step``: Python calls counted in one un-profiled step (None: not counted;
+    the plan is left as it is). Returns {"active", "with_stack", "py_calls_per_step",
+    "budget", "reason"?}.
+    """
+    budget = PY_EVENT_BUDGET if budget is None else budget
+    plan: dict[str, Any] = {"active": active, "with_stack": True, "budget": budget,
+                            "py_calls_per_step": py_calls_per_step}
+    if not py_calls_per_step or py_calls_per_step * active <= budget:
+        return plan
+    if py_calls_per_step > STACK_OFF_FACTOR * budget:
+        plan.update(active=1, with_stack=False,
+                    reason=f"{py_calls_per_step} Python calls per step: recorded without Python "
+                           f"stacks (over {STACK_OFF_FACTOR} x the budget of {budget})")
+    else:
+        fit = max(1, budget // py_calls_per_step)
+        plan.update(active=min(active, fit),
+                    reason=f"{py_calls_per_step} Python calls per step: {min(active, fit)} active "
+                           f"step(s) fit the budget of {budget}")
+    return plan
+
+
+class _CallCounter:
+    """Counts the main thread's Python calls over one step (``sys.setprofile``; only when no
+    other profile function is set, and removed only if still ours)."""
+
+    def __init__(self) -> None:
+        import sys
+
+        self.n = 0
+        self.on = False
+        if sys.getprofile() is None:
+            sys.setprofile(self._fn)
+            self.on = True
+
+    def _fn(self, frame: Any, event: str, arg: Any) -> None:
+        self.n += 1
+
+    def stop(self) -> int | None:
+        import sys
+
+        if not self.on:
+            return None
+        self.on = False
+        if sys.getprofile() == self._fn:
+            sys.setprofile(None)
+            return self.n // 2  # call + return (c_call + c_return)
+        return None  # the script set its own profile function meanwhile: no estimate
 
 
 def plan_window(options: dict[str, Any]) -> tuple[int, int, int]:
@@ -128,26 +198,89 @@ class ProfilerWindow(Instrument):
         self.steps_seen = 0
         self.frozen = False  # another thread began training inside the window (_skip_for_threads)
         self.wait, self.warmup, self.active = plan_window(ctx.options)
+        self.counter: _CallCounter | None = None
+        self.budget: dict[str, Any] = {}
+        self.t_last = time.perf_counter()
+        self.plain_s: list[float] = []  # un-profiled step times before the window (step 1 left out)
+        self.rec_s: list[float] = []  # recorded step times
+        self.stopped_early: str | None = None
         reason = compat.unavailable_reason()
         if reason:
             ctx.emit("profile_window", status="unavailable", reason=reason)
             self.done = self.closed = True
             return
         self.cuda = compat.cuda_wanted()
-        self.prof = compat.make_profiler(self.wait, self.warmup, self.active, self.cuda, self._ready)
         with compat.quiet_kineto():
+            self.prof = compat.make_profiler(self.wait, self.warmup, self.active, self.cuda, self._ready)
             self.prof.start()
+        if self.wait >= 2 and not ctx.options.get("profile_no_budget"):
+            self.count_at = self.wait - 1  # the last waiting step is counted
+        else:
+            self.count_at = None
 
     # ------------------------------------------------------------------ per step
 
     def on_step_end(self, ctx: Any, step: int) -> None:
         self.steps_seen += 1
+        now = time.perf_counter()
+        dt, self.t_last = now - self.t_last, now
         if (self.prof is not None and not self.closed and not self.frozen
                 and ctx.in_owner_process()):
             if self.done:
                 self._close()
+                return
+            n = self.steps_seen
+            if 1 < n <= self.wait:
+                self.plain_s.append(dt)
+            if self.counter is not None and n == self.wait:
+                self._plan(self.counter.stop())
+                self.counter = None
+            first_rec = self.wait + self.warmup + 1
+            if first_rec <= n < self.wait + self.warmup + self.active:
+                self.rec_s.append(dt)
+                if self._over_budget():
+                    self._stop_early()
+                    return
+            self._step()
+            if self.count_at is not None and n == self.count_at and not self.closed:
+                if ctx.in_owner_thread():
+                    self.counter = _CallCounter()
+
+    def _plan(self, calls: int | None) -> None:
+        """Fit the window to the budget before the warm-up prepares the profiler."""
+        from torchdoctor.instruments import _profiler_compat as compat
+
+        plan = plan_budget(calls, self.active)
+        if (plan["active"], plan["with_stack"]) != (self.active, True):
+            if compat.set_window(self.prof, self.wait, self.warmup, plan["active"], plan["with_stack"]):
+                self.active = plan["active"]
             else:
-                self._step()
+                plan["reason"] = "this torch cannot re-plan the window: " + plan.get("reason", "")
+        self.budget = plan
+
+    def _over_budget(self) -> bool:
+        """The recorded steps cost far more than un-profiled ones: the tracer dominates."""
+        rec = sum(self.rec_s)
+        if rec < RECORD_MIN_S:
+            return False
+        plain = sorted(self.plain_s)[len(self.plain_s) // 2] if self.plain_s else 0.0
+        return plain <= 0 or rec > RECORD_SLOWDOWN_MAX * plain * len(self.rec_s)
+
+    def _stop_early(self) -> None:
+        """Close the window after the steps recorded so far (their analysis still runs)."""
+        from torchdoctor.instruments._profiler_compat import quiet_kineto
+
+        plain = sorted(self.plain_s)[len(self.plain_s) // 2] if self.plain_s else None
+        self.stopped_early = (f"stopped after {len(self.rec_s)} recorded step(s): they took "
+                              f"{sum(self.rec_s):.2f} s"
+                              + (f" vs {plain * 1e3:.3g} ms per un-profiled step" if plain else ""))
+        self.active = len(self.rec_s)
+        self.closed = True
+        try:
+            with quiet_kineto():
+                self.prof.stop()  # RECORD -> stop_trace + on_trace_ready (_ready)
+        finally:
+            self.prof = None
 
     def _step(self) -> None:
         from torchdoctor.instruments._profiler_compat import quiet_kineto
@@ -205,6 +338,10 @@ class ProfilerWindow(Instrument):
                                 else "partial",
                                 "wait": self.wait, "warmup": self.warmup, "active": self.active,
                                 "first_step": self.wait + self.warmup + 1, "cuda": self.cuda}
+        if self.budget:
+            info["budget"] = self.budget
+        if self.stopped_early:
+            info["stopped_early"] = self.stopped_early
         try:
             from torchdoctor.instruments import _profiler_compat as compat
             from torchdoctor.instruments._profile_analysis import analyze
@@ -268,6 +405,9 @@ class ProfilerWindow(Instrument):
     # ------------------------------------------------------------------ end of run
 
     def uninstall(self, ctx: Any) -> None:
+        if self.counter is not None:
+            self.counter.stop()
+            self.counter = None
         if self.prof is None or self.closed:
             return
         if self.done:

@@ -19,9 +19,11 @@ def profile_metrics(ev: Evidence) -> dict[str, Any] | None:
         return None
     out: dict[str, Any] = {"status": w.get("status")}
     for k in ("steps", "wait", "warmup", "active", "trace", "trace_bytes", "trace_dropped", "analysis_s",
-              "reason", "error", "steps_seen", "steps_needed"):
+              "reason", "error", "steps_seen", "steps_needed", "stopped_early"):
         if w.get(k) is not None:
             out[k] = w[k]
+    if (w.get("budget") or {}).get("reason"):
+        out["budget"] = w["budget"]["reason"]
     if (w.get("device") or {}).get("name"):
         out["gpu"] = w["device"]["name"]
     if w.get("status") not in ("ok", "partial"):

@@ -5,7 +5,10 @@ Thresholds (why: docs/findings/<code>.md, "How it is measured"):
   MIN_STEPS judged steps; on CUDA also the GPU busy estimate ≤ 75% (a host that waits for
   data while the GPU still works through queued kernels is not data-bound). The finding names
   the loader that fed the judged steps (``data_step``/``data_loader`` evidence: the loader of
-  each step's last batch), unless another loader (an evaluation loop) waited longer.
+  each step's last batch), and the share counts that loader's wait only (an evaluation loop's
+  loader, iterated between two training steps, is listed, not counted). The median step's
+  share is given beside the mean; when a few steps hold half the wait (epoch starts) and the
+  median step is under the threshold, the finding is info.
 * model-moved-in-loop: a module moved in ≥ 50% of the judged steps (≥ MIN_STEPS of them).
   Warning when the moves really copy or cost ≥ 1% of the step; info for no-op repeats.
 * cpu-oversubscribed: intra-op threads × local processes > usable cores; or, CPU-only, the
@@ -14,6 +17,7 @@ Thresholds (why: docs/findings/<code>.md, "How it is measured"):
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from torchdoctor.evidence import Evidence
@@ -30,6 +34,9 @@ MOVE_COST_SHARE = 0.01
 RUNQUEUE_WAIT_SHARE = 0.3  # of the threads' runnable time spent waiting for a CPU
 MIN_CPU_S = 0.05  # below this much CPU work the run is not CPU-bound enough to judge
 OTHER_LOAD_CORES = 1.0
+FEW_SHARE = 0.5  # "a few steps hold the wait": the fewest steps holding half the wait ...
+FEW_FRACTION = 0.1  # ... are at most this share of the judged steps
+MIN_STEPS_FOR_FEW = 10
 
 
 def _need_steps(ev: Evidence) -> list[dict[str, Any]]:
@@ -48,19 +55,22 @@ def dataloader_bound(ev: Evidence) -> list[Finding]:
     steps = _need_steps(ev)
     if not any(int(s.get("batches", 0)) for s in steps):
         raise NotApplicable("the steps took no batch from a torch DataLoader")
-    wall = sum(float(s["wall_s"]) for s in steps)
-    data = sum(float(s["data_s"]) for s in steps)
+    loader, by_loader, fed_wait, starts = _feeding_loader(ev, steps)
+    walls = [float(s["wall_s"]) for s in steps]
+    wall = sum(walls)
+    data = sum(fed_wait)
     share = data / wall if wall > 0 else 0.0
     dev = device_summary(ev)
     busy = dev.get("busy") if dev else None
     if share < DATA_SHARE or (busy is not None and busy > GPU_BUSY_MAX):
         return []
-    loader, by_loader = _feeding_loader(ev, steps)
+    median_share = statistics.median(w_ / t for w_, t in zip(fed_wait, walls) if t > 0)
     env = ev.last("env") or {}
     workers = loader.get("num_workers")
     cpus = env.get("cpus")
     ev_out: dict[str, Any] = {
         "data_wait_share": round(share, 3),
+        "median_step_data_wait_share": round(median_share, 3),
         "data_wait_ms_per_step": round(data / len(steps) * 1e3, 3),
         "step_ms": round(wall / len(steps) * 1e3, 3),
         "steps_judged": len(steps),
@@ -73,6 +83,10 @@ def dataloader_bound(ev: Evidence) -> list[Finding]:
         ev_out["gpu_busy_at_most"] = busy
     if len(by_loader) > 1:
         ev_out["data_wait_ms_per_step_by_loader"] = by_loader
+        ev_out["share_counts"] = "the training loader's wait only (other loaders' wait is listed, not counted)"
+    few = concentrated_wait(fed_wait, [int(s["step"]) for s in steps], starts)
+    if few:
+        ev_out["wait_concentrated"] = few["text"]
     if loader.get("created_at"):
         ev_out["loader_built_at"] = _short(loader["created_at"])
     if loader.get("loop"):
@@ -86,6 +100,10 @@ def dataloader_bound(ev: Evidence) -> list[Finding]:
         ev_out["slowest_stage"] = (f"{workers} worker processes do not keep up; each runs "
                                    f"{ds}.__getitem__" + (f" ({_short(getitem)})" if getitem else ""))
     fixes = []
+    spiky = few is not None and median_share < DATA_SHARE
+    if spiky and few.get("epoch_start") and workers:
+        fixes.append("Keep the workers between epochs: DataLoader(..., persistent_workers=True), "
+                     "and a larger prefetch_factor")
     if workers == 0:
         n = max(2, min(8, (cpus or 2)))
         fixes.append(f"Load in parallel: DataLoader(num_workers={n}, persistent_workers=True)")
@@ -100,40 +118,84 @@ def dataloader_bound(ev: Evidence) -> list[Finding]:
     title = (f"the loop waits for data {share:.0%} of each step "
              f"({ev_out['data_wait_ms_per_step']:.3g} of {ev_out['step_ms']:.3g} ms)"
              + (f" at {where}" if where else ""))
-    return [finding("dataloader-bound", title, ev_out, fix="; ".join(fixes))]
+    severity = None
+    if spiky:  # the typical step is not data-bound: a few steps hold the wait
+        title = (f"the loop waits for data {share:.0%} of its step time, but the median step only "
+                 f"{median_share:.0%}: {few['text']}" + (f" at {where}" if where else ""))
+        severity = "info"
+    elif few:
+        title += f" (median step {median_share:.0%}; {few['text']})"
+    return [finding("dataloader-bound", title, ev_out, fix="; ".join(fixes), severity=severity)]
 
 
-def _feeding_loader(ev: Evidence, steps: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, float]]:
-    """The facts of the loader whose batches fed the judged steps, and the wait per loader.
+def concentrated_wait(waits: list[float], numbers: list[int],
+                      starts: set[int] | None = None) -> dict[str, Any] | None:
+    """When a few steps hold most of the data wait: {"text", "steps", "epoch_start"}, else None.
+
+    "A few": the fewest steps that hold ≥ FEW_SHARE of the wait number at most FEW_FRACTION of
+    the judged steps (and MIN_STEPS_FOR_FEW steps were judged). ``starts``: step numbers in
+    which the training loader's iterator began (an epoch start: workers spin up, the first
+    batches are loaded before any arrives).
+    """
+    total = sum(waits)
+    n = len(waits)
+    if n < MIN_STEPS_FOR_FEW or total <= 0:
+        return None
+    order = sorted(range(n), key=lambda i: -waits[i])
+    held, k = 0.0, 0
+    while held < FEW_SHARE * total:
+        held += waits[order[k]]
+        k += 1
+    if k > max(1, int(FEW_FRACTION * n)):
+        return None
+    top = sorted(numbers[i] for i in order[:k])
+    at_start = [x for x in top if starts and x in starts]
+    text = (f"{k} step{'s' if k > 1 else ''} of {n} hold {held / total:.0%} of the wait "
+            f"(step{'s' if k > 1 else ''} {', '.join(map(str, top[:5]))}{'…' if k > 5 else ''})")
+    if at_start:
+        text += f"; {len(at_start)} of them began an epoch: the loader's iterator (workers) started there"
+    return {"text": text, "steps": top, "epoch_start": bool(at_start)}
+
+
+def _feeding_loader(ev: Evidence, steps: list[dict[str, Any]]
+                    ) -> tuple[dict[str, Any], dict[str, float], list[float], set[int]]:
+    """The loader that fed the judged steps: its facts, the wait per loader, its wait per step,
+    and the steps in which its iterator began.
 
     The loader that delivered the last batch before most judged steps' optimizer step fed
-    them; if another loader waited longer over those steps (a slow evaluation loader), that
-    one is named instead. Without per-loader evidence: the last iterator described.
+    them (a validation loader iterated between two training steps did not). Its wait per step
+    is what ``dataloader-bound`` counts; other loaders' waits are only listed. Without
+    per-loader evidence: the last iterator described, and each step's whole data wait.
     """
     per_step = {e.get("step"): e for e in ev.of("data_step")}
-    rows = [per_step[s["step"]] for s in steps if s.get("step") in per_step]
+    rows = [per_step.get(s["step"]) for s in steps]
     facts = {e.get("loader"): e for e in ev.of("data_loader")}
-    if not rows or not facts:
-        return ev.last("dataloader") or {}, {}
+    whole = [float(s["data_s"]) for s in steps]
+    if not any(rows) or not facts:
+        return ev.last("dataloader") or {}, {}, whole, set()
     fed: dict[int, int] = {}
     wait: dict[int, float] = {}
     for r in rows:
+        if not r:
+            continue
         if r.get("fed") is not None:
             fed[int(r["fed"])] = fed.get(int(r["fed"]), 0) + 1
         for k, v in (r.get("wait_s") or {}).items():
             wait[int(k)] = wait.get(int(k), 0.0) + float(v)
     if not wait:
-        return ev.last("dataloader") or {}, {}
+        return ev.last("dataloader") or {}, {}, whole, set()
     pick = max(fed, key=fed.get) if fed else max(wait, key=wait.get)
-    if wait.get(pick, 0.0) < 0.5 * sum(wait.values()):
-        pick = max(wait, key=wait.get)
     n = len(steps)
     by_loader = {}
     for k, v in sorted(wait.items(), key=lambda kv: -kv[1]):
         f = facts.get(k) or {}
         label = _short(f.get("loop") or f.get("created_at")) or f"loader #{k}"
         by_loader[label] = round(v / n * 1e3, 3)
-    return facts.get(pick) or ev.last("dataloader") or {}, by_loader
+    fed_wait = [float((r.get("wait_s") or {}).get(str(pick), 0.0)) if r else d
+                for r, d in zip(rows, whole)]
+    starts = {int(s["step"]) for s, r in zip(steps, rows)
+              if r and str(pick) in (r.get("starts") or ())}
+    return facts.get(pick) or ev.last("dataloader") or {}, by_loader, fed_wait, starts
 
 
 @rule("model-moved-in-loop", probes={"checkup", "profile"})

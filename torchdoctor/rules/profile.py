@@ -45,9 +45,11 @@ def window(ev: Evidence) -> dict[str, Any]:
 
 
 def touched_steps(w: dict[str, Any]) -> set[int]:
-    """Steps whose wall time the profiler changed: warm-up, active, and the one after."""
+    """Steps whose wall time the profiler changed: the counted step, warm-up, active, the one after."""
     first = int(w.get("first_step") or 1)
-    return set(range(first - int(w.get("warmup", 1)), first + int(w.get("active", 1)) + 1))
+    # the step before the warm-up counted the Python calls for the budget (a profile function)
+    counted = 1 if (w.get("budget") or {}).get("py_calls_per_step") else 0
+    return set(range(first - int(w.get("warmup", 1)) - counted, first + int(w.get("active", 1)) + 1))
 
 
 def bare_clock(ev: Evidence, w: dict[str, Any]) -> dict[str, Any]:

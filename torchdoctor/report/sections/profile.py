@@ -32,6 +32,9 @@ def _head(m: dict) -> Text:
         t.append(f" after {m['wait'] + m['warmup']} warm-up steps", style="bold")
     if m.get("status") == "partial":
         t.append(" (the run ended inside the window)", style="yellow")
+    for why in (m.get("budget"), m.get("stopped_early")):
+        if why:  # torchdoctor's own measurements: no untrusted text
+            t.append(f"\n  window cost bounded: {why}", style="dim")
     return t
 
 
