@@ -47,6 +47,14 @@ ERROR_HOURS = 1.0  # full within an hour: error
 ERROR_STEPS = 10_000  # ... or within this many steps when no step time was measured
 RATE_WARN_PER_HOUR = 8 * GiB  # a rate that matters on any machine, whatever the room left
 
+# ---- strength of the evidence -----------------------------------------------------------------
+# Growth that nothing names (no tensor outlived its step, no autograd graph grew, no Python line
+# allocated it) may be the allocator settling in (first epochs, a test loop's buffers, PIL's
+# caches): a short run cannot tell it from a leak, and a 24 h extrapolation of 12 steps is a
+# guess. When the site window looked and named nothing, such growth is at most info until it has
+# been seen rising over this many steps (rules/memory.py).
+UNATTRIBUTED_MIN_STEPS = 100
+
 
 SEVERITY_ORDER = {None: 0, "info": 1, "warning": 2, "error": 3}
 
@@ -126,6 +134,13 @@ def impact(slope: float, room: float | None, step_s: float | None) -> tuple[str,
     if steps is not None and steps <= HORIZON_STEPS:
         return "warning", {**out, "horizon": horizon}
     return "info", {**out, "horizon": horizon}
+
+
+def capped_unattributed(severity: str | None, fitted_steps: int, attributed: bool) -> bool:
+    """True when a warning/error must drop to info: nothing names the growth and it was seen
+    over fewer than :data:`UNATTRIBUTED_MIN_STEPS` steps."""
+    return (severity in ("warning", "error") and not attributed
+            and fitted_steps < UNATTRIBUTED_MIN_STEPS)
 
 
 def judge(fit: Trend, noisy: bool, room: float | None, step_s: float | None) -> Verdict:

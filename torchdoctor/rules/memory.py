@@ -19,12 +19,14 @@ Thresholds (why: docs/findings/<code>.md, "How it is measured"):
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Finding, finding
 from torchdoctor.memory.oom import fix_lines, rank_fixes
-from torchdoctor.memory.growth import SEVERITY_ORDER, judge
+from torchdoctor.memory.growth import (SEVERITY_ORDER, UNATTRIBUTED_MIN_STEPS, capped_unattributed,
+                                       judge)
 from torchdoctor.memory.series import cuda_end_stats, memory_series, room_left, step_seconds
 from torchdoctor.memory.trend import MIN_POINTS, fit_trend, warmup_count
 from torchdoctor.memory.units import MiB, human_bytes
@@ -152,6 +154,13 @@ def _when_full(v) -> str:
 
 def _growth_finding(ev: Evidence, s, fit, verdict, growing) -> Finding:
     sites, graph, first = _sites_for(ev, s.key)
+    fitted_steps = fit.last_step - fit.first_step + 1
+    # the site window looked (or was cut) and named nothing: a short run cannot tell a leak from
+    # the allocator settling in. Without a window record nothing was tried: the verdict stands.
+    looked = ev.last("mem_sites") is not None
+    capped = looked and capped_unattributed(verdict.severity, fitted_steps, bool(sites or graph))
+    if capped:
+        verdict = replace(verdict, severity="info")
     ev_out: dict[str, Any] = {
         "series": s.label,
         "growth_per_step": human_bytes(fit.slope, signed=True),
@@ -161,7 +170,13 @@ def _growth_finding(ev: Evidence, s, fit, verdict, growing) -> Finding:
         "grown_over_fit": human_bytes(fit.rise, signed=True),
         **_impact_lines(verdict),
     }
-    if verdict.severity == "info":
+    if capped:
+        ev_out["impact"] = (f"at most info: nothing names the growth (no tensor outlived its step, "
+                            f"no graph grew, no Python line recorded) and it was seen over "
+                            f"{fitted_steps} steps, fewer than the {UNATTRIBUTED_MIN_STEPS} that tell "
+                            f"a leak from the allocator settling in; run longer (--steps "
+                            f"{max(2 * UNATTRIBUTED_MIN_STEPS, 200)}) to confirm")
+    elif verdict.severity == "info":
         ev_out["impact"] = ("below the threshold of a warning: at this rate memory is not full "
                             "within the horizon; worth a look if the job runs much longer")
     if sites:
