@@ -99,6 +99,8 @@ class DataSource(Instrument):
         self.fed = idx
         if not rec[2]:
             rec[2] = True
+            from torchdoctor.runner.core import loader_facts
+
             ctx.emit("data_loader", loader=idx, created_at=rec[1], **loader_facts(it))
 
     def on_step_end(self, ctx: Any, step: int) -> None:
@@ -116,19 +118,3 @@ class DataSource(Instrument):
                 setattr(cls, attr, orig)
         self._undo = []
 
-
-def loader_facts(it: Any) -> dict[str, Any]:
-    """What the step clock's ``dataloader`` event says of an iterator, for one loader."""
-    from torchdoctor.runner.core import user_frame
-    from torchdoctor.runner.frames import is_user_file
-
-    ds = getattr(it, "_dataset", None)
-    code = getattr(getattr(type(ds), "__getitem__", None), "__code__", None)
-    getitem = (f"{code.co_filename}:{code.co_firstlineno}"
-               if code is not None and is_user_file(code.co_filename) else None)
-    loop = user_frame(2)
-    return {"loop": f"{loop[0]}:{loop[1]}" if loop else None,
-            "dataset": type(ds).__name__ if ds is not None else None, "getitem": getitem,
-            "num_workers": getattr(it, "_num_workers", None),
-            "pin_memory": bool(getattr(it, "_pin_memory", False)),
-            "batch_size": getattr(getattr(it, "_index_sampler", None), "batch_size", None)}

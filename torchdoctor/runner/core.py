@@ -92,6 +92,27 @@ def _builds_graph(output: Any) -> bool:
     return getattr(output, "requires_grad", False) is True
 
 
+def loader_facts(it: Any) -> dict[str, Any]:
+    """What a DataLoader iterator says of its loader: workers, pinning, batch size, dataset,
+    the user's ``__getitem__`` and the user's line that iterates it (the step clock's
+    ``dataloader`` event and the data-source instrument's ``data_loader`` event)."""
+    from torchdoctor.runner.frames import is_user_file
+
+    ds = getattr(it, "_dataset", None)
+    code = getattr(getattr(type(ds), "__getitem__", None), "__code__", None)
+    # a library dataset's own file says little: only a user's __getitem__ is named
+    getitem = (f"{code.co_filename}:{code.co_firstlineno}"
+               if code is not None and is_user_file(code.co_filename) else None)
+    loop = user_frame(2)
+    return {"num_workers": getattr(it, "_num_workers", None),
+            "pin_memory": bool(getattr(it, "_pin_memory", False)),
+            "prefetch_factor": getattr(it, "_prefetch_factor", None),
+            "persistent_workers": bool(getattr(it, "_persistent_workers", False)),
+            "batch_size": getattr(getattr(it, "_index_sampler", None), "batch_size", None),
+            "dataset": type(ds).__name__ if ds is not None else None, "getitem": getitem,
+            "loop": f"{loop[0]}:{loop[1]}" if loop else None, "iterator": type(it).__name__}
+
+
 class Core:
     """Patches + step clock + instrument dispatch. ``install()`` then ``uninstall()`` once."""
 
@@ -619,28 +640,6 @@ class Core:
                 self.loaders_seen.add(it)
             except TypeError:  # an iterator class with __slots__ and no weakref: described again
                 pass
-            ds = getattr(it, "_dataset", None)
-            getitem = getattr(type(ds), "__getitem__", None)
-            where = None
-            code = getattr(getitem, "__code__", None)
-            if code is not None:
-                from torchdoctor.runner.frames import is_user_file
-
-                if is_user_file(code.co_filename):  # a library dataset's own file says little
-                    where = f"{code.co_filename}:{code.co_firstlineno}"
-            loop = user_frame(3)
-            self.ctx.emit(
-                "dataloader",
-                step=self.ctx.step,
-                num_workers=getattr(it, "_num_workers", None),
-                pin_memory=bool(getattr(it, "_pin_memory", False)),
-                prefetch_factor=getattr(it, "_prefetch_factor", None),
-                persistent_workers=bool(getattr(it, "_persistent_workers", False)),
-                batch_size=getattr(getattr(it, "_index_sampler", None), "batch_size", None),
-                dataset=type(ds).__name__ if ds is not None else None,
-                getitem=where,
-                loop=f"{loop[0]}:{loop[1]}" if loop else None,
-                iterator=type(it).__name__,
-            )
+            self.ctx.emit("dataloader", step=self.ctx.step, **loader_facts(it))
         except Exception:  # noqa: BLE001
             self._instrument_failed("stepclock", "dataloader")
