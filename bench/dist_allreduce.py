@@ -4,7 +4,7 @@
 
 The parent launches this file under torchrun (NVLink multicast off). Every rank, in the
 same processes and alternating ``--rounds`` times, times one all-reduce size two ways:
-- selftest: ``torchdoctor.dist.selftest_worker.time_all_reduce`` (CUDA events, barrier,
+- selftest: ``torchdoctor.distributed.selftest_worker.time_all_reduce`` (CUDA events, barrier,
   warm-up, median of repetitions) — what `torchdoctor dist` reports;
 - plain: ``synchronize; perf_counter; for _ in range(iters): dist.all_reduce(x); synchronize``.
 Times are averaged over ranks, busbw = bytes/time * 2(n-1)/n (nccl-tests). Rank 0 prints
@@ -46,8 +46,8 @@ def worker(args) -> None:
     import torch
     import torch.distributed as dist
 
-    from torchdoctor.dist.busbw import allreduce_bandwidth
-    from torchdoctor.dist.selftest_worker import iters_for, time_all_reduce
+    from torchdoctor.distributed.busbw import allreduce_bandwidth
+    from torchdoctor.distributed.selftest_worker import iters_for, time_all_reduce
 
     local = int(os.environ["LOCAL_RANK"])
     if args.backend == "nccl":
@@ -105,7 +105,7 @@ def main() -> int:
         return 0
     import torch
 
-    from torchdoctor.dist.selftest import child_env, kill_group
+    from torchdoctor.distributed.selftest import child_env, kill_group
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     args.backend = args.backend or ("nccl" if gpus >= 2 else "gloo")

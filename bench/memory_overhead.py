@@ -37,7 +37,7 @@ from overhead import WORKLOADS, machine  # noqa: E402
 
 KINDS = ("bare", "run", "memory-sampler", "memory")
 CHILD = ("import json, sys\n"
-         "from torchdoctor.probes.run import run_probe\n"
+         "from torchdoctor.pipeline.run import run_probe\n"
          "r = run_probe(sys.argv[1], sys.argv[2], sys.argv[3:], "
          "{'steps': 0, 'timeout': float(%r), 'quiet': True})\n"
          "m = r.metrics.get('memory') or {}\n"

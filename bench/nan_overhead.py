@@ -150,7 +150,7 @@ def _once(config: str, script: Path, workload: str, tmp: Path) -> tuple[float, f
     if spec is None:
         subprocess.run([sys.executable, str(script), *args], check=True)
     else:
-        from torchdoctor.probes.run import run_probe
+        from torchdoctor.pipeline.run import run_probe
 
         probe, extra = spec[:2]
         old = os.environ.get("TORCHDOCTOR_DISABLE")

@@ -86,7 +86,7 @@ def test_bad_usage_exits_2_with_one_clear_line(cli, args, stdin, message):
 
 
 def _probes_ready(command: str) -> bool:
-    return bool(importlib.util.find_spec("torchdoctor.probes.run")
+    return bool(importlib.util.find_spec("torchdoctor.pipeline.run")
                 and importlib.util.find_spec(f"torchdoctor.commands.{command}"))
 
 

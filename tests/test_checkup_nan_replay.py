@@ -96,7 +96,7 @@ def _numerics(losses, start=1):
 
 
 def test_losses_before_the_bad_step_decide_whether_the_replay_is_the_same_run():
-    from torchdoctor.probes.followups_nan import _diverged
+    from torchdoctor.pipeline.followups_nan import _diverged
 
     first = Evidence.from_events([_numerics([0.7, 0.6, 0.5, "nan"])])
     same = Evidence.from_events([_numerics([0.7, 0.6003, 0.5, "nan"])])  # GPU drift: 5e-4

@@ -2,9 +2,9 @@
 
 import pytest
 
-from torchdoctor.dist import envaudit, rules, topology
-from torchdoctor.dist.busbw import allreduce_bandwidth, allreduce_factor, median
-from torchdoctor.dist.selftest import merge, status_of
+from torchdoctor.distributed import envaudit, rules, topology
+from torchdoctor.distributed.busbw import allreduce_bandwidth, allreduce_factor, median
+from torchdoctor.distributed.selftest import merge, status_of
 
 CPU = {"torch": "2.13", "dist_available": True, "backends": {"nccl": False, "gloo": True},
        "cuda_available": False, "cuda_device_count": 0, "host": {"ib_devices": [], "net_ifaces": ["eth0", "lo"]}}

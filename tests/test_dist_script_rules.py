@@ -6,10 +6,10 @@ import os
 
 import pytest
 
-from torchdoctor.dist.collectives import first_divergence, where
-from torchdoctor.dist.ranked import merge_findings
-from torchdoctor.dist.stragglers import lag_table, rank_summary
-from torchdoctor.dist.torchrun import merged_outcome, parse_failures
+from torchdoctor.distributed.collectives import first_divergence, where
+from torchdoctor.distributed.ranked import merge_findings
+from torchdoctor.distributed.stragglers import lag_table, rank_summary
+from torchdoctor.distributed.torchrun import merged_outcome, parse_failures
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Report, finding
 from torchdoctor.rules import NotApplicable
@@ -340,7 +340,7 @@ def test_on_cuda_the_straggler_is_judged_from_device_time_outside_backward():
 def test_finish_completes_each_ranks_result_from_what_the_parent_knows(tmp_path):
     import json as _json
 
-    from torchdoctor.dist.torchrun import RankSet
+    from torchdoctor.distributed.torchrun import RankSet
 
     for r in (0, 1):
         (tmp_path / f"rank{r}").mkdir()

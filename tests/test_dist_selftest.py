@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from torchdoctor.dist.selftest import is_our_worker
+from torchdoctor.distributed.selftest import is_our_worker
 from torchdoctor.findings import Report
 from torchdoctor.report.console import render_to_text
 

@@ -62,7 +62,7 @@ def run_inprocess(probe: str, script: Path, args=(), options=None) -> Evidence:
 
 def judge(probe: str, script: Path, args=(), options=None) -> Report:
     """Rules of the run and of the probe, then the follow-ups (re-runs in-process too)."""
-    from torchdoctor.probes.run import _followups, _instrument_errors, _metrics
+    from torchdoctor.pipeline.run import _followups, _instrument_errors, _metrics
     from torchdoctor.rules import run_rules
 
     ev = run_inprocess(probe, script, args, options)

@@ -17,7 +17,7 @@ declare("allreduce-bandwidth-low", DISTRIBUTED, "warning",
 declare("collective-selftest-failed", DISTRIBUTED, "error",
         "the collective self-test returned wrong values, crashed or did not finish in time")
 
-# Script probes under torchrun (issue 8, part B: torchdoctor/dist/ranked.py, rules/dist_script.py)
+# Script probes under torchrun (issue 8, part B: torchdoctor/distributed/ranked.py, rules/dist_script.py)
 declare("collective-hang", DISTRIBUTED, "error",
         "ranks stuck: which rank waits in which collective, and which rank skipped it")
 declare("collective-mismatch", DISTRIBUTED, "error",

@@ -115,10 +115,10 @@ def script_command(app: typer.Typer, name: str, help: str, probe: str | None = N
         options = {"steps": steps, "timeout": timeout, "out": out, "module": bool(module)}
         options.update(kw)  # probe-specific options, by key
         if nproc is not None:
-            options["nproc_per_node"] = nproc  # torchrun, one run dir per rank (torchdoctor.dist)
+            options["nproc_per_node"] = nproc  # torchrun, one run dir per rank (torchdoctor.distributed)
         bound = f"up to {steps} steps, " if steps else ""
         bound = f"{nproc} ranks, {bound}" if nproc is not None else bound
-        from torchdoctor.probes.run import check_target, run_probe
+        from torchdoctor.pipeline.run import check_target, run_probe
 
         check_target(target, bool(module))  # bad input: one line, before any banner
         from torchdoctor.commands._common import prepare_out

@@ -24,7 +24,7 @@ def register(app: typer.Typer) -> None:
         """Run `checkup` on a bundled example training script that has a real problem."""
         from torchdoctor.commands._common import emit
         from torchdoctor.examples import path
-        from torchdoctor.probes.run import run_probe
+        from torchdoctor.pipeline.run import run_probe
 
         script = path(EXAMPLE)
         eprint(f"torchdoctor demo: checkup of the bundled example {script} ({steps} steps)")

@@ -35,7 +35,7 @@ def run_script(target: str, args: list[str], module: bool, nproc: int | None, st
                timeout: float | None, out: str | None, as_json: bool, fail_on: str) -> None:
     """``torchdoctor dist SCRIPT``: the script probe ``dist`` under torchrun, merged report."""
     from torchdoctor.commands._common import check_fail_on
-    from torchdoctor.probes.run import run_probe
+    from torchdoctor.pipeline.run import run_probe
 
     if steps < 0:
         raise DoctorError(f"--steps must be >= 0, not {steps}")
@@ -107,7 +107,7 @@ def register(app: typer.Typer) -> None:
             run_script(module or script, extra, module is not None, nproc_per_node, steps, timeout,
                        out, as_json, fail_on)
             return
-        from torchdoctor.dist.probe import DistOptions, parse_sizes, run_dist
+        from torchdoctor.distributed.probe import DistOptions, parse_sizes, run_dist
 
         b = backend.strip().lower()
         if b not in ("auto", "nccl", "gloo"):

@@ -38,7 +38,7 @@ import threading
 import time
 from typing import Any
 
-from torchdoctor.dist.rankdir import (COLLECTIVES, COLLECTIVES_OLD, DUMP_DONE, DUMP_REQUEST,
+from torchdoctor.distributed.rankdir import (COLLECTIVES, COLLECTIVES_OLD, DUMP_DONE, DUMP_REQUEST,
                                       FR_TRACE)
 from torchdoctor.instruments import Instrument, register
 

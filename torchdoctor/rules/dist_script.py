@@ -1,6 +1,6 @@
 """Cross-rank rules of a ranked run (``--nproc-per-node``; probe ``"ranks"``).
 
-They judge the merged Evidence of :mod:`torchdoctor.dist.merge` (every event carries its
+They judge the merged Evidence of :mod:`torchdoctor.distributed.merge` (every event carries its
 ``rank``): collective sequences and stacks (collective-hang, collective-mismatch), the
 DataLoader facts (missing-distributed-sampler, sampler-epoch-not-set) and the per-rank
 step arrivals (rank-straggler). Thresholds and why: docs/findings/<code>.md.
@@ -13,11 +13,11 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
-from torchdoctor.dist.failtext import (COLLECTIVE_FAILURE_TEXT, MISMATCH_TEXT, PEER_GONE_TEXT,
+from torchdoctor.distributed.failtext import (COLLECTIVE_FAILURE_TEXT, MISMATCH_TEXT, PEER_GONE_TEXT,
                                        TIMEOUT_TEXT, own_crash)
-from torchdoctor.dist.collectives import (describe, first_divergence, pending_fr, sequences,
+from torchdoctor.distributed.collectives import (describe, first_divergence, pending_fr, sequences,
                                           shape_text, where)
-from torchdoctor.dist.stragglers import PHASES, device_table, lag_table, per_rank_steps, step_medians
+from torchdoctor.distributed.stragglers import PHASES, device_table, lag_table, per_rank_steps, step_medians
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Finding, finding
 from torchdoctor.rules import NotApplicable, rule
@@ -33,7 +33,7 @@ LAG_MIN_S = 0.002
 OWN_SHARE = 0.5
 MIN_STEPS = 5
 P2P = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
-# what collective failures print (gloo, NCCL, TORCH_DISTRIBUTED_DEBUG=DETAIL): torchdoctor.dist.failtext
+# what collective failures print (gloo, NCCL, TORCH_DISTRIBUTED_DEBUG=DETAIL): torchdoctor.distributed.failtext
 
 
 # ----------------------------------------------------------------------------- helpers

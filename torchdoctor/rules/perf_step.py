@@ -22,7 +22,7 @@ from typing import Any
 
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Finding, finding
-from torchdoctor.probes.steps import device_summary, judged_steps
+from torchdoctor.pipeline.steps import device_summary, judged_steps
 from torchdoctor.rules import NotApplicable, rule
 from torchdoctor.runner.frames import short_path
 

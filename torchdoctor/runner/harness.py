@@ -17,7 +17,7 @@ The parent adds ``timeout`` and ``signal`` outcomes, which the child cannot writ
 ``faulthandler`` dumps every thread's stack to ``stacks.txt`` on SIGUSR1 (timeout) and on a
 fatal signal (segfault, abort).
 
-Under torchrun (``--nproc-per-node``, see :mod:`torchdoctor.dist.rankdir`) each rank uses its
+Under torchrun (``--nproc-per-node``, see :mod:`torchdoctor.distributed.rankdir`) each rank uses its
 own run dir ``RUN_DIR/rank{RANK}`` and also dumps its stacks on SIGTERM (torchrun stopping it
 after another rank failed) before dying.
 """
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     run_dir = Path(args[0])
     meta = read_json(run_dir / META) or {}
-    from torchdoctor.dist.rankdir import enter_rank_dir, is_ranked
+    from torchdoctor.distributed.rankdir import enter_rank_dir, is_ranked
 
     ranked = is_ranked()
     if ranked:  # one of torchrun's ranks: its own run dir D/rank{R}

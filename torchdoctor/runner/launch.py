@@ -295,7 +295,7 @@ def launch(run_dir: str | os.PathLike, probe: str, argv: list[str], *, module: b
 
     Writes ``meta.json`` first and the final ``result.json`` last (the child's result plus
     what only the parent knows: timeout, signal, return code, wall time, output tail).
-    ``ranks`` (a :class:`torchdoctor.dist.torchrun.RankSet`): run the harness on every rank
+    ``ranks`` (a :class:`torchdoctor.distributed.torchrun.RankSet`): run the harness on every rank
     under torchrun, one run dir per rank; timeout, Ctrl-C and clean-up go to every rank.
     """
     d = Path(run_dir)

@@ -2,7 +2,7 @@
 
 The probe is run through its own command (``torchdoctor profile|memory|nan|dist|checkup|
 checkpoint-audit``), so its options, output and exit code are exactly the command's. Needs the
-script probes (``torchdoctor.probes.run``) and the probe's command; without them this exits 2 with a
+script probes (``torchdoctor.pipeline.run``) and the probe's command; without them this exits 2 with a
 clear message.
 """
 
@@ -74,7 +74,7 @@ def run_probe_for_route(skill: str, script_argv: list[str], as_json: bool = Fals
         raise DoctorError(f"no probe for skill {skill!r}")
     command = PROBE_COMMAND[skill]
     module = f"torchdoctor.commands.{command.replace('-', '_')}"
-    if not _importable("torchdoctor.probes.run") or not _importable(module):
+    if not _importable("torchdoctor.pipeline.run") or not _importable(module):
         raise DoctorError(NEEDS_PROBES, hint=f"run it yourself once they land: torchdoctor {command} "
                           + " ".join(script_argv))
     from torchdoctor.cli import run_app

@@ -1,6 +1,6 @@
 """Console sections of `torchdoctor dist`: environment/topology, and the collective self-test.
 
-Both read ``report.metrics["dist"]`` (see torchdoctor/dist/probe.py) and return None without it.
+Both read ``report.metrics["dist"]`` (see torchdoctor/distributed/probe.py) and return None without it.
 """
 
 from __future__ import annotations

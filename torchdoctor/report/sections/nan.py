@@ -1,6 +1,6 @@
 """Console section of the numerics monitor: loss and gradient-norm trend, first non-finite step.
 
-Drawn from ``report.metrics["nan"]`` (``probes/nan_metrics.py``): one header line, then a
+Drawn from ``report.metrics["nan"]`` (``pipeline/nan_metrics.py``): one header line, then a
 row per series with first / min / median / max / last and a sparkline (log scale for the
 gradient norm, whose interesting changes are orders of magnitude).
 """
@@ -92,7 +92,7 @@ def numerics(report):
                             + (f", {first['where']}" if first.get("where") else "")), style="bold red")
     replay = next((r for r in report.metrics.get("followups") or []
                    if r.get("by") == "replay_forward_watch"), None)
-    if replay:  # checkup's replay with the forward watch (probes/followups_nan.py)
+    if replay:  # checkup's replay with the forward watch (pipeline/followups_nan.py)
         secs = float(replay.get("seconds") or 0)
         head.append(f"  ·  replayed to that step with the forward watch ({secs:.1f} s): see the "
                     f"finding", style="dim")

@@ -1,6 +1,6 @@
 """Console section of a ranked run (``--nproc-per-node``): per-rank step times and arrival lags.
 
-Reads ``report.metrics["ranks"]`` (torchdoctor/dist/stragglers.py ``rank_summary``); None without it.
+Reads ``report.metrics["ranks"]`` (torchdoctor/distributed/stragglers.py ``rank_summary``); None without it.
 """
 
 from __future__ import annotations

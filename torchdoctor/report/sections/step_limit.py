@@ -1,6 +1,6 @@
 """Console line under the step table: the run was cut by the ``--steps`` limit.
 
-Drawn from ``report.metrics["run"]["stopped_by"] == "steps"`` (set by ``probes/run.py`` only
+Drawn from ``report.metrics["run"]["stopped_by"] == "steps"`` (set by ``pipeline/run.py`` only
 when the limit ended the run, not when the script ended on its own before it).
 """
 

@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from torchdoctor.dist.procs import die_with_parent
+from torchdoctor.distributed.procs import die_with_parent
 
 RANKED_ENV = "TORCHDOCTOR_RANKED"  # set by the parent for every rank launched through torchrun
 PID = "pid"

@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from torchdoctor.dist.failtext import own_crash
+from torchdoctor.distributed.failtext import own_crash
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Finding, Report
 
@@ -28,8 +28,8 @@ SYMPTOM_CODES = ("script-hung", "killed-by-signal", "script-crashed")
 
 def run_ranked(probe: str, target: str, argv: list[str], *, module: bool, opts: dict[str, Any],
                timeout: float | None, show: bool | None) -> Report:
-    from torchdoctor.dist.torchrun import RankSet, quiet_patterns
-    from torchdoctor.probes.run import QUIET_PATTERNS, _run_dir
+    from torchdoctor.distributed.torchrun import RankSet, quiet_patterns
+    from torchdoctor.pipeline.run import QUIET_PATTERNS, _run_dir
     from torchdoctor.runner.launch import launch
 
     n = int(opts["nproc_per_node"])
@@ -47,9 +47,9 @@ def run_ranked(probe: str, target: str, argv: list[str], *, module: bool, opts: 
 
 def judge(probe: str, target: str, run_dir: str | Path, nproc: int) -> Report:
     """The merged report of a ranked run dir (pure apart from reading the files)."""
-    from torchdoctor.dist.merge import merged_evidence
-    from torchdoctor.dist.stragglers import rank_summary
-    from torchdoctor.probes.run import _context, _instrument_errors, _metrics, run_status
+    from torchdoctor.distributed.merge import merged_evidence
+    from torchdoctor.distributed.stragglers import rank_summary
+    from torchdoctor.pipeline.run import _context, _instrument_errors, _metrics, run_status
     from torchdoctor.rules import run_rules
 
     per, merged = merged_evidence(run_dir, nproc)

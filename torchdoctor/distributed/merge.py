@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from torchdoctor.dist.rankdir import COLLECTIVES, COLLECTIVES_OLD, FR_TRACE, rank_dir
+from torchdoctor.distributed.rankdir import COLLECTIVES, COLLECTIVES_OLD, FR_TRACE, rank_dir
 from torchdoctor.evidence import Evidence
 from torchdoctor.runner.rundir import META, RESULT, STACKS, read_json
 

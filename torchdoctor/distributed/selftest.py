@@ -1,7 +1,7 @@
 """Parent side of the collective self-test: launch torchrun, bound it, merge the rank files.
 
 ``run_selftest`` starts ``python -m torch.distributed.run --standalone --nproc-per-node N
--m torchdoctor.dist.selftest_worker`` in a new process group (bound to us: it dies with
+-m torchdoctor.distributed.selftest_worker`` in a new process group (bound to us: it dies with
 torchdoctor, :mod:`torchdoctor.runner.lifeline`), waits at most ``timeout_s`` seconds, kills
 the whole group on timeout or on a stop signal (Ctrl-C, SIGTERM, SIGHUP: SIGTERM, then
 SIGKILL), then every process of the run by session and parent tree, and merges
@@ -20,9 +20,9 @@ import uuid
 from pathlib import Path
 
 import torchdoctor
-from torchdoctor.dist.procs import live_cmdline
+from torchdoctor.distributed.procs import live_cmdline
 from torchdoctor.runner import lifeline, reap, signals
-from torchdoctor.dist.busbw import allreduce_bandwidth, median
+from torchdoctor.distributed.busbw import allreduce_bandwidth, median
 
 MiB = 1 << 20
 GPU_SIZES = [1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB, 1024 * MiB]
@@ -56,7 +56,7 @@ def torchrun_cmd(nproc: int, out_dir: Path, backend: str, sizes: list[int], pg_t
                  watchdog: float, warmup: int, reps: int) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc-per-node={nproc}", "--max-restarts=0", "--monitor-interval=0.1",
-            "-m", "torchdoctor.dist.selftest_worker", "--out", str(out_dir),
+            "-m", "torchdoctor.distributed.selftest_worker", "--out", str(out_dir),
             "--backend", backend, "--sizes", ",".join(map(str, sizes)),
             "--warmup", str(warmup), "--reps", str(reps),
             "--pg-timeout", f"{pg_timeout:g}", "--watchdog", f"{watchdog:g}"]
@@ -111,7 +111,7 @@ def kill_workers(out: Path) -> bool:
 def is_our_worker(pid: int, out: Path) -> bool:
     """pid is alive (not a zombie) and runs selftest_worker on ``out``."""
     args = live_cmdline(pid)
-    return args is not None and "torchdoctor.dist.selftest_worker" in args and str(out) in args
+    return args is not None and "torchdoctor.distributed.selftest_worker" in args and str(out) in args
 
 
 def group_alive(pgid: int) -> bool:

@@ -3,9 +3,9 @@
 Some crashes are only explained by running again with costlier instruments, e.g.
 ``inplace-modified`` → re-run up to the failing step under anomaly mode to name the forward
 line. A follow-up is registered for a finding code (in any module under
-``torchdoctor/probes/``, discovered automatically)::
+``torchdoctor/pipeline/``, discovered automatically)::
 
-    from torchdoctor.probes.followups import followup
+    from torchdoctor.pipeline.followups import followup
 
     @followup("inplace-modified")
     def anomaly_rerun(ev: Evidence, relaunch) -> dict:
@@ -42,7 +42,7 @@ def followup(code: str):
 
 
 def followups_for(code: str) -> list[Callable[[Any, Relaunch], dict]]:
-    from torchdoctor.probes.registry import load_probe_modules
+    from torchdoctor.pipeline.registry import load_probe_modules
 
     load_probe_modules()
     return list(_FOLLOWUPS.get(code, []))

@@ -7,7 +7,7 @@ BOOT ...`` (PyTorch's own launcher) instead of as one child:
 * ``command`` / ``env``: the torchrun command line; the environment minus stale launch
   variables, plus ``NCCL_NVLS_ENABLE=0``, ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1`` (NVLink
   multicast is never used), the flight recorder's buffer size unless set, and the marker
-  that makes each rank use its own run dir ``D/rank{R}`` (see :mod:`torchdoctor.dist.rankdir`);
+  that makes each rank use its own run dir ``D/rank{R}`` (see :mod:`torchdoctor.distributed.rankdir`);
 * ``request_dumps`` at the timeout: ``dump.request`` in every rank dir (the collective
   recorder's watcher thread writes the flight recorder) and SIGUSR1 to every rank (its
   faulthandler writes every thread's stack), not to torchrun;
@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from torchdoctor.dist.failtext import own_crash
-from torchdoctor.dist.procs import live_cmdline
-from torchdoctor.dist.rankdir import (DUMP_DONE, DUMP_REQUEST, PID, RANKED_ENV, rank_dir)
+from torchdoctor.distributed.failtext import own_crash
+from torchdoctor.distributed.procs import live_cmdline
+from torchdoctor.distributed.rankdir import (DUMP_DONE, DUMP_REQUEST, PID, RANKED_ENV, rank_dir)
 from torchdoctor.runner.rundir import EVENTS, RESULT, read_json, write_json
 
 # Never let anything we launch on GPUs use NVLink multicast (NVLS / symmetric memory).

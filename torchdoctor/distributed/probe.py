@@ -97,8 +97,8 @@ def topology_summary(topo: dict) -> dict:
 
 def run_dist(opts: DistOptions) -> Report:
     from torchdoctor.commands._common import default_context
-    from torchdoctor.dist import envaudit, rules, selftest, topology
-    from torchdoctor.dist.facts import gather_facts
+    from torchdoctor.distributed import envaudit, rules, selftest, topology
+    from torchdoctor.distributed.facts import gather_facts
 
     env = dict(os.environ)
     facts = gather_facts(env)

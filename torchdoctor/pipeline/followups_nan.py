@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from torchdoctor.evidence import Evidence
-from torchdoctor.probes.followups import followup
+from torchdoctor.pipeline.followups import followup
 
 
 @followup("inplace-modified")

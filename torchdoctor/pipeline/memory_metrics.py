@@ -11,7 +11,7 @@ from torchdoctor.evidence import Evidence
 from torchdoctor.memory.growth import judge
 from torchdoctor.memory.series import cuda_end_stats, memory_series, room_left, step_seconds, thin
 from torchdoctor.memory.trend import fit_trend
-from torchdoctor.probes.registry import metrics_provider
+from torchdoctor.pipeline.registry import metrics_provider
 
 TIMELINE_POINTS = 120
 

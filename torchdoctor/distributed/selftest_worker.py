@@ -1,7 +1,7 @@
 """One rank of the collective self-test. Launched only through torchrun:
 
     python -m torch.distributed.run --standalone --nproc-per-node N \
-        -m torchdoctor.dist.selftest_worker --out DIR [--backend nccl|gloo] [--sizes 1048576,...]
+        -m torchdoctor.distributed.selftest_worker --out DIR [--backend nccl|gloo] [--sizes 1048576,...]
 
 Each rank writes ``DIR/rank{R}.json`` (rewritten atomically after every phase, so a
 crash or a kill keeps what was measured) and, if it is still running after
@@ -14,7 +14,7 @@ The rank file holds (units in the key names):
 - ``sweep``: one entry per message size: bytes, iters, rep_s (seconds per all-reduce, one
   per repetition; CUDA events on GPU, perf_counter on CPU);
 - ``error``: the traceback text when the rank failed.
-This module judges nothing; ``torchdoctor.dist.selftest`` merges and ``rules`` judges.
+This module judges nothing; ``torchdoctor.distributed.selftest`` merges and ``rules`` judges.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
-from torchdoctor.dist.procs import die_with_parent
+from torchdoctor.distributed.procs import die_with_parent
 
 CHECK_NUMEL = (1 << 16) + 3  # odd on purpose: catches padding/chunking bugs
 
@@ -192,7 +192,7 @@ def run_sweep(dist, torch, rec: RankRecord, sizes: list[int], device, warmup: in
 
 # --------------------------------------------------------------------------- main
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="torchdoctor.dist.selftest_worker")
+    p = argparse.ArgumentParser(prog="torchdoctor.distributed.selftest_worker")
     p.add_argument("--out", required=True, help="folder for rank{R}.json")
     p.add_argument("--backend", default="auto", choices=("auto", "nccl", "gloo"))
     p.add_argument("--sizes", default="", help="comma-separated all-reduce sizes in bytes")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from torchdoctor.evidence import Evidence
-from torchdoctor.probes.registry import metrics_provider
+from torchdoctor.pipeline.registry import metrics_provider
 
 
 @metrics_provider("profile")

@@ -108,7 +108,7 @@ def _instrument_errors(ev: Evidence, report: Report) -> None:
 
 
 def _metrics(ev: Evidence, report: Report) -> None:
-    from torchdoctor.probes.registry import metrics_providers
+    from torchdoctor.pipeline.registry import metrics_providers
 
     for name, fn in sorted(metrics_providers().items()):
         try:
@@ -127,7 +127,7 @@ def _followups(report: Report, ev: Evidence, relaunch) -> None:
     result is merged into its finding's evidence; the keys ``_skill`` (re-route the skill) and
     ``_replace`` (a Finding that takes the place of the original, e.g. a replay that located
     the value more precisely) are directives, not evidence."""
-    from torchdoctor.probes.followups import followups_for
+    from torchdoctor.pipeline.followups import followups_for
 
     runs: list[dict[str, Any]] = []
     for i, f in enumerate(list(report.findings)):
@@ -236,7 +236,7 @@ def run_probe(probe: str, target: str, script_args: list[str], options: dict[str
         return Evidence.load(d)
 
     if opts.get("nproc_per_node"):  # torchrun: the harness on every rank, one merged report
-        from torchdoctor.dist.ranked import run_ranked
+        from torchdoctor.distributed.ranked import run_ranked
 
         return run_ranked(probe, target, argv, module=module, opts=opts, timeout=timeout, show=show)
     run_dir, is_tmp = _run_dir(opts.get("out"))

@@ -17,7 +17,7 @@ import statistics
 from typing import Any
 
 from torchdoctor.evidence import Evidence
-from torchdoctor.probes.registry import metrics_provider
+from torchdoctor.pipeline.registry import metrics_provider
 
 PHASES = ("data", "forward", "backward", "optimizer", "other")
 WARMUP_STEPS = 1

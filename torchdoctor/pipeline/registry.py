@@ -1,9 +1,9 @@
 """Registries of the script probes: metrics providers (and discovery of probe modules).
 
 A family contributes report metrics with a function in its own module under
-``torchdoctor/probes/`` (discovered automatically)::
+``torchdoctor/pipeline/`` (discovered automatically)::
 
-    from torchdoctor.probes.registry import metrics_provider
+    from torchdoctor.pipeline.registry import metrics_provider
 
     @metrics_provider("memory")
     def memory_metrics(ev: Evidence) -> dict | None:
@@ -32,8 +32,8 @@ def metrics_provider(name: str):
 
 
 def load_probe_modules() -> None:
-    """Import every module of ``torchdoctor.probes`` once (providers and follow-ups register)."""
-    import torchdoctor.probes as pkg
+    """Import every module of ``torchdoctor.pipeline`` once (providers and follow-ups register)."""
+    import torchdoctor.pipeline as pkg
     from torchdoctor.discovery import import_submodules
 
     import_submodules(pkg.__name__, pkg.__path__)
