@@ -12,7 +12,7 @@ from torchdoctor.distributed.stragglers import lag_table, rank_summary
 from torchdoctor.distributed.torchrun import merged_outcome, parse_failures
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Report, finding
-from torchdoctor.rules import NotApplicable
+from torchdoctor.judge import NotApplicable
 from torchdoctor.rules.dist_script import (collectives, missing_distributed_sampler,
                                            rank_straggler, sampler_epoch_not_set)
 

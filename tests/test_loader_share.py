@@ -85,7 +85,7 @@ def test_eval_every_epoch_fixture_is_not_dataloader_bound():
 
     from torchdoctor.findings import Report
     from torchdoctor.pipeline.steps import step_summary
-    from torchdoctor.rules import run_rules
+    from torchdoctor.judge import judge
 
     script = SCRIPTS / "perf" / "eval_every_epoch.py"
     ev = run_inprocess("checkup", script, options={"steps": 0})
@@ -96,6 +96,6 @@ def test_eval_every_epoch_fixture_is_not_dataloader_bound():
     assert len(eval_steps) == 3 and all(d["fed"] == 0 for d in eval_steps)
     assert sum(1 for d in ev.of("data_step") if "0" in d.get("starts", ())) == 4  # one per epoch
     report = Report(command="checkup", target=str(script))
-    run_rules("checkup", ev, report)
+    judge("checkup", ev, report)
     assert "dataloader-bound" not in {f.code for f in report.findings}
     assert sum(s["share"].values()) == pytest.approx(1.0, abs=0.01)  # phases still add up

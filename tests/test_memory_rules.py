@@ -11,7 +11,7 @@ from torchdoctor.evidence import Evidence
 from torchdoctor.memory.oom import fix_lines, rank_fixes
 from torchdoctor.memory.series import memory_series, without_window_shift
 from torchdoctor.memory.trend import fit_trend, rising, theil_sen
-from torchdoctor.rules import NotApplicable
+from torchdoctor.judge import NotApplicable
 from torchdoctor.rules.memory import (activation_dominated, grad_in_eval, memory_fragmentation,
                                       memory_growth)
 

@@ -63,12 +63,12 @@ def run_inprocess(probe: str, script: Path, args=(), options=None) -> Evidence:
 def judge(probe: str, script: Path, args=(), options=None) -> Report:
     """Rules of the run and of the probe, then the follow-ups (re-runs in-process too)."""
     from torchdoctor.pipeline.run import _followups, _instrument_errors, _metrics
-    from torchdoctor.rules import run_rules
+    from torchdoctor.judge import judge
 
     ev = run_inprocess(probe, script, args, options)
     report = Report(command=probe, target=str(script))
-    run_rules("run", ev, report)
-    run_rules(probe, ev, report)
+    judge("run", ev, report)
+    judge(probe, ev, report)
 
     def relaunch(extra, probe=None, _first=probe):  # a follow-up may re-run under another probe
         return run_inprocess(probe or _first, script, args, {**(options or {}), **extra})

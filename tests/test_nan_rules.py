@@ -3,7 +3,7 @@
 import pytest
 
 from torchdoctor.evidence import Evidence
-from torchdoctor.rules import NotApplicable
+from torchdoctor.judge import NotApplicable
 from torchdoctor.rules import numerics as N
 from torchdoctor.rules import training as T
 

@@ -17,7 +17,7 @@ import pytest
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Report
 from torchdoctor.instruments._profile_analysis import Sources, Window, analyze, syncs
-from torchdoctor.rules import run_rules
+from torchdoctor.judge import judge
 
 HERE = Path(__file__).resolve().parent
 SCRIPTS = HERE / "fixtures" / "scripts" / "profile"
@@ -245,7 +245,7 @@ H100_EXPECTED = {
 def test_h100_flats_raise_exactly_the_planted_codes(name):
     ev, _ = _h100(name)
     report = Report("profile")
-    run_rules("profile", ev, report)
+    judge("profile", ev, report)
     assert {f.code for f in report.findings} == H100_EXPECTED[name]
     assert not any(s.rule in H100_EXPECTED[name] for s in report.skipped)
 

@@ -7,7 +7,7 @@ import pytest
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Report
 from torchdoctor.instruments.profiler_window import plan_window
-from torchdoctor.rules import NotApplicable, run_rules
+from torchdoctor.judge import NotApplicable, judge
 from torchdoctor.rules import profile as R
 
 WINDOW = {"kind": "profile_window", "status": "ok", "wait": 5, "warmup": 1, "active": 3, "first_step": 7,
@@ -36,7 +36,7 @@ def device(busy_ms, kernels=200.0, median_us=2.0):
 
 def codes(e: Evidence) -> set[str]:
     r = Report("profile")
-    run_rules("profile", e, r)
+    judge("profile", e, r)
     return {f.code for f in r.findings}
 
 
@@ -58,7 +58,7 @@ def test_missing_or_unreached_window_is_not_applicable_with_the_reason():
     with pytest.raises(NotApplicable, match="made 4 optimizer steps; .* needs 9"):
         R.window(e)
     r = Report("profile")
-    run_rules("profile", e, r)
+    judge("profile", e, r)
     assert {s.rule for s in r.skipped} >= {"launch-bound", "host-sync-in-loop", "slow-python-loop"}
 
 
@@ -73,7 +73,7 @@ def test_a_failed_window_is_an_internal_error_not_a_quiet_skip():
     e = Evidence.from_events([{"kind": "profile_window", "status": "failed", "error": "KeyError: 'x'",
                                "traceback": "tb"}])
     r = Report("profile")
-    run_rules("profile", e, r)
+    judge("profile", e, r)
     assert [f.code for f in r.findings] == ["internal-error"]
     assert "KeyError" in r.findings[0].title
 

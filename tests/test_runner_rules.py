@@ -5,7 +5,7 @@ from __future__ import annotations
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Report
 from torchdoctor.pipeline.steps import judged_steps, step_summary
-from torchdoctor.rules import NotApplicable, run_rules
+from torchdoctor.judge import NotApplicable, judge
 from torchdoctor.rules.crash import classify, crash, device_details, oom_details
 from torchdoctor.rules.perf_step import cpu_oversubscribed, dataloader_bound, model_moved_in_loop
 from torchdoctor.rules.repro import unseeded_run
@@ -212,5 +212,5 @@ def test_parse_stacks_finds_main_thread_and_keeps_last_dump():
 
 def test_run_rules_on_probe_run_give_one_finding_per_outcome():
     r = Report("checkup")
-    run_rules("run", Evidence.from_events(steps(3), result={"outcome": "stopped"}), r)
+    judge("run", Evidence.from_events(steps(3), result={"outcome": "stopped"}), r)
     assert r.findings == []

@@ -160,10 +160,10 @@ def test_dataloader_bound_names_the_training_loop_and_transforms_are_not_models(
     assert sum(s["mean_ms"].values()) == pytest.approx(s["mean_step_ms"], rel=0.01)
 
     from torchdoctor.findings import Report
-    from torchdoctor.rules import run_rules
+    from torchdoctor.judge import judge
 
     report = Report(command="checkup", target=str(script))
-    run_rules("checkup", ev, report)
+    judge("checkup", ev, report)
     f = by_code(report, "dataloader-bound")
     assert f.evidence["loop"].endswith(_line_of(script, "# TRAIN LOOP")), f.evidence
     assert _line_of(script, "# TRAIN LOOP") in f.title

@@ -50,7 +50,7 @@ def judge(probe: str, target: str, run_dir: str | Path, nproc: int) -> Report:
     from torchdoctor.distributed.merge import merged_evidence
     from torchdoctor.distributed.stragglers import rank_summary
     from torchdoctor.pipeline.run import _context, _instrument_errors, _metrics, run_status
-    from torchdoctor.rules import run_rules
+    from torchdoctor.judge import judge as apply_rules
 
     per, merged = merged_evidence(run_dir, nproc)
     report = Report(command=probe, target=target)
@@ -59,13 +59,13 @@ def judge(probe: str, target: str, run_dir: str | Path, nproc: int) -> Report:
     rank_reports: dict[int, Report] = {}
     for r, ev in sorted(per.items()):
         rep = Report(command=probe)
-        run_rules("run", ev, rep)
+        apply_rules("run", ev, rep)
         if probe != "run":
-            run_rules(probe, ev, rep)
+            apply_rules(probe, ev, rep)
         _instrument_errors(ev, rep)
         rank_reports[r] = rep
     cross = Report(command=probe)
-    run_rules("ranks", merged, cross)
+    apply_rules("ranks", merged, cross)
     merge_findings(report, rank_reports, cross, merged, nproc)
     if per:
         scratch = Report(command=probe)

@@ -19,7 +19,7 @@ from typing import Any, Callable
 from torchdoctor.envinfo.runner import is_failed
 from torchdoctor.envinfo.torchinfo import matmul_tf32_state
 from torchdoctor.findings import Finding, finding, internal_finding
-from torchdoctor.rules import NotApplicable
+from torchdoctor.judge import NotApplicable
 
 GPU_IN_USE_FRACTION = 0.10
 TF32_MIN_CC = (8, 0)

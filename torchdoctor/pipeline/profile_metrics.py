@@ -28,7 +28,7 @@ def profile_metrics(ev: Evidence) -> dict[str, Any] | None:
         out["gpu"] = w["device"]["name"]
     if w.get("status") not in ("ok", "partial"):
         return out
-    from torchdoctor.rules import NotApplicable
+    from torchdoctor.judge import NotApplicable
     from torchdoctor.rules.profile import bare_clock
 
     try:

@@ -213,7 +213,7 @@ def run_probe(probe: str, target: str, script_args: list[str], options: dict[str
     ``module`` (bool), ``quiet`` (no progress line), plus probe-specific keys that instruments
     read from ``ctx.options``. Returns the Report (not yet printed).
     """
-    from torchdoctor.rules import run_rules
+    from torchdoctor.judge import judge
     from torchdoctor.runner.launch import launch
 
     module = bool(options.get("module"))
@@ -261,9 +261,9 @@ def run_probe(probe: str, target: str, script_args: list[str], options: dict[str
                 tmp_dirs.append(d)
             return _launch({**opts, **extra, "followup": n[0]}, d, probe or first_probe)
 
-        run_rules("run", ev, report)
+        judge("run", ev, report)
         if probe != "run":
-            run_rules(probe, ev, report)
+            judge(probe, ev, report)
         if ev.result.get("outcome") != "interrupted":  # stopped by the user: no re-run
             _followups(report, ev, relaunch)
         _instrument_errors(ev, report)

@@ -16,7 +16,7 @@ from typing import Any
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Finding, finding
 from torchdoctor.report.safe import visible
-from torchdoctor.rules import rule
+from torchdoctor.judge import rule
 from torchdoctor.runner.frames import short_path
 from torchdoctor.skills import (CHECKPOINTING, CUSTOM_AUTOGRAD, DEBUGGING, DISTRIBUTED,
                                 MODULE_DESIGN, TENSOR_MEMORY)

@@ -20,7 +20,7 @@ from torchdoctor.distributed.collectives import (describe, first_divergence, pen
 from torchdoctor.distributed.stragglers import PHASES, device_table, lag_table, per_rank_steps, step_medians
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Finding, finding
-from torchdoctor.rules import NotApplicable, rule
+from torchdoctor.judge import NotApplicable, rule
 from torchdoctor.runner.frames import short_path
 
 # rank-straggler: last to arrive in at least LAST_SHARE of the judged steps, by a median lag

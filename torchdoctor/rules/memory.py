@@ -30,7 +30,7 @@ from torchdoctor.memory.growth import (SEVERITY_ORDER, UNATTRIBUTED_MIN_STEPS, c
 from torchdoctor.memory.series import cuda_end_stats, memory_series, room_left, step_seconds
 from torchdoctor.memory.trend import MIN_POINTS, fit_trend, warmup_count
 from torchdoctor.memory.units import MiB, human_bytes
-from torchdoctor.rules import NotApplicable, rule
+from torchdoctor.judge import NotApplicable, rule
 
 WINDOW_SEEN = 0.5  # the site window saw at least this share of the expected growth...
 SURVIVOR_SHARE = 0.25  # ...but survivors explain less than this share of it per step

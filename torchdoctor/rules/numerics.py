@@ -13,7 +13,7 @@ from typing import Any
 
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Finding, finding
-from torchdoctor.rules import NotApplicable, rule
+from torchdoctor.judge import NotApplicable, rule
 
 NAN_PROBES = {"nan", "checkup"}
 

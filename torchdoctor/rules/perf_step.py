@@ -23,7 +23,7 @@ from typing import Any
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Finding, finding
 from torchdoctor.pipeline.steps import device_summary, judged_steps
-from torchdoctor.rules import NotApplicable, rule
+from torchdoctor.judge import NotApplicable, rule
 from torchdoctor.runner.frames import short_path
 
 MIN_STEPS = 3

@@ -14,7 +14,7 @@ from typing import Any
 
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Finding, finding, internal_finding
-from torchdoctor.rules import NotApplicable, rule
+from torchdoctor.judge import NotApplicable, rule
 
 PROBES = {"profile"}
 LAUNCH_BUSY_MAX = 0.5  # launch-bound: GPU busy below this share of the step ...

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Finding, finding
-from torchdoctor.rules import NotApplicable, rule
+from torchdoctor.judge import NotApplicable, rule
 
 
 @rule("unseeded-run", probes={"checkup"})

@@ -8,7 +8,7 @@ from typing import Any
 
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Finding, finding
-from torchdoctor.rules import rule
+from torchdoctor.judge import rule
 from torchdoctor.runner.frames import is_user_file, short_path
 
 # A timed-out run is "hung" when nothing progressed for the last STALL_FRACTION of the
