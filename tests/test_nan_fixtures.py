@@ -62,20 +62,14 @@ def run_inprocess(probe: str, script: Path, args=(), options=None) -> Evidence:
 
 def judge(probe: str, script: Path, args=(), options=None) -> Report:
     """Rules of the run and of the probe, then the follow-ups (re-runs in-process too)."""
-    from torchdoctor.pipeline.run import _followups, _instrument_errors, _metrics
-    from torchdoctor.judge import judge
+    from torchdoctor.pipeline.judging import judge_run
 
     ev = run_inprocess(probe, script, args, options)
-    report = Report(command=probe, target=str(script))
-    judge("run", ev, report)
-    judge(probe, ev, report)
 
     def relaunch(extra, probe=None, _first=probe):  # a follow-up may re-run under another probe
         return run_inprocess(probe or _first, script, args, {**(options or {}), **extra})
 
-    _followups(report, ev, relaunch)
-    _instrument_errors(ev, report)
-    _metrics(ev, report)
+    report = judge_run(probe, ev, target=str(script), relaunch=relaunch)
     return report
 
 

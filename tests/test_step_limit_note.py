@@ -13,7 +13,7 @@ from test_nan_fixtures import SCRIPTS, run_inprocess
 
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Report
-from torchdoctor.pipeline.run import _step_limit, step_limit_cut
+from torchdoctor.pipeline.judging import step_limit as _step_limit, step_limit_cut
 from torchdoctor.report.console import render_to_text
 
 HEALTHY = ROOT / "tests" / "fixtures" / "scripts" / "run"

@@ -1,8 +1,9 @@
 """A script probe on N ranks (``--nproc-per-node N``): launch under torchrun, one merged report.
 
 Flow: run dir ``D`` (temporary, or ``--out DIR`` → ``DIR/run``) → :func:`launch` with a
-:class:`RankSet` (the harness on every rank, ``D/rank{R}``) → per rank, the same rules as a
-single run (probe ``"run"`` and the probe's own) → findings merged across ranks (one finding
+:class:`RankSet` (the harness on every rank, ``D/rank{R}``) → per rank, the pipeline of a
+single run (``pipeline/judging.py``: rules of ``"run"`` and the probe; follow-ups listed as
+skipped, since a re-run would need the whole torchrun) → findings merged across ranks (one finding
 per code, with the ranks that raised it) → cross-rank rules (probe ``"ranks"``: collectives,
 samplers, stragglers) → secondary failures folded into the finding that explains them (a rank
 torchrun stopped because another failed; the crash or hang a collective mismatch caused) →
@@ -49,27 +50,22 @@ def judge(probe: str, target: str, run_dir: str | Path, nproc: int) -> Report:
     """The merged report of a ranked run dir (pure apart from reading the files)."""
     from torchdoctor.distributed.merge import merged_evidence
     from torchdoctor.distributed.stragglers import rank_summary
-    from torchdoctor.pipeline.run import _context, _instrument_errors, _metrics, run_status
     from torchdoctor.judge import judge as apply_rules
+    from torchdoctor.pipeline.judging import add_metrics, context_of, judge_run, run_status
 
     per, merged = merged_evidence(run_dir, nproc)
     report = Report(command=probe, target=target)
     first = per[min(per)] if per else Evidence()
-    report.context = {**_context(first), "ranks": nproc}
-    rank_reports: dict[int, Report] = {}
-    for r, ev in sorted(per.items()):
-        rep = Report(command=probe)
-        apply_rules("run", ev, rep)
-        if probe != "run":
-            apply_rules(probe, ev, rep)
-        _instrument_errors(ev, rep)
-        rank_reports[r] = rep
+    report.context = {**context_of(first), "ranks": nproc}
+    # each rank judged as a single run (no relaunch: follow-ups listed as skipped); metrics
+    # are rank 0's, below
+    rank_reports = {r: judge_run(probe, ev, metrics=False) for r, ev in sorted(per.items())}
     cross = Report(command=probe)
     apply_rules("ranks", merged, cross)
     merge_findings(report, rank_reports, cross, merged, nproc)
     if per:
         scratch = Report(command=probe)
-        _metrics(first, scratch)  # rank 0's families (steps, memory, profile, nan...)
+        add_metrics(first, scratch)  # rank 0's families (steps, memory, profile, nan...)
         report.metrics.update(scratch.metrics)
         report.findings.extend(f for f in scratch.findings if f.code == "internal-error")
     ranks = rank_summary(merged.events, nproc)
