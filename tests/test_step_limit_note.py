@@ -66,3 +66,18 @@ def test_cli_default_limit_is_said_in_the_console_and_the_json():
     run = json.loads(p.stdout)["metrics"]["run"]
     assert run["stopped_by"] == "steps" and run["step_limit"] == 5
     assert run["step_limit_default"] is False
+
+
+def test_the_default_is_the_commands_own_default_not_always_50():
+    # regression: `torchdoctor profile` (default --steps 20) said "the --steps limit" when its
+    # own default had cut the run, because the check compared with the script probes' 50
+    report = Report(command="profile")
+    ev = Evidence.from_events([], meta={"options": {"steps": 20, "steps_default": 20}},
+                              result={"outcome": "stopped", "reason": "--steps 20 reached"})
+    _step_limit(ev, report)
+    assert report.metrics["run"]["step_limit_default"] is True
+    ev = Evidence.from_events([], meta={"options": {"steps": 50, "steps_default": 20}},
+                              result={"outcome": "stopped", "reason": "--steps 50 reached"})
+    report = Report(command="profile")
+    _step_limit(ev, report)
+    assert report.metrics["run"]["step_limit_default"] is False

@@ -112,7 +112,8 @@ def script_command(app: typer.Typer, name: str, help: str, probe: str | None = N
         from torchdoctor.commands._common import check_fail_on
 
         check_fail_on(fail_on)
-        options = {"steps": steps, "timeout": timeout, "out": out, "module": bool(module)}
+        options = {"steps": steps, "timeout": timeout, "out": out, "module": bool(module),
+                   "steps_default": steps_default}
         options.update(kw)  # probe-specific options, by key
         if nproc is not None:
             options["nproc_per_node"] = nproc  # torchrun, one run dir per rank (torchdoctor.distributed)

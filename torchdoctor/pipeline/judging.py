@@ -167,7 +167,7 @@ def step_limit(ev: Evidence, report: Report) -> None:
     run = report.metrics.setdefault("run", {})
     run["stopped_by"] = "steps"
     run["step_limit"] = n
-    run["step_limit_default"] = n == DEFAULT_STEPS
+    run["step_limit_default"] = n == int(ev.options.get("steps_default", DEFAULT_STEPS))
 
 
 def run_status(outcome: str | None) -> str | None:
