@@ -44,3 +44,24 @@ def test_a_crashing_metrics_provider_is_an_internal_error_and_the_rest_stands(mo
     assert [f.code for f in report.findings if f.code == "internal-error"] == ["internal-error"]
     assert "metrics zz_boom failed" in report.findings[-1].title
     assert report.exit_code() == 0  # internal-error is a warning: the run's own verdict stands
+
+
+def test_a_crashing_run_rule_is_an_internal_error_and_the_other_rules_still_judge(monkeypatch):
+    from torchdoctor import judge as J
+
+    J.load_rules()
+
+    def broken(ev):
+        raise KeyError("\x1b[31mdepth")
+
+    monkeypatch.setitem(J._RULES, "aa-broken", J.Rule("aa-broken", frozenset({"run"}),
+                                                     frozenset(), frozenset(), broken))
+    ev = Evidence.from_events([], result={"outcome": "crash", "exit_code": 1, "steps": 0,
+                                          "exception": {"type": "ValueError", "message": "bad",
+                                                        "traceback": []}})
+    report = judge_run("run", ev, target="train.py")
+    codes = sorted(f.code for f in report.findings)
+    assert "internal-error" in codes and "script-crashed" in codes, codes
+    bad = next(f for f in report.findings if f.code == "internal-error")
+    assert bad.evidence["rule"] == "aa-broken" and "\x1b" not in bad.title + bad.evidence["traceback"]
+    assert report.exit_code() == 1  # script-crashed is an error: exit 1 as without the bug
