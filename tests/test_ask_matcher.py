@@ -85,7 +85,7 @@ def test_short_is_not_vague(q, first):
     assert routes(q)[:1] == [ALIAS[first]]
 
 
-# The seed's five baseline scenarios (seeds/001): the right route, and a playbook that covers
+# Five baseline scenarios generic answers got wrong: the right route, and a playbook that covers
 # what the generic answers missed.
 BASELINES = [
     ("I'm getting CUDA out of memory errors when training my ResNet model on a single GPU. The error "

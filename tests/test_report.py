@@ -1,4 +1,4 @@
-"""The report model, JSON schema and console rendering (CONTRACT.md)."""
+"""The report model, JSON schema and console rendering (docs/contract.md)."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""The eight skills (the `skill` field of a finding or route), as in CONTRACT.md."""
+"""The eight skills (the `skill` field of a finding or route), as in docs/contract.md."""
 
 TENSOR_MEMORY = "tensor-operations-and-memory"
 MODULE_DESIGN = "module-design-patterns"

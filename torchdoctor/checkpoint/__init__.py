@@ -1,6 +1,6 @@
 """Checkpoint audit: read what a checkpoint holds and lacks without running its code.
 
-Layers (DESIGN.md): readers (``detect``, ``torch_zip``, ``torch_legacy``, ``safetensors``,
+Layers (docs/architecture.md): readers (``detect``, ``torch_zip``, ``torch_legacy``, ``safetensors``,
 ``dcp``, ``hf``) turn a path into a :class:`~torchdoctor.checkpoint.values.Contents`
 (plain Python containers, :class:`TensorInfo` leaves, :class:`Opaque` for every object
 whose class was *not* imported); ``pickle_scan`` lists the globals a pickle would import

@@ -57,7 +57,7 @@ _TENSOR_CLASS = re.compile(r"^torch(\.cuda)?(\.sparse)?\.[A-Za-z0-9]*Tensor$")
 _STORAGE_CLASS = re.compile(r"^torch(\.cuda)?\.[A-Za-z0-9]*Storage$|^torch\.storage\.(Untyped|Typed)Storage$")
 
 # Names that, once allowlisted by the user, load a numpy RNG state
-# (np.random.get_state()) with weights_only=True; see NOTES.md "Checkpoints".
+# (np.random.get_state()) with weights_only=True.
 NUMPY_RNG_GLOBALS = (
     "numpy._core.multiarray._reconstruct",
     "numpy.ndarray",

@@ -19,7 +19,7 @@ class Unreadable(Exception):
 
 
 def strip_ansi(text: str) -> str:
-    """torch error texts carry ANSI bold codes (NOTES.md): remove them before rendering."""
+    """torch error texts carry ANSI bold codes: remove them before rendering."""
     import re
 
     return re.sub(r"\x1b\[[0-9;]*m", "", text)

@@ -1,4 +1,4 @@
-"""Memory codes (FINDINGS.md, "Memory"; skill tensor-operations-and-memory)."""
+"""Memory codes (docs/findings/README.md; skill tensor-operations-and-memory)."""
 
 from torchdoctor.codes import declare
 from torchdoctor.skills import TENSOR_MEMORY

@@ -1,4 +1,4 @@
-"""Numerics and training-bug codes (FINDINGS.md, "Numerics and training bugs")."""
+"""Numerics and training-bug codes (docs/findings/README.md)."""
 
 from torchdoctor.codes import declare
 from torchdoctor.skills import CHECKPOINTING, DEBUGGING, MIXED_PRECISION, MODULE_DESIGN

@@ -1,4 +1,4 @@
-"""Performance codes (FINDINGS.md, "Performance")."""
+"""Performance codes (docs/findings/README.md)."""
 
 from torchdoctor.codes import declare
 from torchdoctor.skills import MIXED_PRECISION, PERFORMANCE

@@ -18,7 +18,7 @@ HELP = """Route a symptom, a pasted error or a whole log to the right diagnosis,
 
 \b
 Options:
-  --json        one JSON object (CONTRACT.md); with --run, the probe's
+  --json        one JSON object (docs/contract.md); with --run, the probe's
                 report with the route in metrics.route
   --run SCRIPT  run the first route's probe on SCRIPT; the probe's options
                 (--steps N) go before SCRIPT, what follows is the script's

@@ -2,7 +2,7 @@
 
 Every function returns None / False / {} instead of raising when CUDA, a device, or an API
 is missing: the CPU build has ``torch.cuda.memory._record_memory_history`` but it raises
-AttributeError, and ``memory_allocated()`` silently returns 0 there (NOTES.md). Nothing here
+AttributeError, and ``memory_allocated()`` silently returns 0 there. Nothing here
 initializes a CUDA context the script did not create (``torch.cuda.is_initialized()`` gates
 every per-device call) and nothing synchronizes the device: allocator statistics are host-side.
 

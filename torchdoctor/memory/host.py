@@ -1,7 +1,7 @@
 """Host memory counters: the C heap in use (glibc ``mallinfo2``) and the resident set size.
 
 Why the heap counter: PyTorch has no CPU allocator statistics, and RSS is noisy (pages
-freed by the allocator are not returned at once; residual SD 50-360 KiB/step, NOTES.md).
+freed by the allocator are not returned at once; residual SD 50-360 KiB/step).
 ``mallinfo2()`` returns what glibc malloc has handed out and not yet freed
 (``uordblks`` in the arenas + ``hblkhd`` in mmap'd chunks). Every CPU tensor storage is
 allocated through it (``c10::alloc_cpu`` -> ``posix_memalign``), as are autograd graph nodes,

@@ -1,4 +1,4 @@
-"""JSON rendering of a Report (CONTRACT.md, schema 1). One object, nothing else on stdout."""
+"""JSON rendering of a Report (docs/contract.md, schema 1). One object, nothing else on stdout."""
 
 from __future__ import annotations
 

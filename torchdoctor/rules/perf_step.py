@@ -1,7 +1,7 @@
 """Step-clock rules: dataloader-bound, model-moved-in-loop, cpu-oversubscribed.
 
 Thresholds (why: docs/findings/<code>.md, "How it is measured"):
-* dataloader-bound: data wait ≥ 30% of the judged steps' wall time (FINDINGS.md), at least
+* dataloader-bound: data wait ≥ 30% of the judged steps' wall time, at least
   MIN_STEPS judged steps; on CUDA also the GPU busy estimate ≤ 75% (a host that waits for
   data while the GPU still works through queued kernels is not data-bound). The finding names
   the loader that fed the judged steps (``data_step``/``data_loader`` evidence: the loader of

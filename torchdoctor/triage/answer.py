@@ -1,4 +1,4 @@
-"""What `ask` answers: routes in order with their why, or one clarifying question; JSON per CONTRACT.md."""
+"""What `ask` answers: routes in order with their why, or one clarifying question; JSON per docs/contract.md."""
 
 from __future__ import annotations
 

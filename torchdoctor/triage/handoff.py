@@ -13,7 +13,7 @@ import importlib.util
 from torchdoctor.errors import DoctorError
 from torchdoctor.triage.symptoms import AG, CKPT, DBG, DIST, MEM, MOD, MP, PERF
 
-# skill -> the command that measures it first (CONTRACT.md; gradcheck is planned, not built)
+# skill -> the command that measures it first (docs/contract.md; gradcheck is planned, not built)
 PROBE_COMMAND = {PERF: "profile", MEM: "memory", DBG: "nan", DIST: "dist", CKPT: "checkpoint-audit",
                  MOD: "checkup", MP: "profile", AG: "checkup"}
 

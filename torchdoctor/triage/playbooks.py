@@ -2,7 +2,7 @@
 
 Each step names what performs it: a torchdoctor probe (``torchdoctor memory SCRIPT``) or
 ``by hand`` (a change to make, or a torch tool to call yourself). The steps cover what the
-baseline answers missed (seeds/001): the memory workflow and its fixes in order, DDP launch and
+baseline answers missed: the memory workflow and its fixes in order, DDP launch and
 init, sampler/seeds/eval pitfalls and bucket sizes, profiling before guessing, locating the first
 non-finite value, and complete checkpoints with RNG state and determinism flags.
 ``SCRIPT`` and ``PATH`` are placeholders for the user's training script and checkpoint file.
