@@ -320,3 +320,14 @@ def test_wrong_values_and_failures():
 def test_missing_rank_means_not_verified():
     m = merged([rank_rec(0)], rc=1)
     assert m["status"] == "failed" and not any(c["ok"] for c in m["checks"])
+
+
+def test_selftest_and_launch_rules_stay_out_of_the_script_probe():
+    """`dist SCRIPT` judges each rank's Evidence with the rules of probe "dist" (distributed/ranked.py):
+    the self-test and launch rules, which read other evidence, must not be among them."""
+    from torchdoctor.judge import rules_for
+
+    ours = {r.name for p in ("dist-env", "dist-selftest") for r in rules_for(p)}
+    assert ours == {"dist-launch-env", "dist-nccl-backend", "dist-nccl-env", "collective-selftest",
+                    "allreduce-bandwidth-low"}
+    assert ours.isdisjoint(r.name for p in ("dist", "run", "ranks") for r in rules_for(p))
