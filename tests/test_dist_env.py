@@ -2,9 +2,12 @@
 
 import pytest
 
-from torchdoctor.distributed import envaudit, rules, topology
+from torchdoctor.distributed import topology
 from torchdoctor.distributed.busbw import allreduce_bandwidth, allreduce_factor, median
+from torchdoctor.distributed.evidence import LaunchEvidence, SelftestEvidence
 from torchdoctor.distributed.selftest import merge, status_of
+from torchdoctor.findings import Report
+from torchdoctor.judge import judge
 
 CPU = {"torch": "2.13", "dist_available": True, "backends": {"nccl": False, "gloo": True},
        "cuda_available": False, "cuda_device_count": 0, "host": {"ib_devices": [], "net_ifaces": ["eth0", "lo"]}}
@@ -13,6 +16,37 @@ GPU2 = {**CPU, "backends": {"nccl": True, "gloo": True}, "nccl_version": "2.27.3
 GPU8_IB = {**GPU2, "cuda_device_count": 8, "host": {"ib_devices": ["mlx5_0", "mlx5_1"], "net_ifaces": ["ib0", "lo"]}}
 TORCHRUN = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+
+
+def _judge(probe, evidence, only=None):
+    """(findings, [(rule, reason)]) of ``probe``'s rules (or only those named), as `dist` applies them."""
+    rep = Report(command="dist")
+    judge(probe, evidence, rep, only=only)
+    return rep.findings, [(s.rule, s.reason) for s in rep.skipped]
+
+
+def audit(env, facts, topo=None):
+    return _judge("dist-env", LaunchEvidence(env, facts, topo))[0]
+
+
+def audit_launch(env, facts):
+    return _judge("dist-env", LaunchEvidence(env, facts), {"dist-launch-env"})[0]
+
+
+def audit_backends(facts):
+    return _judge("dist-env", LaunchEvidence({}, facts), {"dist-nccl-backend"})[0]
+
+
+def audit_nccl_env(env, facts, topo=None):
+    return _judge("dist-env", LaunchEvidence(env, facts, topo), {"dist-nccl-env"})[0]
+
+
+def judge_selftest(st, capacity):
+    return _judge("dist-selftest", SelftestEvidence(st, capacity))
+
+
+def judge_bandwidth(st, capacity):
+    return _judge("dist-selftest", SelftestEvidence(st, capacity), {"allreduce-bandwidth-low"})
 
 
 def codes(fs):
@@ -35,7 +69,7 @@ def titles(fs):
     ({"TORCH_NCCL_BLOCKING_WAIT": "0", "TORCH_NCCL_ENABLE_MONITORING": "1"}, GPU2),
 ])
 def test_healthy_environment_raises_nothing(env, facts):
-    assert envaudit.audit(env, {**facts, "master_addr_resolves": True if "MASTER_ADDR" in env else None}) == []
+    assert audit(env, {**facts, "master_addr_resolves": True if "MASTER_ADDR" in env else None}) == []
 
 
 # --------------------------------------------------------------------------- launch variables
@@ -58,35 +92,35 @@ def test_healthy_environment_raises_nothing(env, facts):
     ({**TORCHRUN, "MASTER_ADDR": ""}, CPU, "MASTER_ADDR is set but empty"),
 ])
 def test_inconsistent_launch_variables(env, facts, needle):
-    fs = envaudit.audit_launch(env, {**facts, "master_addr_resolves": True})
+    fs = audit_launch(env, {**facts, "master_addr_resolves": True})
     assert set(codes(fs)) == {"dist-env-inconsistent"}
     assert needle in titles(fs)
     assert all(f.severity == "error" for f in fs)
 
 
 def test_master_addr_that_does_not_resolve():
-    fs = envaudit.audit_launch({**TORCHRUN, "MASTER_ADDR": "no-such-host.invalid"},
+    fs = audit_launch({**TORCHRUN, "MASTER_ADDR": "no-such-host.invalid"},
                                {**CPU, "master_addr_resolves": False})
     assert "does not resolve" in titles(fs)
     # an unanswered lookup (None) is not evidence
-    assert envaudit.audit_launch({**TORCHRUN, "MASTER_ADDR": "slow"}, {**CPU, "master_addr_resolves": None}) == []
+    assert audit_launch({**TORCHRUN, "MASTER_ADDR": "slow"}, {**CPU, "master_addr_resolves": None}) == []
 
 
 def test_local_rank_vs_gpus_needs_cuda():
     env = {**TORCHRUN, "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "3"}
-    assert envaudit.audit_launch(env, CPU) == []  # gloo on CPU: no GPU to miss
+    assert audit_launch(env, CPU) == []  # gloo on CPU: no GPU to miss
 
 
 # --------------------------------------------------------------------------- backends
 def test_nccl_unavailable_when_cuda_but_no_nccl():
-    fs = envaudit.audit_backends({**GPU2, "backends": {"nccl": False, "gloo": True}})
+    fs = audit_backends({**GPU2, "backends": {"nccl": False, "gloo": True}})
     assert codes(fs) == ["nccl-unavailable"] and fs[0].severity == "error"
-    fs = envaudit.audit_backends({**GPU2, "dist_available": False})
+    fs = audit_backends({**GPU2, "dist_available": False})
     assert codes(fs) == ["nccl-unavailable"]
-    fs = envaudit.audit_backends({**GPU2, "nccl_error": "OSError: libnccl.so.2: cannot open"})
+    fs = audit_backends({**GPU2, "nccl_error": "OSError: libnccl.so.2: cannot open"})
     assert "cannot be loaded" in fs[0].title
-    assert envaudit.audit_backends(GPU2) == []
-    assert envaudit.audit_backends(CPU) == []  # no CUDA: NCCL is not expected
+    assert audit_backends(GPU2) == []
+    assert audit_backends(CPU) == []  # no CUDA: NCCL is not expected
 
 
 # --------------------------------------------------------------------------- risky variables
@@ -112,7 +146,7 @@ def test_nccl_unavailable_when_cuda_but_no_nccl():
     ({"NCCL_BLOCKING_WAIT": "0"}, GPU2, "NCCL_BLOCKING_WAIT", "warning"),
 ])
 def test_risky_variable(env, facts, var, sev):
-    fs = envaudit.audit_nccl_env(env, facts)
+    fs = audit_nccl_env(env, facts)
     assert len(fs) == 1, titles(fs)
     f = fs[0]
     assert (f.code, f.severity, f.evidence["variable"], f.evidence["value"]) == ("nccl-env-risky", sev, var, env[var])
@@ -120,29 +154,29 @@ def test_risky_variable(env, facts, var, sev):
 
 
 def test_deprecated_async_error_handling_zero_is_both_deprecated_and_unhandled():
-    fs = envaudit.audit_nccl_env({"NCCL_ASYNC_ERROR_HANDLING": "0"}, GPU2)
+    fs = audit_nccl_env({"NCCL_ASYNC_ERROR_HANDLING": "0"}, GPU2)
     assert [f.evidence["variable"] for f in fs] == ["NCCL_ASYNC_ERROR_HANDLING"] * 2
     assert "not handled" in titles(fs) and "deprecated" in titles(fs)
 
 
 def test_torch_name_wins_over_deprecated_alias():
     env = {"NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
-    fs = envaudit.audit_nccl_env(env, GPU2)
+    fs = audit_nccl_env(env, GPU2)
     assert codes(fs) == ["nccl-env-risky"]  # only the deprecation: the effective value is 3
     assert "ignored" in fs[0].evidence["effect"]
 
 
 def test_shm_disable_only_matters_without_p2p():
-    assert envaudit.audit_nccl_env({"NCCL_SHM_DISABLE": "1"}, GPU2) == []
-    assert len(envaudit.audit_nccl_env({"NCCL_SHM_DISABLE": "1", "NCCL_P2P_DISABLE": "1"}, GPU2)) == 2
+    assert audit_nccl_env({"NCCL_SHM_DISABLE": "1"}, GPU2) == []
+    assert len(audit_nccl_env({"NCCL_SHM_DISABLE": "1", "NCCL_P2P_DISABLE": "1"}, GPU2)) == 2
     topo = {"pairs": [{"a": 0, "b": 1, "p2p_read": "not supported"}]}
-    fs = envaudit.audit_nccl_env({"NCCL_SHM_DISABLE": "1"}, GPU2, topo)
+    fs = audit_nccl_env({"NCCL_SHM_DISABLE": "1"}, GPU2, topo)
     assert codes(fs) == ["nccl-env-risky"]
 
 
 @pytest.mark.parametrize("value", ["4", "16"])
 def test_moderate_channel_caps_are_not_flagged(value):
-    assert envaudit.audit_nccl_env({"NCCL_MAX_NCHANNELS": value}, GPU2) == []
+    assert audit_nccl_env({"NCCL_MAX_NCHANNELS": value}, GPU2) == []
 
 
 # --------------------------------------------------------------------------- bandwidth arithmetic
@@ -244,13 +278,13 @@ def test_merge_averages_rank_medians_and_computes_busbw():
 
 
 def test_healthy_fast_selftest_raises_nothing():
-    fs, skips = rules.judge_selftest(merged([rank_rec(0), rank_rec(1)]), NVL)  # 268 GB/s = 56%
+    fs, skips = judge_selftest(merged([rank_rec(0), rank_rec(1)]), NVL)  # 268 GB/s = 56%
     assert fs == [] and skips == []
 
 
 def test_slow_allreduce_is_flagged():
     m = merged([rank_rec(0, times=(0.030,)), rank_rec(1, times=(0.030,))])  # 35.8 GB/s: P2P off
-    fs, _ = rules.judge_selftest(m, NVL)
+    fs, _ = judge_selftest(m, NVL)
     assert codes(fs) == ["allreduce-bandwidth-low"] and fs[0].severity == "warning"
     assert fs[0].evidence["fraction"] < 0.1
 
@@ -263,21 +297,21 @@ def test_slow_allreduce_is_flagged():
      {"gbs": None, "reason": "no NVML"}, "capacity unknown"),
 ])
 def test_bandwidth_rule_skips_without_evidence(st, cap, reason):
-    fs, skips = rules.judge_bandwidth(st, cap)
+    fs, skips = judge_bandwidth(st, cap)
     assert fs == [] and reason in skips[0][1]
 
 
 def test_wrong_values_and_failures():
-    fs, _ = rules.judge_selftest(merged([rank_rec(0), rank_rec(1, ok=False)]), NVL)
+    fs, _ = judge_selftest(merged([rank_rec(0), rank_rec(1, ok=False)]), NVL)
     assert codes(fs) == ["collective-selftest-failed"] and "all_reduce returned wrong values" in fs[0].title
     crash = [rank_rec(0, phase="init"), {**rank_rec(1, phase="init", error="RuntimeError: ncclInternalError"),
                                          "checks": [], "sweep": []}]
     crash[0].update(checks=[], sweep=[])
-    fs, _ = rules.judge_selftest(merged(crash, rc=1), NVL)
+    fs, _ = judge_selftest(merged(crash, rc=1), NVL)
     assert codes(fs) == ["nccl-unavailable"]
     hang = [{**rank_rec(0, phase="check:all_reduce"), "checks": [], "sweep": []},
             {**rank_rec(1, phase="check:all_reduce"), "checks": [], "sweep": []}]
-    fs, skips = rules.judge_selftest(merged(hang, rc=None, timed_out=True), NVL)
+    fs, skips = judge_selftest(merged(hang, rc=None, timed_out=True), NVL)
     assert codes(fs) == ["collective-selftest-failed"] and "did not finish within the timeout" in fs[0].title
     assert "rank 0: check:all_reduce" in fs[0].evidence["ranks"]
     assert skips and skips[0][0] == "allreduce-bandwidth-low"
@@ -286,3 +320,14 @@ def test_wrong_values_and_failures():
 def test_missing_rank_means_not_verified():
     m = merged([rank_rec(0)], rc=1)
     assert m["status"] == "failed" and not any(c["ok"] for c in m["checks"])
+
+
+def test_selftest_and_launch_rules_stay_out_of_the_script_probe():
+    """`dist SCRIPT` judges each rank's Evidence with the rules of probe "dist" (distributed/ranked.py):
+    the self-test and launch rules, which read other evidence, must not be among them."""
+    from torchdoctor.judge import rules_for
+
+    ours = {r.name for p in ("dist-env", "dist-selftest") for r in rules_for(p)}
+    assert ours == {"dist-launch-env", "dist-nccl-backend", "dist-nccl-env", "collective-selftest",
+                    "allreduce-bandwidth-low"}
+    assert ours.isdisjoint(r.name for p in ("dist", "run", "ranks") for r in rules_for(p))

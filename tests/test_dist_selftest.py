@@ -104,6 +104,66 @@ def test_console_sections_render_the_sweep():
     assert render_to_text(Report(command="env")).count("Collective self-test") == 0
 
 
+# --------------------------------------------------------------------------- a broken rule
+def _break_rule(monkeypatch, name):
+    """Make the registered rule ``name`` raise, as a bug in it would."""
+    import dataclasses
+
+    from torchdoctor import judge
+
+    def broken(ev):
+        raise KeyError("oops")
+
+    monkeypatch.setitem(judge._RULES, name, dataclasses.replace(judge.all_rules()[name], fn=broken))
+
+
+def _dist_in_process(*args):
+    from typer.testing import CliRunner
+
+    from torchdoctor.cli import app
+
+    res = CliRunner().invoke(app, ["dist", "--json", *args])
+    return res.exit_code, json.loads(res.stdout)
+
+
+def test_a_crashing_env_audit_rule_keeps_the_rest_of_the_report(monkeypatch):
+    for k, v in {"RANK": "3", "WORLD_SIZE": "2", "NCCL_BLOCKING_WAIT": "1", "CUDA_VISIBLE_DEVICES": ""}.items():
+        monkeypatch.setenv(k, v)
+    _break_rule(monkeypatch, "dist-nccl-env")
+    code, rep = _dist_in_process("--no-selftest")
+    assert sorted(f["code"] for f in rep["findings"]) == ["dist-env-inconsistent", "dist-env-inconsistent",
+                                                          "internal-error"]
+    [bug] = [f for f in rep["findings"] if f["code"] == "internal-error"]
+    assert bug["evidence"]["rule"] == "dist-nccl-env" and "oops" in bug["evidence"]["traceback"]
+    assert rep["metrics"]["dist"]["variables"] == {"NCCL_BLOCKING_WAIT": "1"}
+    assert code == 1  # the error findings' code, not 3: the report stands
+
+
+def test_a_crashing_selftest_rule_keeps_the_rest_of_the_report(monkeypatch):
+    from torchdoctor.distributed import selftest
+
+    def wrong_values(nproc, out, backend, sizes, timeout_s):  # a finished gloo run, broadcast wrong on rank 1
+        ranks = [{"rank": r, "world_size": 2, "backend": "gloo", "phase": "done", "error": None,
+                  "checks": [{"op": op, "ok": not (r == 1 and op == "broadcast"), "max_abs_err": 0.0, "error": None}
+                             for op in ("all_reduce", "broadcast")],
+                  "sweep": [{"bytes": 1 << 16, "iters": 10, "rep_s": [0.001]}]} for r in range(nproc)]
+        st = selftest.merge(ranks, nproc=nproc, backend=backend, sizes=[1 << 16])
+        st.update(returncode=0, timed_out=False, wall_s=1.0)
+        st["status"] = selftest.status_of(st)
+        return st
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setattr(selftest, "run_selftest", wrong_values)
+    _break_rule(monkeypatch, "allreduce-bandwidth-low")
+    code, rep = _dist_in_process("--backend", "gloo")
+    assert sorted(f["code"] for f in rep["findings"]) == ["collective-selftest-failed", "internal-error"]
+    assert "broadcast returned wrong values" in rep["findings"][0]["title"]
+    assert [f["evidence"]["rule"] for f in rep["findings"] if f["code"] == "internal-error"] == [
+        "allreduce-bandwidth-low"]
+    assert rep["metrics"]["dist"]["selftest"]["status"] == "wrong"
+    assert code == 1
+
+
 # --------------------------------------------------------------------------- NCCL (2+ GPUs)
 @pytest.mark.multigpu
 def test_nccl_selftest_on_local_gpus(cli, tmp_path):

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import FIXTURES, ROOT
 from torchdoctor.envinfo import nvml, system
-from torchdoctor.envinfo.rules import evaluate, visible_gpus
+from torchdoctor.rules.env import visible_gpus
 from torchdoctor.envinfo.torchinfo import matmul_tf32_state
 from torchdoctor.envinfo.runner import Collector, is_failed, run_collectors
 
@@ -210,6 +210,14 @@ def _env(gpus=None, cuda="13.0", flags=None, env_vars=None, present=True):
             "nvidia": nv, "env_vars": env_vars or {}}
 
 
+def evaluate(env):
+    """(findings, [(rule, reason skipped)]) of the env probe's rules, through the guarded judge."""
+    from torchdoctor.commands.env import build_report
+
+    report = build_report(env)
+    return report.findings, [(s.rule, s.reason) for s in report.skipped]
+
+
 def _codes(env):
     findings, skipped = evaluate(env)
     return sorted(f.code for f in findings), dict(skipped)
@@ -310,15 +318,48 @@ def test_failed_sections_make_rules_skip_not_guess():
     assert codes == [] and set(skipped) == {"torch-cpu-build-on-gpu-host", "gpu-memory-in-use", "tf32-disabled"}
 
 
-def test_a_crashing_rule_becomes_an_internal_error_finding(monkeypatch):
-    from torchdoctor.envinfo import rules
+def _break_rule(monkeypatch, name):
+    """Make the registered rule ``name`` raise, as a bug in it would."""
+    import dataclasses
+
+    from torchdoctor import judge
 
     def broken(env):
         raise KeyError("oops")
 
-    monkeypatch.setitem(rules.RULES, "gpu-memory-in-use", broken)
+    monkeypatch.setitem(judge._RULES, name, dataclasses.replace(judge.all_rules()[name], fn=broken))
+
+
+def test_a_crashing_rule_becomes_an_internal_error_finding(monkeypatch):
+    _break_rule(monkeypatch, "gpu-memory-in-use")
     findings, _ = evaluate(_env(gpus=[_gpu()]))
     assert "internal-error" in [f.code for f in findings]
+
+
+def test_a_crashing_env_rule_keeps_the_rest_of_the_report_and_the_exit_code(monkeypatch):
+    """`torchdoctor env` with a broken rule: the other rules, the metrics and the exit code stand."""
+    from typer.testing import CliRunner
+
+    from torchdoctor.cli import app
+
+    env = json.loads(H100_BUSY.read_text())["metrics"]["env"]
+    env["torch"] = {**env["torch"], "cuda": None}  # a CPU torch on this GPU host: an error finding
+    monkeypatch.setattr("torchdoctor.envinfo.collect", lambda: copy.deepcopy(env))
+    _break_rule(monkeypatch, "gpu-memory-in-use")
+    res = CliRunner().invoke(app, ["env", "--json"])
+    rep = json.loads(res.stdout)
+    codes = sorted(f["code"] for f in rep["findings"])
+    assert codes == ["internal-error", "torch-cpu-build-on-gpu-host"]
+    [bug] = [f for f in rep["findings"] if f["code"] == "internal-error"]
+    assert bug["evidence"]["rule"] == "gpu-memory-in-use" and "KeyError" in bug["title"]
+    assert "oops" in bug["evidence"]["traceback"]
+    assert [s["rule"] for s in rep["skipped"]] == ["tf32-disabled"]
+    assert rep["metrics"]["env"]["nvidia"]["gpus"][0]["name"] == env["nvidia"]["gpus"][0]["name"]
+    assert res.exit_code == 1  # the error finding's exit code; the internal-error is a warning
+    env["torch"]["cuda"] = "13.0"  # no error finding left: the broken rule alone does not fail the run
+    res = CliRunner().invoke(app, ["env", "--json"])
+    assert res.exit_code == 0 and "internal-error" in res.stdout
+    assert CliRunner().invoke(app, ["env", "--json", "--fail-on", "warning"]).exit_code == 1
 
 
 # ---------------------------------------------------------------- report and rendering

@@ -1,8 +1,9 @@
 """`torchdoctor env [--json]`: the environment a PyTorch bug report needs, gathered safely.
 
 Collection (torchdoctor.envinfo) runs every probe at once, each bounded by a timeout; a probe
-that fails or hangs shows "could not collect: ..." and the rest still prints. Rules
-(torchdoctor.envinfo.rules) judge the collected dict; the report holds it in metrics["env"].
+that fails or hangs shows "could not collect: ..." and the rest still prints. The rules of probe
+``env`` (torchdoctor/rules/env.py) judge the collected dict through the guarded ``judge()``; the
+report holds it in metrics["env"].
 """
 
 from __future__ import annotations
@@ -15,15 +16,11 @@ from torchdoctor.commands._common import FailOnOpt, JsonOpt, emit, guarded
 def build_report(env: dict):
     """The env Report for a collected (or saved) env dict: context, metrics, findings, skips."""
     from torchdoctor.envinfo import report_context
-    from torchdoctor.envinfo.rules import evaluate
     from torchdoctor.findings import Report
+    from torchdoctor.judge import judge
 
     report = Report(command="env", metrics={"env": env}, context=report_context(env))
-    findings, skipped = evaluate(env)
-    for f in findings:
-        report.add(f)
-    for rule, reason in skipped:
-        report.skip(rule, reason)
+    judge("env", env, report)
     return report
 
 

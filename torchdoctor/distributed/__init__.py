@@ -2,9 +2,9 @@
 
 - ``facts``: gather launch variables, backend availability, NCCL version, host facts (impure);
 - ``topology``: NVML GPU topology, NVLink/PCIe, and the link capacity it implies;
-- ``envaudit``: pure rules over (env vars, facts) -> dist-env-inconsistent, nccl-env-risky,
-  nccl-unavailable;
 - ``selftest`` / ``selftest_worker``: the collective self-test under torchrun;
-- ``busbw``: nccl-tests bandwidth arithmetic; ``rules``: pure judgment of the self-test;
+- ``busbw``: nccl-tests bandwidth arithmetic;
+- ``evidence``: what the rules judge (probes ``dist-env`` and ``dist-selftest``: the rules
+  live in torchdoctor/rules/dist_env.py, dist_nccl_env.py and dist_selftest.py);
 - ``probe``: puts them together into a Report.
 """

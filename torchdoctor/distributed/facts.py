@@ -1,6 +1,6 @@
 """Gather the facts the distributed audit judges (impure; every probe returns None/[] on failure).
 
-``gather_facts()`` returns a plain dict (JSON-safe), the input of ``envaudit.audit``:
+``gather_facts()`` returns a plain dict (JSON-safe), judged by the ``dist-env`` rules:
 - ``torch``: version; ``dist_available``; ``backends`` {nccl, gloo, mpi, ucc: bool};
   ``nccl_version`` "2.27.3" or None; ``cuda_available``; ``cuda_device_count``;
 - ``host``: ``ib_devices`` (names under /sys/class/infiniband), ``net_ifaces`` (names);

@@ -1,7 +1,9 @@
-"""`torchdoctor dist` without a script: gather -> audit -> self-test -> judge -> Report.
+"""`torchdoctor dist` without a script: gather -> judge -> self-test -> judge -> Report.
 
-Measurement (facts, topology, self-test) and judgment (envaudit, rules) stay in their
-modules; this one only wires them and fills ``report.metrics["dist"]``.
+Measurement (facts, topology, self-test) stays in its modules and judgment in the rules of
+probes ``dist-env`` (rules/dist_env.py, rules/dist_nccl_env.py) and ``dist-selftest``
+(rules/dist_selftest.py), applied by the guarded ``judge()``; this module only builds their
+evidence (distributed/evidence.py), wires them and fills ``report.metrics["dist"]``.
 """
 
 from __future__ import annotations
@@ -97,8 +99,10 @@ def topology_summary(topo: dict) -> dict:
 
 def run_dist(opts: DistOptions) -> Report:
     from torchdoctor.commands._common import default_context
-    from torchdoctor.distributed import envaudit, rules, selftest, topology
+    from torchdoctor.distributed import selftest, topology
+    from torchdoctor.distributed.evidence import LaunchEvidence, SelftestEvidence
     from torchdoctor.distributed.facts import gather_facts
+    from torchdoctor.judge import judge
 
     env = dict(os.environ)
     facts = gather_facts(env)
@@ -109,14 +113,13 @@ def run_dist(opts: DistOptions) -> Report:
     topo = topology.gather_topology()
     report = Report(command="dist", context=default_context())
     report.target = f"local node, {nproc} rank(s), {backend}"
-    for f in envaudit.audit(env, facts, topo):
-        report.add(f)
+    judge("dist-env", LaunchEvidence(env, facts, topo), report)
     dist_metrics: dict = {"torch": facts.get("torch"), "backends": facts.get("backends"),
                           "nccl_version": facts.get("nccl_version"),
                           "cuda_devices": facts.get("cuda_device_count"), "host": facts.get("host"),
                           **env_view(env), "topology": topology_summary(topo)}
     report.metrics["dist"] = dist_metrics
-    if not opts.selftest:
+    if not opts.selftest:  # skipped under the names of the dist-selftest rules
         report.skip("collective-selftest", "--no-selftest")
         report.skip("allreduce-bandwidth-low", "--no-selftest")
         return report
@@ -146,11 +149,7 @@ def run_dist(opts: DistOptions) -> Report:
                if d.get("pci") else None for d in devs]
         used = topology.select_gpus(topo, [d.get("uuid") for d in devs], bus, nproc)
     capacity = topology.link_capacity(topo, used)
-    findings, skips = rules.judge_selftest(st, capacity)
-    for f in findings:
-        report.add(f)
-    for rule, why in skips:
-        report.skip(rule, why)
+    judge("dist-selftest", SelftestEvidence(st, capacity), report)
     if st.get("status") == "interrupted":
         report.run_status = "interrupted"
         report.metrics["run"] = {"outcome": "interrupted", "interrupted_by": st.get("interrupted_by"),

@@ -1,42 +1,51 @@
-"""Pure env rules: the dict from ``envinfo.collect()`` -> (findings, skipped).
+"""Env rules (probe ``env``): pure functions of the facts ``envinfo.collect()`` gathered.
 
-No I/O, no torch: every rule reads only the evidence dict, so it is tested on synthetic
-dicts and on the saved H100 fixture. A rule whose evidence is missing or not applicable
-reports itself skipped with the reason; it never guesses.
+The evidence is that dict of sections (``torch``, ``torch_flags``, ``nvidia``, ``env_vars`` ...;
+a section that failed is ``{"error": "could not collect: ..."}``). No I/O, no torch: every rule
+is tested on synthetic dicts and on the saved H100 fixtures. A rule whose section is missing or
+failed, or that does not apply, raises :class:`NotApplicable` with the reason; it never guesses.
+Thresholds (stated on each code's docs page, "How it is measured"):
 
-Thresholds (see docs/findings/*.md, "How it is measured"):
 - ``gpu-memory-in-use``: memory held by processes other than this one ≥ ``GPU_IN_USE_FRACTION``
-  (10 %) of a GPU's total, on a GPU this process may use (CUDA_VISIBLE_DEVICES honoured).
-- ``tf32-disabled``: a CUDA torch, a GPU of compute capability ≥ ``TF32_MIN_CC`` (8.0, Ampere:
+  of a GPU's total, on a GPU this process may use (CUDA_VISIBLE_DEVICES honoured).
+- ``tf32-disabled``: a CUDA torch, a GPU of compute capability ≥ ``TF32_MIN_CC_MAJOR``.0 (Ampere:
   the first with TF32 tensor cores) and float32 matmul TF32 off in this environment.
 """
 
 from __future__ import annotations
 
-import traceback
-from typing import Any, Callable
+from typing import Any
 
+from torchdoctor.catalog import declare
 from torchdoctor.envinfo.runner import is_failed
 from torchdoctor.envinfo.torchinfo import matmul_tf32_state
-from torchdoctor.findings import Finding, finding, internal_finding
-from torchdoctor.judge import NotApplicable
+from torchdoctor.findings import Finding, finding
+from torchdoctor.judge import NotApplicable, rule
+from torchdoctor.skills import MIXED_PRECISION, PERFORMANCE, TENSOR_MEMORY
 
-GPU_IN_USE_FRACTION = 0.10
-TF32_MIN_CC = (8, 0)
+GPU_IN_USE_FRACTION = 0.10  # share of a GPU's memory held by other processes
+TF32_MIN_CC_MAJOR = 8  # compute capability 8.0 (Ampere) and later have TF32 tensor cores
 GIB = 1024 ** 3
 
-
-# A rule that cannot judge (evidence missing, or it does not apply) raises this: reported in
-# the JSON ``skipped`` list, as the run-dir rules of ``torchdoctor.rules`` do.
-Skip = NotApplicable
+TORCH_CPU_BUILD_ON_GPU_HOST = declare(
+    "torch-cpu-build-on-gpu-host", PERFORMANCE, "error",
+    "NVIDIA GPUs are present but the installed torch has no CUDA")
+GPU_MEMORY_IN_USE = declare(
+    "gpu-memory-in-use", TENSOR_MEMORY, "warning",
+    "other processes already hold a large share of a GPU's memory",
+    thresholds={"GPU_IN_USE_FRACTION": GPU_IN_USE_FRACTION})
+TF32_DISABLED = declare(
+    "tf32-disabled", MIXED_PRECISION, "info",
+    "float32 matmuls run without TF32 on a GPU that supports it",
+    thresholds={"TF32_MIN_CC_MAJOR": TF32_MIN_CC_MAJOR})
 
 
 def _section(env: dict, name: str, what: str) -> dict:
     v = env.get(name)
     if not isinstance(v, dict):
-        raise Skip(f"{what} not collected")
+        raise NotApplicable(f"{what} not collected")
     if is_failed(v):
-        raise Skip(f"{what} {v['error']}")
+        raise NotApplicable(f"{what} {v['error']}")
     return v
 
 
@@ -45,13 +54,13 @@ def _nvidia(env: dict) -> dict:
 
 
 def _gpus(env: dict) -> list[dict]:
-    """The GPUs NVML read successfully; Skip when no NVIDIA driver / no GPU."""
+    """The GPUs NVML read successfully; NotApplicable when no NVIDIA driver / no GPU."""
     nv = _nvidia(env)
     if not nv.get("present"):
-        raise Skip(nv.get("reason") or "no NVIDIA driver found")
+        raise NotApplicable(nv.get("reason") or "no NVIDIA driver found")
     gpus = [g for g in nv.get("gpus") or [] if not is_failed(g)]
     if not gpus:
-        raise Skip("no GPU could be read" if nv.get("gpus") else "no NVIDIA GPU found")
+        raise NotApplicable("no GPU could be read" if nv.get("gpus") else "no NVIDIA GPU found")
     return gpus
 
 
@@ -88,6 +97,8 @@ def _cc(g: dict) -> tuple[int, int] | None:
         return None
 
 
+@rule("torch-cpu-build-on-gpu-host", probes={"env"}, needs={"torch", "nvidia"},
+      raises=[TORCH_CPU_BUILD_ON_GPU_HOST])
 def torch_cpu_build_on_gpu_host(env: dict) -> list[Finding]:
     t = _section(env, "torch", "torch build")
     nv = _nvidia(env)
@@ -117,13 +128,14 @@ def _proc_text(p: dict) -> str:
     return f"pid {p.get('pid')} {p.get('name') or '?'} ({size})"
 
 
+@rule("gpu-memory-in-use", probes={"env"}, needs={"nvidia", "env_vars"}, raises=[GPU_MEMORY_IN_USE])
 def gpu_memory_in_use(env: dict) -> list[Finding]:
     gpus = _gpus(env)
     ev = env.get("env_vars") if isinstance(env.get("env_vars"), dict) else {}
     cvd = ev.get("CUDA_VISIBLE_DEVICES")
     judged = visible_gpus(gpus, cvd)
     if not judged:
-        raise Skip(f"CUDA_VISIBLE_DEVICES={cvd!r} selects none of the GPUs NVML lists")
+        raise NotApplicable(f"CUDA_VISIBLE_DEVICES={cvd!r} selects none of the GPUs NVML lists")
     busy = []
     for g in judged:
         mem = g.get("memory")
@@ -162,20 +174,22 @@ def gpu_memory_in_use(env: dict) -> list[Finding]:
     )]
 
 
+@rule("tf32-disabled", probes={"env"}, needs={"torch", "nvidia", "env_vars", "torch_flags"},
+      raises=[TF32_DISABLED])
 def tf32_disabled(env: dict) -> list[Finding]:
     t = _section(env, "torch", "torch build")
     if not t.get("cuda"):
-        raise Skip("torch has no CUDA (TF32 is a CUDA tensor-core mode)")
+        raise NotApplicable("torch has no CUDA (TF32 is a CUDA tensor-core mode)")
     gpus = _gpus(env)
     ev = env.get("env_vars") if isinstance(env.get("env_vars"), dict) else {}
     capable = [g for g in visible_gpus(gpus, ev.get("CUDA_VISIBLE_DEVICES"))
-               if (_cc(g) or (0, 0)) >= TF32_MIN_CC]
+               if (_cc(g) or (0, 0))[0] >= TF32_MIN_CC_MAJOR]
     if not capable:
-        raise Skip("no GPU with TF32 tensor cores (compute capability ≥ 8.0)")
+        raise NotApplicable(f"no GPU with TF32 tensor cores (compute capability ≥ {TF32_MIN_CC_MAJOR}.0)")
     flags = _section(env, "torch_flags", "torch flags")
     state = matmul_tf32_state(flags)
     if state is None:
-        raise Skip("the matmul TF32 flags could not be read")
+        raise NotApplicable("the matmul TF32 flags could not be read")
     if state:
         return []
     names = sorted({f"{g.get('name')} (sm {g.get('compute_capability')})" for g in capable})
@@ -194,28 +208,3 @@ def tf32_disabled(env: dict) -> list[Finding]:
             "torch.autocast(device_type='cuda', dtype=torch.bfloat16), which is faster still.",
     )]
 
-
-RULES: dict[str, Callable[[dict], list[Finding]]] = {
-    "torch-cpu-build-on-gpu-host": torch_cpu_build_on_gpu_host,
-    "gpu-memory-in-use": gpu_memory_in_use,
-    "tf32-disabled": tf32_disabled,
-}
-
-
-def evaluate(env: dict) -> tuple[list[Finding], list[tuple[str, str]]]:
-    """Run every env rule on ``env``; returns (findings, [(rule, reason skipped)]).
-
-    A rule that crashes becomes an ``internal-error`` finding; the other rules still run.
-    """
-    findings: list[Finding] = []
-    skipped: list[tuple[str, str]] = []
-    for name, rule in RULES.items():
-        try:
-            findings.extend(rule(env))
-        except Skip as s:
-            skipped.append((name, str(s) or "not applicable"))
-        except Exception as e:  # noqa: BLE001 - a broken rule must not hide the others
-            findings.append(internal_finding(
-                f"rule {name} failed: {type(e).__name__}: {e}",
-                {"rule": name, "traceback": traceback.format_exc(limit=6)}))
-    return findings, skipped

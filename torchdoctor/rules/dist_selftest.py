@@ -1,14 +1,22 @@
-"""Pure judgment of the collective self-test: merged result + link capacity -> findings, skips.
+"""Collective self-test rules of `torchdoctor dist` (probe ``dist-selftest``).
 
-Codes: ``collective-selftest-failed`` (wrong values, crash, timeout), ``nccl-unavailable``
-(the NCCL self-test could not even create its process group), ``allreduce-bandwidth-low``.
+Pure functions of :class:`~torchdoctor.distributed.evidence.SelftestEvidence` (the merged
+self-test result and the link capacity of the GPUs it used). Codes:
+``collective-selftest-failed`` (wrong values, crash, timeout), ``nccl-unavailable`` (the NCCL
+self-test could not even create its process group; declared in rules/dist_env.py),
+``allreduce-bandwidth-low``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from torchdoctor.catalog import declare
+from torchdoctor.distributed.evidence import SelftestEvidence
 from torchdoctor.findings import Finding, finding
+from torchdoctor.judge import NotApplicable, rule
+from torchdoctor.rules.dist_env import NCCL_UNAVAILABLE
+from torchdoctor.skills import DISTRIBUTED
 
 # busbw below this share of the links' per-direction bandwidth is "far under" it.
 # Healthy NCCL all-reduce reaches 65-90% of link bandwidth at >= 256 MiB (nccl-tests
@@ -17,6 +25,14 @@ from torchdoctor.findings import Finding, finding
 LOW_FRACTION = 0.5
 # busbw only approaches the link limit once messages are large; below this we do not judge.
 MIN_JUDGED_BYTES = 64 << 20
+
+ALLREDUCE_BANDWIDTH_LOW = declare(
+    "allreduce-bandwidth-low", DISTRIBUTED, "warning",
+    "measured all-reduce bus bandwidth far under what the links allow",
+    thresholds={"LOW_FRACTION": LOW_FRACTION, "MIN_JUDGED_BYTES": MIN_JUDGED_BYTES})
+COLLECTIVE_SELFTEST_FAILED = declare(
+    "collective-selftest-failed", DISTRIBUTED, "error",
+    "the collective self-test returned wrong values, crashed or did not finish in time")
 
 INIT_PHASES = ("import", "init")
 
@@ -28,8 +44,11 @@ def _fmt_bytes(n: int) -> str:
     return f"{n} B"
 
 
-def judge_failure(st: dict) -> list[Finding]:
+@rule("collective-selftest", probes={"dist-selftest"}, needs={"selftest"},
+      raises=[COLLECTIVE_SELFTEST_FAILED, NCCL_UNAVAILABLE])
+def selftest_failure(ev: SelftestEvidence) -> list[Finding]:
     """A self-test that did not end "ok" is a finding; which one depends on where it stopped."""
+    st = ev.selftest
     status = st.get("status")
     if status in ("ok", "interrupted"):  # interrupted: stopped by the user, not a failure
         return []
@@ -72,27 +91,29 @@ def judge_failure(st: dict) -> list[Finding]:
                     "TORCH_DISTRIBUTED_DEBUG=DETAIL; check firewall/loopback for the rendezvous port.")]
 
 
-def judge_bandwidth(st: dict, capacity: dict) -> tuple[list[Finding], list[tuple[str, str]]]:
+@rule("allreduce-bandwidth-low", probes={"dist-selftest"}, needs={"selftest", "capacity"},
+      raises=[ALLREDUCE_BANDWIDTH_LOW])
+def allreduce_bandwidth_low(ev: SelftestEvidence) -> list[Finding]:
     """allreduce-bandwidth-low from the largest measured size, or a skip with the reason."""
-    rule = "allreduce-bandwidth-low"
+    st, capacity = ev.selftest, ev.capacity
     if st.get("backend") != "nccl":
-        return [], [(rule, f"link capacity is only known for NCCL on GPUs (backend {st.get('backend')})")]
+        raise NotApplicable(f"link capacity is only known for NCCL on GPUs (backend {st.get('backend')})")
     if (st.get("world_size") or 0) < 2:
-        return [], [(rule, "needs 2+ ranks")]
+        raise NotApplicable("needs 2+ ranks")
     sweep = st.get("sweep") or []
     if not sweep:
-        return [], [(rule, "no all-reduce size completed")]
+        raise NotApplicable("no all-reduce size completed")
     top = max(sweep, key=lambda r: r["bytes"])
     if top["bytes"] < MIN_JUDGED_BYTES:
-        return [], [(rule, f"largest size {_fmt_bytes(top['bytes'])} is below "
-                           f"{_fmt_bytes(MIN_JUDGED_BYTES)}: too small to reach link bandwidth")]
+        raise NotApplicable(f"largest size {_fmt_bytes(top['bytes'])} is below "
+                            f"{_fmt_bytes(MIN_JUDGED_BYTES)}: too small to reach link bandwidth")
     if not capacity.get("gbs"):
-        return [], [(rule, f"link capacity unknown: {capacity.get('reason') or 'no topology'}")]
+        raise NotApplicable(f"link capacity unknown: {capacity.get('reason') or 'no topology'}")
     best = max(r["busbw_gbs"] for r in sweep if r["bytes"] >= MIN_JUDGED_BYTES)
     ratio = best / capacity["gbs"]
     if ratio >= LOW_FRACTION:
-        return [], []
-    return [finding(rule,
+        return []
+    return [finding("allreduce-bandwidth-low",
                     f"all-reduce reaches {best:.1f} GB/s bus bandwidth, {ratio:.0%} of the "
                     f"{capacity['gbs']:.0f} GB/s the {capacity['kind']} links allow",
                     {"busbw_gbs": round(best, 2), "link_gbs": capacity["gbs"], "links": capacity["basis"],
@@ -100,9 +121,5 @@ def judge_bandwidth(st: dict, capacity: dict) -> tuple[list[Finding], list[tuple
                      "largest_size": _fmt_bytes(top["bytes"]), "ranks": st.get("world_size")},
                     "Look for nccl-env-risky findings (NCCL_P2P_DISABLE, channel caps) first; check "
                     "`nvidia-smi topo -m` and `nvidia-smi nvlink -s` for down links; make sure no other "
-                    "job shares these GPUs during the test.")], []
+                    "job shares these GPUs during the test.")]
 
-
-def judge_selftest(st: dict, capacity: dict) -> tuple[list[Finding], list[tuple[str, str]]]:
-    findings, skips = judge_bandwidth(st, capacity)
-    return judge_failure(st) + findings, skips

@@ -1,8 +1,8 @@
-"""Pure audit of the distributed environment: (env vars, facts, topology) -> findings.
+"""NCCL_* / TORCH_NCCL_* settings of `torchdoctor dist` (probe ``dist-env``): ``nccl-env-risky``.
 
-No I/O here: ``facts`` is ``facts.gather_facts()``'s dict and ``topo`` is
-``topology.gather_topology()``'s, so every rule is testable on synthetic dicts.
-Codes: ``dist-env-inconsistent``, ``nccl-unavailable``, ``nccl-env-risky``.
+One pure rule over :class:`~torchdoctor.distributed.evidence.LaunchEvidence`: the per-variable
+checks are a data table (``VARIABLE_CHECKS``: variable -> check of its value in context) plus the
+torch-side cvars (:func:`torch_nccl_risks`). A variable is only flagged where it can bite.
 
 Variable names and semantics come from the PyTorch and NCCL sources:
 torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp (TORCH_NCCL_* and their deprecated
@@ -14,9 +14,21 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
+from torchdoctor.catalog import declare
+from torchdoctor.distributed.evidence import LaunchEvidence
 from torchdoctor.findings import Finding, finding
+from torchdoctor.judge import rule
+from torchdoctor.rules.dist_env import as_int
+from torchdoctor.skills import DISTRIBUTED
 
-LAUNCH_INTS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT")
+# NCCL_MAX_NCHANNELS / NCCL_MAX_CTAS at or below this cannot fill NVLink or a fast NIC
+# (1 channel: 21 GB/s of 330 on 2xH200, docs/findings/nccl-env-risky.md)
+LOW_CHANNELS = 2
+
+NCCL_ENV_RISKY = declare(
+    "nccl-env-risky", DISTRIBUTED, "warning",
+    "NCCL variables that cripple or hide (e.g. NCCL_P2P_DISABLE=1, deprecated names)",
+    thresholds={"LOW_CHANNELS": LOW_CHANNELS})
 
 # Deprecated alias -> the name ProcessGroupNCCL reads first (ProcessGroupNCCL.hpp).
 DEPRECATED = {
@@ -34,13 +46,6 @@ TORCH_BOOLS = ("TORCH_NCCL_BLOCKING_WAIT", "TORCH_NCCL_DESYNC_DEBUG", "TORCH_NCC
                "TORCH_NCCL_HIGH_PRIORITY", "TORCH_NCCL_CUDA_EVENT_CACHE")
 TRUE = {"y", "yes", "1", "t", "true"}
 FALSE = {"n", "no", "0", "f", "false"}
-
-
-def as_int(v: str | None) -> int | None:
-    try:
-        return int(str(v).strip())
-    except (TypeError, ValueError):
-        return None
 
 
 def torch_bool(v: str | None) -> bool | None:
@@ -61,100 +66,7 @@ def cvar(env: Mapping[str, str], name: str) -> tuple[str | None, str | None]:
     return None, None
 
 
-# --------------------------------------------------------------------------- launch variables
-def launch_problems(env: Mapping[str, str], facts: Mapping[str, Any]) -> list[tuple[str, dict, str]]:
-    """(title, evidence, fix) for each missing or contradictory launch variable."""
-    out: list[tuple[str, dict, str]] = []
-    present = {k: env[k] for k in (*LAUNCH_INTS, "MASTER_ADDR") if k in env}
-    vals = {}
-    for k in LAUNCH_INTS:
-        if k in env:
-            vals[k] = as_int(env[k])
-            if vals[k] is None:
-                out.append((f"{k}={env[k]!r} is not an integer", {"variables": present},
-                            f"Set {k} to an integer (torchrun sets it for every worker)."))
-    rank, world = vals.get("RANK"), vals.get("WORLD_SIZE")
-    local, local_world = vals.get("LOCAL_RANK"), vals.get("LOCAL_WORLD_SIZE")
-    launcher_fix = ("Launch with torchrun (python -m torch.distributed.run), which sets RANK, WORLD_SIZE, "
-                    "LOCAL_RANK, MASTER_ADDR and MASTER_PORT consistently, or export them together.")
-    if ("RANK" in env) != ("WORLD_SIZE" in env):
-        have, miss = ("RANK", "WORLD_SIZE") if "RANK" in env else ("WORLD_SIZE", "RANK")
-        out.append((f"{have} is set but {miss} is not: init_process_group(env://) cannot start",
-                    {"variables": present}, launcher_fix))
-    if world is not None and world < 1:
-        out.append((f"WORLD_SIZE={world} is below 1", {"variables": present}, launcher_fix))
-    if rank is not None and rank < 0:
-        out.append((f"RANK={rank} is negative", {"variables": present}, launcher_fix))
-    if rank is not None and world is not None and world >= 1 and rank >= world:
-        out.append((f"RANK={rank} is not below WORLD_SIZE={world}: this rank never joins",
-                    {"variables": present}, launcher_fix))
-    if local is not None and local < 0:
-        out.append((f"LOCAL_RANK={local} is negative", {"variables": present}, launcher_fix))
-    if local is not None and local_world is not None and local >= local_world:
-        out.append((f"LOCAL_RANK={local} is not below LOCAL_WORLD_SIZE={local_world}",
-                    {"variables": present}, launcher_fix))
-    if local_world is not None and world is not None and local_world > world >= 1:
-        out.append((f"LOCAL_WORLD_SIZE={local_world} exceeds WORLD_SIZE={world}",
-                    {"variables": present}, launcher_fix))
-    if local is not None and rank is not None and 0 <= rank < local:
-        out.append((f"LOCAL_RANK={local} exceeds RANK={rank} (a node's first rank is at least its "
-                    "local rank)", {"variables": present}, launcher_fix))
-    ngpu = int(facts.get("cuda_device_count") or 0)
-    if local is not None and facts.get("cuda_available") and ngpu > 0 and local >= ngpu:
-        out.append((f"LOCAL_RANK={local} but only {ngpu} GPU(s) are visible: cuda:{local} does not exist",
-                    {"variables": present, "visible_gpus": ngpu,
-                     "CUDA_VISIBLE_DEVICES": env.get("CUDA_VISIBLE_DEVICES")},
-                    "Run at most one process per visible GPU (--nproc-per-node <= GPU count) and check "
-                    "CUDA_VISIBLE_DEVICES."))
-    missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if k not in env]
-    if world is not None and world > 1 and missing:
-        out.append((f"WORLD_SIZE={world} but {' and '.join(missing)} "
-                    f"{'is' if len(missing) == 1 else 'are'} not set: the env:// rendezvous has no address",
-                    {"variables": present},
-                    f"Export {' and '.join(missing)} (rank 0's address and a free port), or launch with "
-                    "torchrun."))
-    port = vals.get("MASTER_PORT")
-    if port is not None and not 1 <= port <= 65535:
-        out.append((f"MASTER_PORT={port} is not a TCP port (1-65535)", {"variables": present},
-                    "Pick a free port between 1024 and 65535 on rank 0's host."))
-    if env.get("MASTER_ADDR", "").strip() and facts.get("master_addr_resolves") is False:
-        out.append((f"MASTER_ADDR={env['MASTER_ADDR']!r} does not resolve to an address on this host",
-                    {"variables": present},
-                    "Use rank 0's IP address or a host name every node can resolve."))
-    elif "MASTER_ADDR" in env and not env["MASTER_ADDR"].strip():
-        out.append(("MASTER_ADDR is set but empty", {"variables": present}, launcher_fix))
-    return out
-
-
-def audit_launch(env: Mapping[str, str], facts: Mapping[str, Any]) -> list[Finding]:
-    return [finding("dist-env-inconsistent", t, e, fix) for t, e, fix in launch_problems(env, facts)]
-
-
-# --------------------------------------------------------------------------- backends
-def audit_backends(facts: Mapping[str, Any]) -> list[Finding]:
-    """nccl-unavailable when torch sees CUDA GPUs but cannot use NCCL."""
-    if not facts.get("cuda_available") or not facts.get("cuda_device_count"):
-        return []
-    ev = {"torch": facts.get("torch"), "cuda_devices": facts.get("cuda_device_count"),
-          "backends": facts.get("backends")}
-    if not facts.get("dist_available"):
-        return [finding("nccl-unavailable", "torch.distributed is not available in this torch build",
-                        {**ev, "error": facts.get("dist_error")},
-                        "Install a torch wheel built with distributed support (the official Linux CUDA "
-                        "wheels are).")]
-    if not (facts.get("backends") or {}).get("nccl"):
-        return [finding("nccl-unavailable", "CUDA GPUs are visible but this torch build has no NCCL backend",
-                        ev, "Install an official Linux CUDA wheel of torch (it bundles NCCL); use gloo only "
-                            "for CPU tensors.")]
-    if facts.get("nccl_error"):
-        return [finding("nccl-unavailable", "the NCCL library torch links against cannot be loaded",
-                        {**ev, "error": facts["nccl_error"]},
-                        "Check that the nvidia-nccl-cu* package matches torch's CUDA version; do not point "
-                        "LD_LIBRARY_PATH at another libnccl.")]
-    return []
-
-
-# --------------------------------------------------------------------------- NCCL / torch variables
+# --------------------------------------------------------------------------- per-variable checks
 Risk = tuple[str, str, str, str]  # (severity, title, effect, fix)
 
 
@@ -199,17 +111,17 @@ def _shm_disable(v, env, c) -> Risk | None:
 
 
 def _multi_node_ib(var: str, bad: Callable[[str], bool], effect: str):
-    def rule(v, env, c) -> Risk | None:
+    def check(v, env, c) -> Risk | None:
         if bad(v) and c["ib"] and not c["single_node"]:
             return ("warning", f"{var}={v} on a host with InfiniBand ({', '.join(c['ib'][:4])})",
                     effect, f"Unset {var} so NCCL uses the InfiniBand adapters between nodes.")
         return None
-    return rule
+    return check
 
 
 def _nchannels(v, env, c) -> Risk | None:
     n = as_int(v)
-    if n is not None and n <= 2:
+    if n is not None and n <= LOW_CHANNELS:
         return ("warning", f"NCCL channels capped at {n}",
                 "each channel is one ring/tree using a share of the links: 1-2 channels cannot fill "
                 "NVLink or a fast NIC", "Unset the cap (NCCL_MAX_NCHANNELS / NCCL_MAX_CTAS), or raise it "
@@ -226,16 +138,16 @@ def _debug(v, env, c) -> Risk | None:
 
 
 def _forced(var: str):
-    def rule(v, env, c) -> Risk | None:
+    def check(v, env, c) -> Risk | None:
         return ("info", f"{var}={v} overrides NCCL's own tuning",
                 "NCCL chooses algorithm/protocol per message size and topology; a forced choice is "
                 "often slower at other sizes", f"Unset {var} unless a measurement on this machine "
                                                  "shows it helps.")
-    return rule
+    return check
 
 
 def _ifname(var: str, prefix_match: bool):
-    def rule(v, env, c) -> Risk | None:
+    def check(v, env, c) -> Risk | None:
         spec = v.strip()
         if not c["ifaces"] or not spec or spec.startswith("^"):
             return None  # exclusion lists always leave something; unknown interfaces: no judgment
@@ -248,7 +160,7 @@ def _ifname(var: str, prefix_match: bool):
                     f"Set {var} to an interface that exists on every node (e.g. one of "
                     f"{', '.join(i for i in c['ifaces'] if i != 'lo')[:60] or 'the above'}).")
         return None
-    return rule
+    return check
 
 
 def _torch_debug(v, env, c) -> Risk | None:
@@ -259,7 +171,8 @@ def _torch_debug(v, env, c) -> Risk | None:
     return None
 
 
-RULES: dict[str, Callable[[str, Mapping[str, str], dict], Risk | None]] = {
+# variable -> check(value, env, context): the data table of NCCL settings
+VARIABLE_CHECKS: dict[str, Callable[[str, Mapping[str, str], dict], Risk | None]] = {
     "NCCL_P2P_DISABLE": _p2p_disable,
     "NCCL_P2P_LEVEL": _p2p_level,
     "NCCL_SHM_DISABLE": _shm_disable,
@@ -323,21 +236,16 @@ def torch_nccl_risks(env: Mapping[str, str]) -> list[tuple[str, str, Risk]]:
     return out
 
 
-def audit_nccl_env(env: Mapping[str, str], facts: Mapping[str, Any],
-                   topo: Mapping[str, Any] | None = None) -> list[Finding]:
-    c = _ctx(env, facts, topo)
+@rule("dist-nccl-env", probes={"dist-env"}, needs={"env", "facts", "topology"}, raises=[NCCL_ENV_RISKY])
+def nccl_env(ev: LaunchEvidence) -> list[Finding]:
+    env = ev.env
+    c = _ctx(env, ev.facts, ev.topology)
     found: list[tuple[str, str, Risk]] = []
-    for var, rule in RULES.items():
+    for var, check in VARIABLE_CHECKS.items():
         if var in env:
-            risk = rule(env[var], env, c)
+            risk = check(env[var], env, c)
             if risk:
                 found.append((var, env[var], risk))
     found += torch_nccl_risks(env)
     return [finding("nccl-env-risky", title, {"variable": var, "value": value, "effect": effect},
                     fix, severity=sev) for var, value, (sev, title, effect, fix) in found]
-
-
-def audit(env: Mapping[str, str], facts: Mapping[str, Any],
-          topo: Mapping[str, Any] | None = None) -> list[Finding]:
-    """Every environment finding of `torchdoctor dist`: launch, backends, risky variables."""
-    return audit_launch(env, facts) + audit_backends(facts) + audit_nccl_env(env, facts, topo)
