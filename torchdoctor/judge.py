@@ -10,10 +10,11 @@ reason it cannot judge (reported in the JSON ``skipped`` list: not applicable is
         ...
 
 ``probes`` names the commands whose evidence the rule judges: the script probes (``run``,
-``checkup``, ``profile``, ``memory``, ``nan``; ``ranks`` for the cross-rank view of a ranked
-run) read :class:`torchdoctor.evidence.Evidence`; ``checkpoint-audit`` reads the checkpoint
-evidence, ``env`` the environment facts, ``dist`` and ``dist-env`` the distributed self-test
-and launch facts. ``needs`` lists the evidence kinds the rule reads (for the script probes:
+``checkup``, ``profile``, ``memory``, ``nan``, ``dist`` — a script under torchrun; ``ranks``
+for the cross-rank view of a ranked run) read :class:`torchdoctor.evidence.Evidence`;
+``checkpoint-audit`` reads the checkpoint evidence, ``env`` the environment facts,
+``dist-env`` and ``dist-selftest`` the launch facts and the collective self-test of
+``torchdoctor dist`` (``distributed/evidence.py``). ``needs`` lists the evidence kinds the rule reads (for the script probes:
 event kinds; instruments declare what they produce and the runner arms what the probe's rules
 need). ``raises`` lists the :class:`~torchdoctor.catalog.CodeInfo` it may raise.
 
