@@ -126,7 +126,7 @@ def _read_bounded(path: str, limit: int) -> bytes:
 def _parses_as_pickle(path: str, size: int) -> bool:
     """A protocol 0/1 pickle to its end; or a broken one that already names code-running globals."""
     from torchdoctor.checkpoint.pickle_scan import PickleScanError, scan_pickle
-    from torchdoctor.checkpoint.rules_safety import dangerous
+    from torchdoctor.checkpoint.pickle_globals import dangerous
 
     raw = _read_bounded(path, size)
     try:

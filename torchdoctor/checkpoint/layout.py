@@ -14,7 +14,7 @@ Several frameworks write one checkpoint as a folder of files, each holding one p
 
 Auditing one of those files alone must not conclude that the checkpoint lacks a model or an
 optimizer: the folder holds them. This module only reads the folder's *names* (no file is
-opened); the rules decide what that means (``rules_parts.py``).
+opened); the rules decide what that means (``parts.py``, ``torchdoctor/rules/checkpoint_parts.py``).
 """
 
 from __future__ import annotations
