@@ -74,7 +74,7 @@ def sibling_layout(path: str) -> dict | None:
 
 
 def _folder_reads_as_one(layout: str, names: list[str]) -> bool:
-    """Whether ``checkpoint-audit FOLDER`` reads this folder as one checkpoint (detect._read_dir's rule).
+    """Whether ``checkpoint-audit FOLDER`` reads this folder as one checkpoint (folders.read_dir's rule).
 
     DCP folders and folders with Trainer/accelerate state files are; a DeepSpeed folder is not (its
     ranks' files are read one by one).
