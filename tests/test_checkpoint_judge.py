@@ -140,3 +140,21 @@ def test_rules_are_pure_functions_of_the_evidence(fx):
     alone = [(f.code, f.title) for name in READING_ORDER for f in _judged(ev, only={name}).findings]
     assert whole == alone == [(f.code, f.title) for f in _judged(ev).findings]
     assert [c for c, _t in whole] == ["ckpt-wrapper-prefix"]
+
+
+def test_a_crashing_safety_rule_on_an_unreadable_file_keeps_the_unreadable_finding(monkeypatch, tmp_path):
+    """The safety judgment of what was scanned before a failure goes through the same guarded judge."""
+    spec = importlib.util.spec_from_file_location("ckpt_hostile_judge", HERE / "fixtures" / "checkpoint" / "hostile.py")
+    hostile = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hostile)
+    truncated_system = hostile.truncated_system
+    p = tmp_path / "t.pkl"
+    p.write_bytes(truncated_system(str(tmp_path / "MARKER")))
+    assert {f.code: f.severity for f in run(str(p), Options()).findings} == {
+        "ckpt-unreadable": "error", "ckpt-unsafe-pickle": "error"}
+    _break(monkeypatch, "ckpt-unsafe-pickle")
+    res = _cli(p, "--json")
+    out = json.loads(res.stdout)
+    assert res.exit_code == 1
+    assert {f["code"] for f in out["findings"]} == {"ckpt-unreadable", "internal-error"}
+    assert not (tmp_path / "MARKER").exists()
