@@ -52,10 +52,10 @@ def derive(ev: CheckpointEvidence, guard: Callable[[str, Callable], object]) -> 
     ev.mode = mode_of(ev)
     steps = (("pickle globals", _globals), ("training state", _training_state), ("non-finite split", _nonfinite),
              ("model fit", _model_fit), ("wrapper prefixes", _wrappers), ("optimizer fit", _optimizer_fit))
-    for name, fn in steps:
+    for name, fn in steps:  # each assigns its fields only once computed: a crash leaves them empty
         if guard(f"derive {name}", lambda fn=fn: fn(ev) or True) is None:
             ev.derive_failed[name] = f"deriving the {name} failed (see internal-error)"
-    ev.facts = facts(ev)
+    ev.facts = guard("derive facts", lambda: facts(ev)) or {}
     return ev
 
 
@@ -68,11 +68,12 @@ def _globals(ev: CheckpointEvidence) -> None:
 
 def _training_state(ev: CheckpointEvidence) -> None:
     r = ev.roles
-    ev.cuda_devices = sorted({t.device for _n, t in iter_tensors(ev.tree) if t.device.startswith("cuda")})
+    cuda = sorted({t.device for _n, t in iter_tensors(ev.tree) if t.device.startswith("cuda")})
     if r.rng:
         ev.rng_missing = [name for name, absent in (("torch CPU", "torch" not in r.rng),
-                                                     ("CUDA", bool(ev.cuda_devices) and "cuda" not in r.rng))
+                                                     ("CUDA", bool(cuda) and "cuda" not in r.rng))
                           if absent]
+    ev.cuda_devices = cuda
 
 
 def weight_role(name: str, ev: CheckpointEvidence) -> str | None:
@@ -102,10 +103,10 @@ def _nonfinite(ev: CheckpointEvidence) -> None:
         return
     masks = [h for h in s.hits if h.nan == 0 and h.posinf == 0 and "mask" in h.name.lower()]
     roles = {id(h): weight_role(h.name, ev) for h in s.hits}
-    ev.nonfinite = [(h, roles[id(h)]) for h in s.hits if h not in masks and roles[id(h)] is not None]
-    ev.neg_inf_masks = [h.name for h in masks[:MAX_LISTED]]
+    weights = [(h, roles[id(h)]) for h in s.hits if h not in masks and roles[id(h)] is not None]
     # reported as a fact, not a finding: e.g. best_model_score = inf before the first validation
-    ev.nonfinite_bookkeeping = [describe_hit(h) for h in s.hits if h not in masks and roles[id(h)] is None][:MAX_LISTED]
+    other = [describe_hit(h) for h in [h for h in s.hits if h not in masks and roles[id(h)] is None][:MAX_LISTED]]
+    ev.nonfinite, ev.neg_inf_masks, ev.nonfinite_bookkeeping = weights, [h.name for h in masks[:MAX_LISTED]], other
 
 
 def describe_hit(h) -> str:
@@ -133,12 +134,14 @@ def _wrappers(ev: CheckpointEvidence) -> None:
     if m is None or not m.tensors:
         return
     keys = list(m.tensors)
+    found = []
     if all(k.startswith("module.") for k in keys):
-        ev.wrappers.append(("module.", len(keys), "DistributedDataParallel/DataParallel"))
+        found.append(("module.", len(keys), "DistributedDataParallel/DataParallel"))
     for seg in WRAPPER_SEGMENTS:
         n = sum(1 for k in keys if seg in k)
         if n:
-            ev.wrappers.append((seg, n, WRAPPERS[seg]))
+            found.append((seg, n, WRAPPERS[seg]))
+    ev.wrappers = found
 
 
 def _float_params(m_tensors: dict) -> tuple[list[tuple[str, tuple]], int]:
@@ -171,6 +174,7 @@ def _optimizer_fit(ev: CheckpointEvidence) -> None:
         exact = False
     else:
         return
+    fit = []
     for opt in r.optimizers:
         ids = opt.param_ids
         names = params
@@ -181,7 +185,8 @@ def _optimizer_fit(ev: CheckpointEvidence) -> None:
             trainable = [(n, s) for n, s, g in spec.params if g]
             if len(trainable) == len(ids):
                 res = compare_optimizer(opt.state, ids, trainable, exact_order=True)
-        ev.optimizer_fit.append((opt, res))
+        fit.append((opt, res))
+    ev.optimizer_fit = fit
 
 
 def facts(ev: CheckpointEvidence) -> dict:

@@ -94,6 +94,8 @@ def nonfinite_weights(ev) -> list[Finding]:
 
 @rule("ckpt-wrapper-prefix", probes=PROBES, needs={"roles", "wrappers", "model_fit"}, raises=[WRAPPER_PREFIX])
 def wrapper_prefix(ev) -> list[Finding]:
+    if "wrapper prefixes" in ev.derive_failed:
+        raise NotApplicable(ev.derive_failed["wrapper prefixes"])
     if not ev.wrappers:
         return []
     keys = list(ev.roles.model.tensors)
