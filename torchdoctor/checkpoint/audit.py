@@ -1,4 +1,10 @@
-"""The audit pipeline: read → (optional unsafe load) → roles → scan → rules → Report."""
+"""The audit pipeline: read → (optional unsafe load) → roles → scan → evidence → judge → Report.
+
+The evidence (``evidence.py``) carries what was read and the facts derived from it once
+(``derive.py``); the rules of probe ``checkpoint-audit`` (``torchdoctor/rules/checkpoint_*.py``)
+judge it through the one guarded :func:`torchdoctor.judge.judge`: a rule that crashes on odd input
+becomes an ``internal-error`` finding and the rest of the report stands.
+"""
 
 from __future__ import annotations
 
@@ -52,14 +58,17 @@ def unreadable_report(path: str, e: Unreadable, seen: list | None = None) -> Rep
     pickles = list(e.pickles)
     pickles += [p for p in seen or [] if not any(p is q for q in pickles)]
     if pickles:  # what was scanned before the failure is still judged for safety
+        from torchdoctor.checkpoint.evidence import CheckpointEvidence
+        from torchdoctor.checkpoint.pickle_globals import classify
         from torchdoctor.checkpoint.roles import Roles
-        from torchdoctor.checkpoint.rules import Evidence, Judgment, guarded, rule_unsafe_pickle
         from torchdoctor.checkpoint.values import Contents
 
-        j = Judgment()
-        guarded(rule_unsafe_pickle, Evidence(Contents(path, "unreadable", pickles=pickles), Roles()), j)
-        for f in j.findings:
-            rep.add(f)
+        ev = CheckpointEvidence(Contents(path, "unreadable", pickles=pickles), Roles())
+        ev.globals = _step(rep, "derive pickle globals", lambda: classify(ev))
+        if ev.globals is not None:
+            judged = _judged(ev, only={"ckpt-unsafe-pickle"})
+            for f in judged.findings:
+                rep.add(f)
     return rep
 
 
@@ -115,8 +124,9 @@ def run(path: str, opts: Options) -> Report:
 
 
 def _judge(path: str, contents, stub_root, opts: Options) -> Report:
+    from torchdoctor.checkpoint.derive import derive
+    from torchdoctor.checkpoint.evidence import CheckpointEvidence
     from torchdoctor.checkpoint.roles import Roles, recognise
-    from torchdoctor.checkpoint.rules import Evidence, judge
     from torchdoctor.checkpoint.scan import scan_tensors
     from torchdoctor.checkpoint.summary import build
     from torchdoctor.checkpoint.walk import iter_tensors
@@ -134,18 +144,46 @@ def _judge(path: str, contents, stub_root, opts: Options) -> Report:
         from torchdoctor.checkpoint.compare import load_model_spec
 
         spec = load_model_spec(opts.model)
-    ev = Evidence(contents=contents, roles=roles, scan=scan, scan_skip=scan_skip, expect=opts.expect,
-                  model_spec=spec, stub_root=stub_root)
-    j = judge(ev)
-    for f in j.findings:
+    ev = CheckpointEvidence(contents=contents, roles=roles, scan=scan, scan_skip=scan_skip, expect=opts.expect,
+                            model_spec=spec, stub_root=stub_root)
+    derive(ev, lambda name, fn: _step(rep, name, fn))
+    judged = _judged(ev)
+    for f in judged.findings:
         rep.add(f)
-    for rule, reason in j.skipped:
-        rep.skip(rule, reason)
-    summary = _step(rep, "summary", lambda: build(contents, roles, scan, j.mode, opts.expect, j.facts, stub_root))
-    rep.metrics["checkpoint"] = summary or {"path": path, "format": contents.format, "judged_as": j.mode}
+    rep.skipped += judged.skipped
+    summary = _step(rep, "summary", lambda: build(contents, roles, scan, ev.mode, opts.expect, ev.facts, stub_root))
+    rep.metrics["checkpoint"] = summary or {"path": path, "format": contents.format, "judged_as": ev.mode}
     if contents.unsafe_loaded:
         rep.metrics["checkpoint"]["unsafe_load"] = True
     return rep
+
+
+# The order in which the report lists the checkpoint findings (within a severity) and the skipped
+# rules: an audit's reading order — can it be read, is it safe to load, what is it, what does it
+# hold, are the tensors sound, does it fit the model. Presentation only: the rules run in name order,
+# each on the evidence alone; a rule not named here is listed after these.
+READING_ORDER = (
+    "ckpt-unreadable", "ckpt-unsafe-pickle", "ckpt-full-model-pickle", "ckpt-part-file", "ckpt-missing-model",
+    "ckpt-missing-optimizer", "ckpt-missing-scheduler", "ckpt-missing-rng", "ckpt-missing-progress",
+    "ckpt-missing-scaler", "ckpt-weights-export", "ckpt-nonfinite-weights", "ckpt-model-mismatch",
+    "ckpt-wrapper-prefix", "ckpt-optimizer-mismatch", "ckpt-device-tensors",
+)
+
+
+def _judged(ev, only: set[str] | None = None) -> Report:
+    """The findings and skips of the checkpoint rules on ``ev``, in :data:`READING_ORDER`."""
+    from torchdoctor.judge import judge
+
+    out = Report("checkpoint-audit")
+    judge("checkpoint-audit", ev, out, only=only)
+
+    def place(name: str) -> int:
+        return READING_ORDER.index(name) if name in READING_ORDER else len(READING_ORDER)
+
+    # a finding is placed by its code (ckpt-weights-export raises ckpt-missing-optimizer), a crash by its rule
+    out.findings.sort(key=lambda f: place(f.evidence.get("rule", "") if f.code == "internal-error" else f.code))
+    out.skipped.sort(key=lambda s: place(s.rule))
+    return out
 
 
 def _step(rep: Report, name: str, fn):

@@ -14,7 +14,7 @@ Several frameworks write one checkpoint as a folder of files, each holding one p
 
 Auditing one of those files alone must not conclude that the checkpoint lacks a model or an
 optimizer: the folder holds them. This module only reads the folder's *names* (no file is
-opened); the rules decide what that means (``rules_parts.py``).
+opened); the rules decide what that means (``parts.py``, ``torchdoctor/rules/checkpoint_parts.py``).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def sibling_layout(path: str) -> dict | None:
 
 
 def _folder_reads_as_one(layout: str, names: list[str]) -> bool:
-    """Whether ``checkpoint-audit FOLDER`` reads this folder as one checkpoint (detect._read_dir's rule).
+    """Whether ``checkpoint-audit FOLDER`` reads this folder as one checkpoint (folders.read_dir's rule).
 
     DCP folders and folders with Trainer/accelerate state files are; a DeepSpeed folder is not (its
     ranks' files are read one by one).

@@ -116,7 +116,7 @@ def weights_only_verdict(contents: Contents) -> str:
         return "not applicable (no pickle)"
     if contents.format == "dcp":
         return "not applicable (DCP loads its own metadata)"
-    from torchdoctor.checkpoint.rules import AUX_PICKLES
+    from torchdoctor.checkpoint.pickle_globals import AUX_PICKLES
 
     bad, numpy = False, False
     aux = sorted({a for p in contents.pickles for a in AUX_PICKLES if a in p.name})

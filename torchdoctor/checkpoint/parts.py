@@ -1,7 +1,5 @@
 """A file that is one part of a checkpoint (only the optimizer, scheduler, scaler or RNG state).
 
-Paths in titles stay exact (the JSON keeps them); the console shows them through ``visible()``.
-
 ``torch.save(optimizer.state_dict(), "optimizer.bin")`` (accelerate), ``scheduler.pt`` (the
 Hugging Face Trainer) or ``random_states_0.pkl`` hold one part of a checkpoint whose model
 weights lie in another file. Audited alone, such a file lacks a model *by design*: reporting
@@ -12,18 +10,18 @@ weights lie in another file. Audited alone, such a file lacks a model *by design
 * its folder is a known multi-file layout (``layout.py``: accelerate, Trainer, DeepSpeed, FSDP,
   DCP), whatever it holds — even the model file there is only the weights of a larger whole.
 
-A part gets one info finding, ``ckpt-part-file``, that says what the part is and which folder to
-audit; the rules about what a whole checkpoint must hold are skipped for it.
+A derivation step of the audit (``derive.py``): :func:`part_of` says what part the file is; the
+rule ``ckpt-part-file`` (``torchdoctor/rules/checkpoint_parts.py``) raises one info finding that
+says what the part is and which folder to audit, and the rules about what a whole checkpoint must
+hold are skipped for it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from torchdoctor.checkpoint.rules_base import Evidence, Judgment
 from torchdoctor.checkpoint.values import TensorInfo
 from torchdoctor.checkpoint.walk import children, join
-from torchdoctor.findings import finding
 
 _ROOT_KINDS = {"optimizer": "optimizer state", "scheduler": "LR-scheduler state", "scaler": "GradScaler state",
                "scaler (disabled)": "GradScaler state (disabled scaler)",
@@ -36,7 +34,7 @@ def _scalar(v: Any) -> bool:
         or (isinstance(v, (list, tuple, dict)) and not v)
 
 
-def content_part(ev: Evidence) -> str | None:
+def content_part(ev) -> str | None:
     """What part of a checkpoint the file's content alone is, or None (it holds weights, or several parts)."""
     r = ev.roles
     if r.model is not None and r.model.tensors:
@@ -55,7 +53,7 @@ def content_part(ev: Evidence) -> str | None:
     return None
 
 
-def _kind_in_layout(ev: Evidence, lay: dict) -> str:
+def _kind_in_layout(ev, lay: dict) -> str:
     """What a file of a known layout holds, when its content alone is not one recognised part."""
     r = ev.roles
     if r.model is not None and r.model.tensors:
@@ -73,7 +71,7 @@ def _kind_in_layout(ev: Evidence, lay: dict) -> str:
     return "non-weights state"
 
 
-def part_of(ev: Evidence) -> dict | None:
+def part_of(ev) -> dict | None:
     """``{"part", "layout", "folder"}`` when the audited file is one part of a checkpoint, else None."""
     if ev.contents.format in ("directory", "dcp", "hf-index"):
         return None
@@ -88,33 +86,3 @@ def part_of(ev: Evidence) -> dict | None:
     if lay:
         out["siblings"] = lay["evidence"]
     return out
-
-
-def rule_part_file(ev: Evidence, j: Judgment) -> None:
-    part = j.facts.get("part")
-    if not part:
-        return
-    article = "an" if (part["layout"] or "")[:1].lower() in "aeiou" else "a"
-    if part["layout"] and part["folder_audit"]:
-        title = (f"this file is the {part['part']} of {article} {part['layout']}: audit the folder "
-                 f"{part['folder']} for the whole picture")
-        fix = (f"Run torchdoctor checkpoint-audit {part['folder']} — the folder is read as one checkpoint "
-               "(model, optimizer, scheduler, RNG state together).")
-    elif part["layout"]:  # DeepSpeed: the folder is not read as one checkpoint; say where the rest is
-        title = (f"this file is the {part['part']} of {article} {part['layout']}: the other parts are the files "
-                 f"beside it in {part['folder']}, so a missing model or optimizer here is expected")
-        fix = ("Audit each file of the folder (the model states file holds the weights, the per-rank "
-               "optim_states files the optimizer shards); for one file with the full weights, consolidate them "
-               "first (DeepSpeed's zero_to_fp32.py) and audit its output.")
-    else:
-        title = (f"this file holds only the {part['part']}: one part of a checkpoint whose model weights are "
-                 "saved in another file")
-        fix = ("Audit the file or folder that holds the model weights too; if the parts live in one folder, "
-               "pass the folder. Nothing is wrong with this file on its own.")
-    ev_ = {"part": part["part"], "recognised": sorted({f"{p or '<root>'}: {r}" for p, r in
-                                                         ev.roles.role_of.items()})[:8] or "nothing"}
-    if part["layout"]:
-        ev_["layout"] = part["layout"]
-        ev_["folder"] = part["folder"]
-        ev_["siblings"] = part.get("siblings", [])
-    j.findings.append(finding("ckpt-part-file", title, ev_, fix=fix, severity="info"))

@@ -1,50 +1,78 @@
-"""Rules on training state: what resuming exactly needs (see ``rules.py`` for ``--expect``)."""
+"""Checkpoint rules on training state: what resuming exactly needs (``--expect``, docs/checkpoint.md).
+
+Probe ``checkpoint-audit``; the evidence is :class:`torchdoctor.checkpoint.evidence.CheckpointEvidence`.
+What the file is for (``ev.mode``: resume | weights | part) was decided once when the evidence was
+built (``checkpoint/derive.py``): a weights export or one part of a multi-file checkpoint is not
+asked for training state, and each rule here says so as its skip reason. A weights export under
+``--expect auto`` gets one info finding instead (rule ``ckpt-weights-export``).
+"""
 
 from __future__ import annotations
 
-from torchdoctor.checkpoint.rules_base import Evidence, Judgment, short
-from torchdoctor.checkpoint.walk import iter_tensors
-from torchdoctor.findings import finding
+from torchdoctor.catalog import declare
+from torchdoctor.checkpoint.evidence import short
+from torchdoctor.findings import Finding, finding
+from torchdoctor.judge import NotApplicable, rule
+from torchdoctor.skills import CHECKPOINTING
+
+MAX_SIGNS_LISTED = 6  # float16 training signs listed by ckpt-missing-scaler
+
+MISSING_OPTIMIZER = declare("ckpt-missing-optimizer", CHECKPOINTING, "warning",
+                            "training cannot resume exactly: no optimizer state")
+MISSING_SCHEDULER = declare("ckpt-missing-scheduler", CHECKPOINTING, "warning",
+                            "no LR-scheduler state while the optimizer state suggests one is used (info when unknown)")
+MISSING_RNG = declare("ckpt-missing-rng", CHECKPOINTING, "warning", "no RNG state (torch CPU/CUDA, numpy, python)")
+MISSING_PROGRESS = declare("ckpt-missing-progress", CHECKPOINTING, "warning", "no epoch/step counter")
+MISSING_SCALER = declare(
+    "ckpt-missing-scaler", CHECKPOINTING, "warning",
+    "float16 training signs but no GradScaler state: a few skipped steps on resume (info unless --expect resume)",
+    thresholds={"MAX_SIGNS_LISTED": MAX_SIGNS_LISTED})
+
+PROBES = {"checkpoint-audit"}
+NEEDS = {"roles", "mode"}
 
 
-def rule_missing_training_state(ev: Evidence, j: Judgment) -> None:
+def _resume_only(ev) -> None:
+    """Training state is judged only for a training snapshot (mode resume)."""
+    if ev.mode == "part":
+        raise NotApplicable("one part of a multi-file checkpoint: audit the folder to judge the whole")
+    if ev.mode == "weights":
+        raise NotApplicable("--expect weights" if ev.expect == "weights"
+                            else "judged a weights export (--expect resume to require)")
+
+
+def _mode_text(ev) -> str:
+    return "--expect resume" if ev.expect == "resume" else \
+        "auto → resume (training state, progress counter or training config present)"
+
+
+@rule("ckpt-weights-export", probes=PROBES, needs=NEEDS, raises=[MISSING_OPTIMIZER])
+def weights_export(ev) -> list[Finding]:
+    """One info finding for a weights export under ``--expect auto`` (not a warning per missing part)."""
     r = ev.roles
-    codes = ("ckpt-missing-optimizer", "ckpt-missing-scheduler", "ckpt-missing-rng", "ckpt-missing-progress",
-             "ckpt-missing-scaler")
-    if j.mode == "part":
-        for code in codes:
-            j.skipped.append((code, "one part of a multi-file checkpoint: audit the folder to judge the whole"))
-        return
-    if j.mode == "weights":
-        why = "--expect weights" if ev.expect == "weights" else "judged a weights export (--expect resume to require)"
-        for code in codes:
-            j.skipped.append((code, why))
-        if ev.expect == "auto" and r.model is not None and r.model.tensors:
-            j.findings.append(finding(
-                "ckpt-missing-optimizer",
-                "weights-only checkpoint: fine for inference or fine-tuning, but training cannot resume exactly "
-                "from it (no optimizer, scheduler, RNG state)",
-                {"holds": sorted({v.split(" ")[0] for v in r.role_of.values()}),
-                 "mode": "auto → weights (pass --expect resume to require training state)"},
-                fix="If this file is meant for resuming, save optimizer.state_dict(), scheduler.state_dict(), "
-                    "the RNG states and the epoch/step with the model.",
-                severity="info",
-            ))
-        return
-    _missing_optimizer(ev, j)
-    _missing_scheduler(ev, j)
-    _missing_rng(ev, j)
-    _missing_progress(ev, j)
-    _missing_scaler(ev, j)
+    if ev.mode != "weights" or ev.expect != "auto" or r.model is None or not r.model.tensors:
+        return []
+    return [finding(
+        "ckpt-missing-optimizer",
+        "weights-only checkpoint: fine for inference or fine-tuning, but training cannot resume exactly "
+        "from it (no optimizer, scheduler, RNG state)",
+        {"holds": sorted({v.split(" ")[0] for v in r.role_of.values()}),
+         "mode": "auto → weights (pass --expect resume to require training state)"},
+        fix="If this file is meant for resuming, save optimizer.state_dict(), scheduler.state_dict(), "
+            "the RNG states and the epoch/step with the model.",
+        severity="info",
+    )]
 
 
-def _missing_optimizer(ev: Evidence, j: Judgment) -> None:
+@rule("ckpt-missing-optimizer", probes=PROBES, needs=NEEDS, raises=[MISSING_OPTIMIZER])
+def missing_optimizer(ev) -> list[Finding]:
+    _resume_only(ev)
     r = ev.roles
     if r.optimizers:
-        return
+        return []
     held = r.training_state + (["config"] if r.config else [])
     what = ", ".join(list(r.progress)[:3] + r.config[:2]) or ", ".join(held) or "training state"
-    j.findings.append(finding(
+    return [finding(
         "ckpt-missing-optimizer",
         f"a training snapshot ({what}) without optimizer state: on resume the optimizer's state (momentum "
         "buffers, Adam moments, step counts) is lost and starts again from zero",
@@ -55,48 +83,45 @@ def _missing_optimizer(ev: Evidence, j: Judgment) -> None:
             "optimizer (plain SGD without momentum), which checkpoint-audit cannot see from the file: if that is "
             "your optimizer, nothing is lost. If the file is meant only for inference, drop the counters or "
             "pass --expect weights.",
-    ))
+    )]
 
 
-def _missing_scheduler(ev: Evidence, j: Judgment) -> None:
+@rule("ckpt-missing-scheduler", probes=PROBES, needs=NEEDS, raises=[MISSING_SCHEDULER])
+def missing_scheduler(ev) -> list[Finding]:
+    _resume_only(ev)
     r = ev.roles
     if r.schedulers:
-        return
+        return []
     if not r.optimizers:
-        j.findings.append(finding(
+        return [finding(
             "ckpt-missing-scheduler",
             "no LR-scheduler state, and no optimizer state to tell whether a scheduler was used",
             {"mode": _mode_text(ev)},
             fix="If an LR scheduler drives training, save scheduler.state_dict() too.",
             severity="info",
-        ))
-        return
+        )]
     opt = next((o for o in r.optimizers if o.has_initial_lr), None)
-    if opt is None:
-        j.facts["scheduler"] = "none attached (no initial_lr in param_groups)"
-        return
+    if opt is None:  # no scheduler attached: metrics.checkpoint.facts.scheduler says so
+        return []
     lrs = [(g.get("initial_lr"), g.get("lr")) for g in opt.param_groups if isinstance(g, dict)]
-    j.findings.append(finding(
+    return [finding(
         "ckpt-missing-scheduler",
         "an LR scheduler drove this optimizer (param_groups carry initial_lr) but its state was not saved: "
         "on resume the schedule restarts from step 0",
         {"optimizer": opt.path or "<root>", "initial_lr_vs_lr": [f"{a} → {b}" for a, b in lrs[:4]]},
         fix="Save scheduler.state_dict() and call scheduler.load_state_dict() after creating the scheduler on "
             "resume (create it before loading, with the same arguments).",
-    ))
+    )]
 
 
-def _cuda_devices(ev: Evidence) -> list[str]:
-    root = ev.stub_root if ev.stub_root is not None else ev.contents.root
-    return sorted({t.device for _n, t in iter_tensors(root) if t.device.startswith("cuda")})
-
-
-def _missing_rng(ev: Evidence, j: Judgment) -> None:
+@rule("ckpt-missing-rng", probes=PROBES, needs=NEEDS | {"rng_missing", "cuda_devices"}, raises=[MISSING_RNG])
+def missing_rng(ev) -> list[Finding]:
+    _resume_only(ev)
     r = ev.roles
     if not r.rng:
         # Most training code (nanoGPT, Lightning, torchvision's references) saves no RNG state and
         # resumes fine, only not bit-exactly: a warning when exact resumption is asked for, else info.
-        j.findings.append(finding(
+        return [finding(
             "ckpt-missing-rng",
             "no RNG state: after resuming, dropout masks, augmentation and shuffling differ from an "
             "uninterrupted run (the run continues fine, not bit-exactly)",
@@ -105,29 +130,27 @@ def _missing_rng(ev: Evidence, j: Judgment) -> None:
             fix="Save torch.get_rng_state(), torch.cuda.get_rng_state_all(), np.random.get_state() and "
                 "random.getstate() (and the DataLoader generator's state) and restore them on resume.",
             severity=None if ev.expect == "resume" else "info",
-        ))
-        return
-    missing = []
-    cuda = _cuda_devices(ev)
-    if "torch" not in r.rng:
-        missing.append("torch CPU")
-    if cuda and "cuda" not in r.rng:
-        missing.append("CUDA")
-    j.facts["rng"] = {"found": r.rng, "missing": missing}
-    if missing:
-        j.findings.append(finding(
-            "ckpt-missing-rng",
-            f"RNG state is incomplete: {' and '.join(missing)} generator state missing",
-            {"found": [f"{k} at {v}" for k, v in r.rng.items()], "missing": missing,
-             "cuda_tensors_on": cuda or "none"},
-            fix="Add torch.get_rng_state() and, when training on GPU, torch.cuda.get_rng_state_all().",
-        ))
+        )]
+    if "training state" in ev.derive_failed:
+        raise NotApplicable(ev.derive_failed["training state"])
+    missing = ev.rng_missing
+    if not missing:
+        return []
+    return [finding(
+        "ckpt-missing-rng",
+        f"RNG state is incomplete: {' and '.join(missing)} generator state missing",
+        {"found": [f"{k} at {v}" for k, v in r.rng.items()], "missing": missing,
+         "cuda_tensors_on": ev.cuda_devices or "none"},
+        fix="Add torch.get_rng_state() and, when training on GPU, torch.cuda.get_rng_state_all().",
+    )]
 
 
-def _missing_progress(ev: Evidence, j: Judgment) -> None:
+@rule("ckpt-missing-progress", probes=PROBES, needs=NEEDS, raises=[MISSING_PROGRESS])
+def missing_progress(ev) -> list[Finding]:
+    _resume_only(ev)
     r = ev.roles
     if r.progress:
-        return
+        return []
     alt = []
     for o in r.optimizers:
         for st in list(o.state.values())[:1]:
@@ -139,25 +162,25 @@ def _missing_progress(ev: Evidence, j: Judgment) -> None:
            "mode": _mode_text(ev)}
     if alt:
         ev_["partial_counters"] = alt
-    j.findings.append(finding(
+    return [finding(
         "ckpt-missing-progress",
         "no epoch/step counter: a resumed run does not know where to continue (epoch, sampler epoch, "
         "logging step)",
         ev_,
         fix="Save {'epoch': epoch, 'global_step': step} (the next epoch/step to run) and restore the loop "
             "and DistributedSampler.set_epoch from it.",
-    ))
+    )]
 
 
-def _missing_scaler(ev: Evidence, j: Judgment) -> None:
+@rule("ckpt-missing-scaler", probes=PROBES, needs=NEEDS, raises=[MISSING_SCALER])
+def missing_scaler(ev) -> list[Finding]:
+    _resume_only(ev)
     r = ev.roles
     if r.scalers:
-        return
+        return []
     if not r.fp16_signs:
-        j.skipped.append(("ckpt-missing-scaler", "no float16 training signs (config flags or float16 "
-                                                 "optimizer state)"))
-        return
-    ev_ = {"float16_signs": short(r.fp16_signs, 6)}
+        raise NotApplicable("no float16 training signs (config flags or float16 optimizer state)")
+    ev_ = {"float16_signs": short(r.fp16_signs, MAX_SIGNS_LISTED)}
     if r.empty_scalers:
         ev_["empty_scaler_entries"] = r.empty_scalers
     # What a lost GradScaler state costs: the scale restarts at init_scale (65536); a run that had settled at
@@ -169,7 +192,7 @@ def _missing_scaler(ev: Evidence, j: Judgment) -> None:
         ev_["note"] = "the Hugging Face Trainer saves no GradScaler state; it re-calibrates after a resume"
     ev_["cost_on_resume"] = ("the loss scale restarts at its initial value (65536 by default); if it had settled "
                              "at 2^k, the next 16-k steps overflow and are skipped while it re-calibrates")
-    j.findings.append(finding(
+    return [finding(
         "ckpt-missing-scaler",
         "float16 training signs but no GradScaler state: on resume the loss scale restarts at 65536 and "
         "re-calibrates, skipping a few optimizer steps (one per halving, weights untouched): not an exact resume",
@@ -178,9 +201,4 @@ def _missing_scaler(ev: Evidence, j: Judgment) -> None:
             "empty dict means the scaler was disabled: GradScaler(enabled=False)). Or train in bfloat16, which "
             "needs no scaler.",
         severity=None if ev.expect == "resume" and not framework else "info",
-    ))
-
-
-def _mode_text(ev: Evidence) -> str:
-    return "--expect resume" if ev.expect == "resume" else \
-        "auto → resume (training state, progress counter or training config present)"
+    )]
