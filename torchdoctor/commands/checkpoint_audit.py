@@ -39,8 +39,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         from torchdoctor.checkpoint.audit import EXPECT, Options, run, warn_unsafe
 
-        from torchdoctor.commands._common import prepare_out
+        from torchdoctor.commands._common import check_fail_on, prepare_out
 
+        check_fail_on(fail_on)
         out = prepare_out(out)  # an unfit --out is exit 2 before the audit, not after
         exp = expect.strip().lower()
         if exp not in EXPECT:

@@ -22,8 +22,10 @@ def register(app: typer.Typer) -> None:
         fail_on: FailOnOpt = "error",
     ) -> None:
         """Run `checkup` on a bundled example training script that has a real problem."""
-        from torchdoctor.commands._common import emit
+        from torchdoctor.commands._common import check_fail_on, emit
         from torchdoctor.examples import path
+
+        check_fail_on(fail_on)  # bad usage: exit 2 before the run, not after it
         from torchdoctor.pipeline.run import run_probe
 
         script = path(EXAMPLE)

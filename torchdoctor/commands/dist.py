@@ -94,8 +94,9 @@ def register(app: typer.Typer) -> None:
         as_json: JsonOpt = False,
         fail_on: FailOnOpt = "error",
     ) -> None:
-        from torchdoctor.commands._common import prepare_out
+        from torchdoctor.commands._common import check_fail_on, prepare_out
 
+        check_fail_on(fail_on)  # bad usage: exit 2 before a self-test or a run, not after
         out = prepare_out(out)
         if script is not None or module is not None:
             if backend.strip().lower() != "auto" or sizes is not None or not selftest:

@@ -29,6 +29,8 @@ def register(app: typer.Typer) -> None:
                       "GPUs (NVML), torch flags, env vars, package versions.")
     @guarded
     def env(as_json: JsonOpt = False, fail_on: FailOnOpt = "error") -> None:
+        from torchdoctor.commands._common import check_fail_on
         from torchdoctor.envinfo import collect
 
+        check_fail_on(fail_on)
         emit(build_report(collect()), as_json, fail_on)
