@@ -99,7 +99,7 @@ class DataSource(Instrument):
         self.fed = idx
         if not rec[2]:
             rec[2] = True
-            from torchdoctor.runner.core import loader_facts
+            from torchdoctor.runner.loaders import loader_facts
 
             ctx.emit("data_loader", loader=idx, created_at=rec[1], **loader_facts(it))
 

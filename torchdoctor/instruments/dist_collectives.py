@@ -184,7 +184,9 @@ def dump_flight_recorder(run_dir: Any) -> dict[str, Any]:
     """
     out: dict[str, Any] = {"available": False}
     try:
-        import torch._C._distributed_c10d as c10d_c
+        from torchdoctor.torch_internals import c10d_private
+
+        c10d_c = c10d_private()
     except Exception as e:  # noqa: BLE001
         out["reason"] = f"{type(e).__name__}: {e}"
         return out

@@ -124,7 +124,7 @@ class SamplerWatch(Instrument):
         self.undo = (dl_mod.DataLoader, orig)
 
     def _seen(self, ctx: Any, loader: Any, it: Any) -> None:
-        from torchdoctor.runner.core import user_frame
+        from torchdoctor.runner.frames import user_frame
 
         state = self.loaders.get(id(loader))
         if state is None:

@@ -58,7 +58,7 @@ class ModuleMoves(Instrument):
                         if _first_param_state(module) != before:
                             inst.real += 1
                         if inst.site is None:
-                            from torchdoctor.runner.core import user_frame
+                            from torchdoctor.runner.frames import user_frame
 
                             uf = user_frame(2)
                             inst.site = f"{uf[0]}:{uf[1]}" if uf else None

@@ -49,6 +49,7 @@ import os
 from typing import Any, NamedTuple
 
 from torchdoctor.instruments import Instrument, register
+from torchdoctor.torch_internals import foreach_norm, set_grad_enabled_raw
 from torchdoctor.numerics.locate import Locator
 from torchdoctor.numerics.locate import num as _num
 
@@ -156,14 +157,15 @@ class NanMonitor(Instrument):
         from torchdoctor.numerics.tensors import _kit, as_real, float_tensors, grad_norms
 
         self._Tensor, self._ok = _kit()
-        self._grad_mode = (torch.is_grad_enabled, torch._C._set_grad_enabled)
+        self._grad_mode = (torch.is_grad_enabled, set_grad_enabled_raw())
         self._passthrough = _passthrough_types(torch)
         self._float_tensors = float_tensors
         self._as_real = as_real
         self._grad_norms = grad_norms
         self._wide = (torch.float32, torch.float64)  # dtypes a row keeps as they are
         self._aminmax = torch.aminmax
-        self.fused = hasattr(torch, "_foreach_norm")
+        self._foreach_norm = foreach_norm()
+        self.fused = self._foreach_norm is not None
         opts = ctx.options
         self.fused_cpu = bool(opts.get("nan_fused_cpu"))  # the CUDA reduction on CPU (tests)
         self.flush_bytes = FLUSH_MIN_BYTES
@@ -418,7 +420,7 @@ class NanMonitor(Instrument):
                 vals = None
                 if self.fused and (ts[0].is_cuda or self.fused_cpu):
                     try:
-                        vals = torch._foreach_norm(ts, INF)  # 0-dim max |x| per tensor
+                        vals = self._foreach_norm(ts, INF)  # 0-dim max |x| per tensor
                         k = 1
                     except (RuntimeError, NotImplementedError, TypeError):
                         self.fused = False  # an older torch, a tensor subclass: per tensor

@@ -62,7 +62,7 @@ class Seeding(Instrument):
         self._undo.append((owner, attr, orig))
 
     def _record(self, ctx: Any, label: str) -> None:
-        from torchdoctor.runner.core import user_frame
+        from torchdoctor.runner.frames import user_frame
 
         self.calls.append(label)
         if len(self.calls) <= MAX_EVENTS:

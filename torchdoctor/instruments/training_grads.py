@@ -40,6 +40,7 @@ import weakref
 from typing import Any
 
 from torchdoctor.instruments import Instrument, register
+from torchdoctor.torch_internals import foreach_norm
 
 MAX_NAMES = 12
 MAX_STALE_EVENTS = 5
@@ -179,7 +180,7 @@ class TrainingGrads(Instrument):
             grads = [st[i][0].grad for i in suspects]
             try:
                 with torch.no_grad():
-                    ns = torch._foreach_norm(grads, 2, dtype=torch.float32)
+                    ns = foreach_norm()(grads, 2, dtype=torch.float32)
                     dev = ns[0].device
                     norms = torch.stack([n if n.device == dev else n.to(dev) for n in ns])
                 k = len(self.norm_checks)

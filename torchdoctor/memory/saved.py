@@ -131,9 +131,9 @@ class SavedTensors:
 
     def _on_top(self) -> bool:
         try:
-            import torch
+            from torchdoctor.torch_internals import top_saved_tensors_hooks
 
-            top = torch._C._autograd._top_saved_tensors_default_hooks(True)
+            top = top_saved_tensors_hooks()
             return bool(top) and top[0] == self._pack
         except Exception:  # noqa: BLE001
             return False
