@@ -160,7 +160,7 @@ class WindowQueue:
                 vals = None
                 if self.fused and (ts[0].is_cuda or self.fused_cpu):
                     try:
-                        vals = self._foreach_norm(ts, INF)  # 0-dim max |x| per tensor
+                        vals = self._fused_norm(ts, INF)  # 0-dim max |x| per tensor
                         k = 1
                     except (RuntimeError, NotImplementedError, TypeError):
                         self.fused = False  # an older torch, a tensor subclass: per tensor

@@ -80,8 +80,8 @@ class NanMonitor(WindowQueue, RowReader, Instrument):
         self._grad_norms = grad_norms
         self._wide = (torch.float32, torch.float64)  # dtypes a row keeps as they are
         self._aminmax = torch.aminmax
-        self._foreach_norm = foreach_norm()
-        self.fused = self._foreach_norm is not None
+        self._fused_norm = foreach_norm()
+        self.fused = self._fused_norm is not None
         opts = ctx.options
         self.fused_cpu = bool(opts.get("nan_fused_cpu"))  # the CUDA reduction on CPU (tests)
         self.flush_bytes = FLUSH_MIN_BYTES
