@@ -134,7 +134,8 @@ def test_user_hook_never_copies_its_instrument():
     assert owner.calls == 1  # detached at teardown: a no-op
     handle.remove()
     assert torch.nn.Module.__getstate__.__qualname__ == "Module.__getstate__"
-    assert not getattr(torch.nn.Module.__getstate__, "_td_strips_hooks", False)
+    assert not getattr(torch.nn.Module.__getstate__, "_td_patch", None)
+    assert not hasattr(torch.nn.Module.__getstate__, "__wrapped__")  # the original is back
 
 
 def test_modules_that_copy_their_own_state_get_no_hook():

@@ -349,12 +349,51 @@ def test_sampler_oom_context_on_the_cpu():
             torch.empty(2 ** 50, dtype=torch.uint8)
         except RuntimeError as e:
             s.on_crash(ctx, e)
+            exc = e
     finally:
         s.uninstall(ctx)
     [c] = ctx.of("crash_context")
-    assert c["evidence"]["requested_bytes"] == 2 ** 50
-    assert c["evidence"]["device"] == "cpu"
-    assert c["fixes"][0].startswith("One request of 1 PiB") or c["fixes"][0].startswith("One request of 1024 TiB")
+    assert c["for_code"] == "out-of-memory" and "fixes" not in c  # the child ranks nothing
+    f = _judged_crash(ctx, exc)
+    assert f.code == "out-of-memory"
+    assert f.evidence["requested_bytes"] == 2 ** 50
+    assert f.evidence["device"] == "cpu"
+    fixes = f.fix.split("; ")
+    assert fixes[0].startswith("One request of 1 PiB") or fixes[0].startswith("One request of 1024 TiB")
+
+
+def _judged_crash(ctx, exc):
+    """The crash finding the parent makes of the child's events and this exception."""
+    from torchdoctor.evidence import Evidence
+    from torchdoctor.rules.crash import crash
+    from torchdoctor.runner.harness import _exception_record
+
+    [f] = crash(Evidence.from_events(ctx.events, result={
+        "outcome": "crash", "exit_code": 1, "exception": _exception_record(exc), "steps": ctx.step}))
+    return f
+
+
+def test_sampler_context_of_another_crash_is_left_out_of_its_finding():
+    """Measured at every crash; a crash that is not an out-of-memory gets none of it."""
+    from torchdoctor.instruments.memory_sampler import MemorySampler
+
+    ctx = FakeCtx()
+    s = MemorySampler()
+    _loop([s], ctx, steps=2)
+    s.install(ctx)
+    try:
+        try:
+            raise ValueError("bad label 7")
+        except ValueError as e:
+            s.on_crash(ctx, e)
+            exc = e
+    finally:
+        s.uninstall(ctx)
+    assert ctx.of("crash_context")
+    f = _judged_crash(ctx, exc)
+    assert f.code == "script-crashed"
+    assert "breakdown" not in f.evidence and "device" not in f.evidence
+    assert f.fix.startswith("Fix the error at the line shown")
 
 
 def _grad_eval_on_a_trained_model():
@@ -448,15 +487,15 @@ def test_cuda_oom_path_with_a_faked_allocator(monkeypatch, tmp_path):
     assert s.oom["count"] == 2
     [art] = ctx.of("artifact")
     assert Path(art["path"]).exists() and art["name"] == "memory_snapshot"
-    [c] = ctx.of("crash_context")
-    ev = c["evidence"]
+    f = _judged_crash(ctx, exc)
+    ev = f.evidence
     assert ev["device"] == "cuda:0" and ev["free_bytes"] == 2 * GiB
     assert ev["breakdown_bytes"]["cached_free"] == 5 * GiB
     assert ev["breakdown_bytes"]["other"] == 20 * GiB  # no CUDA tensors in this fake
     assert sum(ev["breakdown_bytes"].values()) == 25 * GiB
     assert "memory_viz" in ev["memory_snapshot"]
     assert ev["top_sites"][0].startswith("/home/u/train.py:42: 20 GiB")
-    assert any("expandable_segments" in f for f in c["fixes"])
+    assert "expandable_segments" in f.fix
 
 
 def test_cuda_site_window_with_a_faked_allocator(monkeypatch):

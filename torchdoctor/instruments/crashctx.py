@@ -1,6 +1,7 @@
 """Crash context for ``device-mismatch``: which tensors and modules sit on which device.
 
-On a crash whose message says tensors are on different devices, the innermost user frame's
+At a crash (the crash rule keeps this only when the message says tensors are on different
+devices: the classification is made in the parent), the innermost user frame's
 locals are inspected (tensors, modules, and the tensor attributes of ``self``) together with
 the root modules the step clock saw; the evidence names the tensors on each device and
 points out plain tensor attributes (not buffers, so ``.to()`` does not move them) and
@@ -87,11 +88,10 @@ class CrashContext(Instrument):
     priority = 90
 
     def on_crash(self, ctx: Any, exc: BaseException) -> None:
-        from torchdoctor.rules.crash import classify
+        # measured at every crash (the child does not judge what the crash was): the crash
+        # rule keeps it for a device-mismatch crash, in the parent
         from torchdoctor.runner.frames import is_user_file
 
-        if classify({"type": type(exc).__name__, "message": str(exc)}) != "device-mismatch":
-            return
         tb = exc.__traceback__
         user = None
         while tb is not None:
@@ -107,4 +107,5 @@ class CrashContext(Instrument):
             fixes.append("Move the model after every submodule and parameter is created (the "
                          "listed ones were added after model.to(device))")
         if ev:
-            ctx.emit("crash_context", source=self.name, evidence=ev, fixes=fixes)
+            ctx.emit("crash_context", source=self.name, for_code="device-mismatch", evidence=ev,
+                     fixes=fixes)

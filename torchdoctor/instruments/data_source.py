@@ -49,9 +49,12 @@ class DataSource(Instrument):
         self.batches: dict[int, int] = {}
         self.fed: int | None = None
         self.started: set[int] = set()  # loaders whose iterator (an epoch) began in this step
-        self._undo: list = []
+        from torchdoctor.runner.patching import Patches
+        from torchdoctor.torch_internals import base_loader_iter
+
+        self._patches = Patches()
         inst = self
-        DL, It = dl_mod.DataLoader, dl_mod._BaseDataLoaderIter
+        DL, It = dl_mod.DataLoader, base_loader_iter()
         orig_dl_init, orig_it_init, orig_next = DL.__init__, It.__init__, It.__next__
 
         def dl_init(loader, *a, **k):
@@ -80,11 +83,9 @@ class DataSource(Instrument):
                 inst.cur = it
             return orig_next(it)
 
-        for f, o in ((dl_init, orig_dl_init), (it_init, orig_it_init), (it_next, orig_next)):
-            f.__wrapped__ = o
-        DL.__init__, It.__init__, It.__next__ = dl_init, it_init, it_next
-        self._undo = [(DL, "__init__", dl_init, orig_dl_init), (It, "__init__", it_init, orig_it_init),
-                      (It, "__next__", it_next, orig_next)]
+        for owner, attr, f, o in ((DL, "__init__", dl_init, orig_dl_init), (It, "__init__", it_init, orig_it_init),
+                                  (It, "__next__", it_next, orig_next)):
+            self._patches.set(owner, attr, f, o)
 
     live = True
 
@@ -99,7 +100,7 @@ class DataSource(Instrument):
         self.fed = idx
         if not rec[2]:
             rec[2] = True
-            from torchdoctor.runner.core import loader_facts
+            from torchdoctor.runner.loaders import loader_facts
 
             ctx.emit("data_loader", loader=idx, created_at=rec[1], **loader_facts(it))
 
@@ -112,9 +113,7 @@ class DataSource(Instrument):
         self.wait, self.batches, self.started = {}, {}, set()
 
     def uninstall(self, ctx: Any) -> None:
-        self.live = False
-        for cls, attr, mine, orig in reversed(self._undo):
-            if cls.__dict__.get(attr) is mine:  # re-wrapped by someone else: stays, inert
-                setattr(cls, attr, orig)
-        self._undo = []
+        self.live = False  # a wrapper re-wrapped by someone else stays, inert
+        if getattr(self, "_patches", None) is not None:
+            self._patches.undo()
 

@@ -184,7 +184,9 @@ def dump_flight_recorder(run_dir: Any) -> dict[str, Any]:
     """
     out: dict[str, Any] = {"available": False}
     try:
-        import torch._C._distributed_c10d as c10d_c
+        from torchdoctor.torch_internals import c10d_private
+
+        c10d_c = c10d_private()
     except Exception as e:  # noqa: BLE001
         out["reason"] = f"{type(e).__name__}: {e}"
         return out
@@ -218,8 +220,10 @@ class CollectiveRecorder(Instrument):
     priority = 15
 
     def install(self, ctx: Any) -> None:
+        from torchdoctor.runner.patching import Patches
+
         self.rec: _Recorder | None = None
-        self.undo: list[Any] = []
+        self.undo = Patches()
         self.stop = threading.Event()
         if not ctx.options.get("nproc_per_node"):
             return
@@ -241,8 +245,7 @@ class CollectiveRecorder(Instrument):
             w = rec.wrap(op, orig)
             for mod in (c10d, dist):
                 if getattr(mod, op, None) is orig:
-                    setattr(mod, op, w)
-                    self.undo.append((mod, op, orig))
+                    self.undo.set(mod, op, w, orig)
         self._wrap_init(ctx, dist, c10d)
         t = threading.Thread(target=self._watch, args=(ctx,), name="torchdoctor-dist-watch",
                              daemon=True)
@@ -265,8 +268,7 @@ class CollectiveRecorder(Instrument):
         init_process_group.__wrapped__ = orig
         for mod in (c10d, dist):
             if getattr(mod, "init_process_group", None) is orig:
-                setattr(mod, "init_process_group", init_process_group)
-                self.undo.append((mod, "init_process_group", orig))
+                self.undo.set(mod, "init_process_group", init_process_group, orig)
 
     def _watch(self, ctx: Any) -> None:
         req = ctx.run_dir / DUMP_REQUEST
@@ -281,9 +283,8 @@ class CollectiveRecorder(Instrument):
 
     def uninstall(self, ctx: Any) -> None:
         self.stop.set()
-        for mod, op, orig in reversed(self.undo):
-            setattr(mod, op, orig)
-        self.undo.clear()
+        if getattr(self, "undo", None) is not None:
+            self.undo.undo()
         rec = self.rec
         if rec is None:
             return

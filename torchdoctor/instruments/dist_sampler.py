@@ -109,7 +109,7 @@ class SamplerWatch(Instrument):
 
         def td_iter(loader):
             it = orig(loader)
-            if ctx.in_owner_process():
+            if inst.undo is not None and ctx.in_owner_process():  # inert after teardown
                 try:
                     inst._seen(ctx, loader, it)
                 except Exception:  # noqa: BLE001 - never break the user's loop
@@ -119,12 +119,13 @@ class SamplerWatch(Instrument):
                              traceback=traceback.format_exc(limit=6))
             return it
 
-        td_iter.__wrapped__ = orig
-        dl_mod.DataLoader.__iter__ = td_iter
-        self.undo = (dl_mod.DataLoader, orig)
+        from torchdoctor.runner.patching import Patches
+
+        self.undo = Patches()  # undone only where our wrapper is still on top
+        self.undo.set(dl_mod.DataLoader, "__iter__", td_iter, orig)
 
     def _seen(self, ctx: Any, loader: Any, it: Any) -> None:
-        from torchdoctor.runner.core import user_frame
+        from torchdoctor.runner.frames import user_frame
 
         state = self.loaders.get(id(loader))
         if state is None:
@@ -155,12 +156,14 @@ class SamplerWatch(Instrument):
             self._fingerprint_first_batch(ctx, it, state["index"])
 
     def _fingerprint_first_batch(self, ctx: Any, it: Any, index: int) -> None:
-        orig_next = it._next_data
+        from torchdoctor.torch_internals import NEXT_DATA
+
+        orig_next = getattr(it, NEXT_DATA)
         torch = self.torch
 
         def first(*a, **k):
             try:
-                del it._next_data  # back to the class's method for every later batch
+                delattr(it, NEXT_DATA)  # back to the class's method for every later batch
             except AttributeError:
                 pass
             data = orig_next(*a, **k)
@@ -170,11 +173,10 @@ class SamplerWatch(Instrument):
                 pass
             return data
 
-        it._next_data = first
+        setattr(it, NEXT_DATA, first)  # one batch only, on this iterator (undoes itself)
 
     def uninstall(self, ctx: Any) -> None:
         if self.undo is not None:
-            cls, orig = self.undo
-            cls.__iter__ = orig
+            self.undo.undo()
             self.undo = None
             self.keep = []

@@ -19,8 +19,9 @@ CUDA), on CUDA allocator snapshots with Python stacks, on the host ``tracemalloc
 has a time budget of a few median step times and degrades (tracemalloc first) or ends early
 to stay within it. Outside that window nothing else runs.
 
-On an out-of-memory crash it adds the breakdown of what was live, the top allocation sites
-and ranked fixes to the crash finding (``crash_context``); on CUDA the numbers come from the
+At a crash it records the breakdown of what was live and the top allocation sites
+(``crash_context`` for ``out-of-memory``: the crash rule keeps it for an out-of-memory crash
+and ranks the fixes in the parent); on CUDA the numbers come from the
 allocator's OOM observer, called before the stack unwinds, which also writes the memory_viz
 snapshot when memory history is on (``memory`` probe).
 """
@@ -293,33 +294,14 @@ class MemorySampler(Instrument):
         return ev, live
 
     def on_crash(self, ctx: Any, exc: BaseException) -> None:
-        from torchdoctor.rules.crash import classify, oom_details, phase_of
-        from torchdoctor.runner.frames import frames_of, short_path
-
-        msg = str(exc)
-        if classify({"type": type(exc).__name__, "message": msg}) != "out-of-memory":
-            return
-        from torchdoctor.memory.oom import fix_lines, rank_fixes
-
+        """What was live at the crash, measured at every crash (the child does not judge what
+        the crash was): the crash rule keeps it for an out-of-memory crash and ranks the fixes
+        (:func:`torchdoctor.memory.oom.oom_context`), in the parent."""
         ev, live = self._oom_from_observer() if self.oom and "live" in self.oom else self._oom_now()
-        parsed = oom_details(msg)
-        ev.setdefault("requested_bytes", parsed.get("requested_bytes"))
-        parts = live["parts"]
-        ev["breakdown"] = " · ".join(f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in parts.items())
-        ev["breakdown_bytes"] = parts
-        frames = frames_of(exc.__traceback__)
-        user = [f for f in frames if f[3]]
-        fixes = rank_fixes(parts, {
-            "activations_fp32": live.get("activations_fp32", 0), "n_blocks": live.get("n_blocks", 0),
-            # gradients alive while the forward runs are what set_to_none would free
-            "gradients_at_forward": parts.get("gradients", 0) if phase_of(frames) == "forward" else 0,
-            "cached_free": parts.get("cached_free", 0), "requested": ev.get("requested_bytes"),
-            "free": ev.get("free_bytes"), "capacity": ev.get("capacity_bytes"),
-            "where": short_path(f"{user[-1][0]}:{user[-1][1]}") if user else None})
-        if fixes:
-            ev["estimated_savings"] = {f["fix"]: human_bytes(f["saves"]) for f in fixes}
-        ctx.emit("crash_context", source=self.name, evidence={k: v for k, v in ev.items() if v is not None},
-                 fixes=fix_lines(fixes))
+        ctx.emit("crash_context", source=self.name, for_code="out-of-memory",
+                 oom={"evidence": ev, "live": {"parts": live["parts"],
+                                               "activations_fp32": live.get("activations_fp32", 0),
+                                               "n_blocks": live.get("n_blocks", 0)}})
 
     # ---- end -----------------------------------------------------------------------------
     def uninstall(self, ctx: Any) -> None:

@@ -33,8 +33,10 @@ class ModuleMoves(Instrument):
     def install(self, ctx: Any) -> None:
         import torch
 
+        from torchdoctor.runner.patching import Patches
+
         Module = torch.nn.Module
-        self._orig = {n: getattr(Module, n) for n in ("to", "cuda", "cpu")}
+        self._patches = Patches()  # undone only where our wrapper is still on top
         self.calls = self.real = 0
         self.time_s = 0.0
         self.site: str | None = None
@@ -58,7 +60,7 @@ class ModuleMoves(Instrument):
                         if _first_param_state(module) != before:
                             inst.real += 1
                         if inst.site is None:
-                            from torchdoctor.runner.core import user_frame
+                            from torchdoctor.runner.frames import user_frame
 
                             uf = user_frame(2)
                             inst.site = f"{uf[0]}:{uf[1]}" if uf else None
@@ -71,8 +73,8 @@ class ModuleMoves(Instrument):
             wrapper.__name__ = name
             return wrapper
 
-        for n, orig in self._orig.items():
-            setattr(Module, n, make(n, orig))
+        for n in ("to", "cuda", "cpu"):
+            self._patches.wrap(Module, n, lambda orig, n=n: make(n, orig))
 
     def on_step_end(self, ctx: Any, step: int) -> None:
         if self.calls:
@@ -84,8 +86,6 @@ class ModuleMoves(Instrument):
             self.site = self.module = None
 
     def uninstall(self, ctx: Any) -> None:
-        import torch
-
-        for n, orig in getattr(self, "_orig", {}).items():
-            setattr(torch.nn.Module, n, orig)
+        if getattr(self, "_patches", None) is not None:
+            self._patches.undo()
         ctx.emit("module_moves_summary", steps_with_moves=getattr(self, "steps_with_moves", 0))

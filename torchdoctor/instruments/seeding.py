@@ -30,8 +30,11 @@ class Seeding(Instrument):
     def install(self, ctx: Any) -> None:
         import torch
 
+        from torchdoctor.runner.patching import Patches
+
         self.calls: list[str] = []
-        self._undo: list[tuple[Any, str, Any]] = []
+        self.live = True
+        self._patches = Patches()
         self._wrap(ctx, torch, "manual_seed", "torch.manual_seed")
         self._wrap(ctx, torch.random, "manual_seed", "torch.random.manual_seed")
         self._wrap(ctx, torch.cuda, "manual_seed", "torch.cuda.manual_seed")
@@ -43,26 +46,23 @@ class Seeding(Instrument):
             self._wrap(ctx, np.random, "default_rng", "numpy.random.default_rng", needs_arg=True)
 
     def _wrap(self, ctx: Any, owner: Any, attr: str, label: str, needs_arg: bool = False) -> None:
-        orig = getattr(owner, attr, None)
-        if orig is None or getattr(orig, "_td_seed_wrapper", False):
-            return
         inst = self
 
-        @functools.wraps(orig)
-        def wrapper(*a, **k):
-            if ctx.in_owner_process():
-                seeded = bool(a or k.get("seed") is not None) if needs_arg else \
-                    not (a and a[0] is None) and not (k.get("a", 0) is None)
-                if seeded:
-                    inst._record(ctx, label)
-            return orig(*a, **k)
+        def make(orig):
+            @functools.wraps(orig)
+            def wrapper(*a, **k):
+                if inst.live and ctx.in_owner_process():
+                    seeded = bool(a or k.get("seed") is not None) if needs_arg else \
+                        not (a and a[0] is None) and not (k.get("a", 0) is None)
+                    if seeded:
+                        inst._record(ctx, label)
+                return orig(*a, **k)
+            return wrapper
 
-        wrapper._td_seed_wrapper = True
-        setattr(owner, attr, wrapper)
-        self._undo.append((owner, attr, orig))
+        self._patches.wrap(owner, attr, make, tag="seed", require=False)
 
     def _record(self, ctx: Any, label: str) -> None:
-        from torchdoctor.runner.core import user_frame
+        from torchdoctor.runner.frames import user_frame
 
         self.calls.append(label)
         if len(self.calls) <= MAX_EVENTS:
@@ -71,7 +71,8 @@ class Seeding(Instrument):
                      where=f"{uf[0]}:{uf[1]}" if uf else None)
 
     def uninstall(self, ctx: Any) -> None:
-        for owner, attr, orig in reversed(getattr(self, "_undo", [])):
-            setattr(owner, attr, orig)
+        self.live = False  # a wrapper someone re-wrapped stays, inert
+        if getattr(self, "_patches", None) is not None:
+            self._patches.undo()
         ctx.emit("seeding", calls=len(getattr(self, "calls", [])),
                  fns=sorted(set(getattr(self, "calls", []))))

@@ -53,17 +53,22 @@ class AnomalyRerun(Instrument):
         self.torch = torch
         self.ctx = ctx
         self.from_step = int(ctx.options.get("anomaly_from_step") or 0)
-        self._orig_show = warnings.showwarning
+        from torchdoctor.runner.patching import Patches
+
+        self._patches = Patches()  # undone only where our wrapper is still on top
         inst = self
 
-        def showwarning(message, category, filename, lineno, file=None, line=None):
-            try:
-                inst._capture(str(message))
-            except Exception:  # noqa: BLE001
-                pass
-            return inst._orig_show(message, category, filename, lineno, file, line)
+        def make(orig_show):
+            def showwarning(message, category, filename, lineno, file=None, line=None):
+                if inst.active:  # inert after teardown (someone may have wrapped it since)
+                    try:
+                        inst._capture(str(message))
+                    except Exception:  # noqa: BLE001
+                        pass
+                return orig_show(message, category, filename, lineno, file, line)
+            return showwarning
 
-        warnings.showwarning = showwarning
+        self._patches.wrap(warnings, "showwarning", make)
         self._filters = list(warnings.filters)
         warnings.filterwarnings("always", message=r"Error detected in ")
         if self.from_step <= 0:
@@ -113,7 +118,8 @@ class AnomalyRerun(Instrument):
     def uninstall(self, ctx: Any) -> None:
         if not self.active:
             return
-        warnings.showwarning = self._orig_show
+        self.active = False
+        self._patches.undo()
         warnings.filters[:] = self._filters
         if self.enabled:
             self.torch.autograd.set_detect_anomaly(False)

@@ -40,6 +40,8 @@ import weakref
 from typing import Any
 
 from torchdoctor.instruments import Instrument, register
+from torchdoctor.runner.patching import Patches
+from torchdoctor.torch_internals import foreach_norm
 
 MAX_NAMES = 12
 MAX_STALE_EVENTS = 5
@@ -73,7 +75,7 @@ class TrainingGrads(Instrument):
         self.hidden_seen: dict[int, dict] = {}
         self.handles = [optim_mod.register_optimizer_step_pre_hook(self._pre_step),
                         optim_mod.register_optimizer_step_post_hook(self._post_step)]
-        self._undo: list = []
+        self._undo = Patches()  # undone only where our wrapper is still on top
         self._patch_zero_grad(torch)
         self._patch_constructors(torch)
 
@@ -86,9 +88,7 @@ class TrainingGrads(Instrument):
         for cls, book in ((torch.optim.Optimizer, self.opt_sites), (torch.nn.Module, self.module_sites)):
             orig = cls.__init__
             init = _site_init(self, orig, book, creation_site)
-            cls.__init__ = init
-            self._undo.append(lambda cls=cls, init=init, orig=orig: (
-                setattr(cls, "__init__", orig) if cls.__dict__.get("__init__") is init else None))
+            self._undo.set(cls, "__init__", init, orig)
 
     def _patch_zero_grad(self, torch) -> None:
         inst = self
@@ -113,12 +113,8 @@ class TrainingGrads(Instrument):
                     for p in mod.parameters():
                         inst.state.pop(id(p), None)
 
-        opt_zero_grad.__wrapped__ = orig_opt
-        mod_zero_grad.__wrapped__ = orig_mod
-        Opt.zero_grad = opt_zero_grad
-        Mod.zero_grad = mod_zero_grad
-        self._undo += [lambda: setattr(Opt, "zero_grad", orig_opt),
-                       lambda: setattr(Mod, "zero_grad", orig_mod)]
+        self._undo.set(Opt, "zero_grad", opt_zero_grad, orig_opt)
+        self._undo.set(Mod, "zero_grad", mod_zero_grad, orig_mod)
 
     live = True  # False once uninstalled (a wrapper another library re-wrapped stays inert)
 
@@ -126,8 +122,7 @@ class TrainingGrads(Instrument):
         self.live = False
         for h in self.handles:
             h.remove()
-        for u in reversed(self._undo):
-            u()
+        self._undo.undo()
         self._audit(final=True)
         norms = self._read_norms()
         ctx.emit("zero_grad_summary", judged_steps=self.judged, stale_steps=self.stale_steps,
@@ -179,7 +174,7 @@ class TrainingGrads(Instrument):
             grads = [st[i][0].grad for i in suspects]
             try:
                 with torch.no_grad():
-                    ns = torch._foreach_norm(grads, 2, dtype=torch.float32)
+                    ns = foreach_norm()(grads, 2, dtype=torch.float32)
                     dev = ns[0].device
                     norms = torch.stack([n if n.device == dev else n.to(dev) for n in ns])
                 k = len(self.norm_checks)

@@ -33,6 +33,7 @@ import os
 from typing import Any
 
 from torchdoctor.instruments import Instrument, register
+from torchdoctor.runner.patching import Patches
 
 LOSS_FNS = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
 MAX_NAMES = 12
@@ -50,7 +51,7 @@ class TrainingModes(Instrument):
         self.torch = torch
         self.ctx = ctx
         self.pid = os.getpid()
-        self._undo: list = []
+        self._undo = Patches()  # undone only where our wrapper is still on top
         # eval mode
         self.mode_cache: dict[int, list] = {}  # id(root) -> [(name, module, parent)]
         self.eval_now: list = []  # [(name, module, parent)] at the latest backward start
@@ -87,11 +88,7 @@ class TrainingModes(Instrument):
         self.live = False
         for h in self.handles:
             h.remove()
-        for u in reversed(self._undo):
-            try:
-                u()
-            except Exception:  # noqa: BLE001
-                pass
+        self._undo.undo()
         ctx.emit("eval_mode_summary", judged_steps=self.eval_judged, eval_steps=self.eval_steps,
                  first=self.eval_first,
                  mode_modules=sum(len(v) for v in self.mode_cache.values()))
@@ -126,9 +123,7 @@ class TrainingModes(Instrument):
                 pass
             return r
 
-        enter.__wrapped__ = orig_enter
-        AC.__enter__ = enter
-        self._undo.append(lambda: setattr(AC, "__enter__", orig_enter))
+        self._undo.set(AC, "__enter__", enter, orig_enter)
 
         GS = grad_scaler.GradScaler
         orig_scale = GS.scale
@@ -145,9 +140,7 @@ class TrainingModes(Instrument):
                 pass
             return orig_scale(gs, outputs, *a, **k)
 
-        scale.__wrapped__ = orig_scale
-        GS.scale = scale
-        self._undo.append(lambda: setattr(GS, "scale", orig_scale))
+        self._undo.set(GS, "scale", scale, orig_scale)
 
     # ------------------------------------------------------------------ loss shapes
     def _patch_losses(self, torch) -> None:
@@ -175,8 +168,7 @@ class TrainingModes(Instrument):
                 wrapped.__doc__ = orig.__doc__
                 return wrapped
 
-            setattr(F, fname, make(orig, fname))
-            self._undo.append(lambda f=fname, o=orig: setattr(F, f, o))
+            self._undo.set(F, fname, make(orig, fname), orig)
 
     def _loss_shape(self, fname: str, input, target) -> None:
         from torchdoctor.numerics.names import source_line, user_stack
@@ -222,9 +214,7 @@ class TrainingModes(Instrument):
                 except Exception:  # noqa: BLE001 - a site is a nicety, never a failure
                     pass
 
-        train.__wrapped__ = orig
-        Mod.train = train
-        self._undo.append(lambda: setattr(Mod, "train", orig) if Mod.__dict__.get("train") is train else None)
+        self._undo.set(Mod, "train", train, orig)
 
     def _eval_site(self, module) -> str | None:
         """The user's line of the latest ``train(False)`` that covers ``module``, if it still holds."""

@@ -52,11 +52,12 @@ def device_count() -> int:
 
 
 def _nested(device: int) -> dict[str, Any]:
-    t = _torch()
-    fn = getattr(t._C, "_cuda_memoryStats", None)
+    from torchdoctor.torch_internals import cuda_memory_stats_raw
+
+    fn = cuda_memory_stats_raw()
     if fn is not None:
         return fn(device)
-    return t.cuda.memory_stats_as_nested_dict(device)
+    return _torch().cuda.memory_stats_as_nested_dict(device)
 
 
 def stats(device: int) -> dict[str, int] | None:
@@ -130,8 +131,10 @@ def start_history(mode: str = "all", max_entries: int = 20000) -> bool:
         return False
     try:
         context = "alloc" if mode == "all" else "state"
-        _torch().cuda.memory._record_memory_history(
-            enabled=mode, context=context, stacks="python", max_entries=int(max_entries))
+        from torchdoctor.torch_internals import cuda_record_memory_history
+
+        cuda_record_memory_history(enabled=mode, context=context, stacks="python",
+                                   max_entries=int(max_entries))
         return True
     except Exception:  # noqa: BLE001
         return False
@@ -139,7 +142,9 @@ def start_history(mode: str = "all", max_entries: int = 20000) -> bool:
 
 def stop_history() -> None:
     try:
-        _torch().cuda.memory._record_memory_history(enabled=None)
+        from torchdoctor.torch_internals import cuda_record_memory_history
+
+        cuda_record_memory_history(enabled=None)
     except Exception:  # noqa: BLE001
         pass
 
@@ -166,7 +171,9 @@ def snapshot() -> dict[str, Any] | None:
     if not initialized():
         return None
     try:
-        return _torch().cuda.memory._snapshot()
+        from torchdoctor.torch_internals import cuda_snapshot
+
+        return cuda_snapshot()
     except Exception:  # noqa: BLE001
         return None
 
@@ -190,7 +197,9 @@ def attach_oom_observer(cb: Callable[[int, int, int, int], None]) -> bool:
     if not available():
         return False
     try:
-        _torch()._C._cuda_attach_out_of_memory_observer(cb)
+        from torchdoctor.torch_internals import cuda_attach_oom_observer
+
+        cuda_attach_oom_observer(cb)
         return True
     except Exception:  # noqa: BLE001
         return False
@@ -209,7 +218,9 @@ def on_init(fn: Callable[[], None]) -> bool:
             pass
 
     try:
-        _torch().cuda._lazy_call(safe)
+        from torchdoctor.torch_internals import cuda_lazy_call
+
+        cuda_lazy_call(safe)
         return True
     except Exception:  # noqa: BLE001
         return False

@@ -93,3 +93,30 @@ def fix_lines(fixes: list[dict[str, Any]], limit: int = 5) -> list[str]:
         gain = "" if f["fix"] == "shrink-the-allocation" else f" (saves ~{human_bytes(f['saves'])})"
         out.append(f"{f['how'][0].upper()}{f['how'][1:]}{gain}")
     return out
+
+
+def oom_context(measured: dict[str, Any], parsed: dict[str, Any], phase: str | None,
+                where: str | None) -> tuple[dict[str, Any], list[str]]:
+    """The crash finding's out-of-memory evidence and ranked fixes, computed in the parent.
+
+    ``measured``: what the memory sampler recorded in the child at the crash (its
+    ``crash_context`` event's ``oom``): ``evidence`` (allocator / host numbers, top sites,
+    snapshot) and ``live`` (``parts``: bytes per kind; ``activations_fp32``, ``n_blocks``).
+    ``parsed``: the numbers read from the OOM message (the crash rule's ``oom_details``);
+    ``phase``: the loop phase of the crash (from its traceback); ``where``: the failing user line.
+    """
+    ev = dict(measured.get("evidence") or {})
+    live = measured.get("live") or {}
+    ev.setdefault("requested_bytes", parsed.get("requested_bytes"))
+    parts = dict(live.get("parts") or {})
+    ev["breakdown"] = " · ".join(f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in parts.items())
+    ev["breakdown_bytes"] = parts
+    fixes = rank_fixes(parts, {
+        "activations_fp32": live.get("activations_fp32", 0), "n_blocks": live.get("n_blocks", 0),
+        # gradients alive while the forward runs are what set_to_none would free
+        "gradients_at_forward": parts.get("gradients", 0) if phase == "forward" else 0,
+        "cached_free": parts.get("cached_free", 0), "requested": ev.get("requested_bytes"),
+        "free": ev.get("free_bytes"), "capacity": ev.get("capacity_bytes"), "where": where})
+    if fixes:
+        ev["estimated_savings"] = {f["fix"]: human_bytes(f["saves"]) for f in fixes}
+    return {k: v for k, v in ev.items() if v is not None}, fix_lines(fixes)

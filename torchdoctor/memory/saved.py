@@ -43,7 +43,7 @@ class SavedTensors:
         self.bytes = [0, 0]  # live bytes [cpu, cuda]
         self.fp32_bytes = [0, 0]
         self._ctx = None
-        self._orig_disable = None
+        self._patches = None
         self._f32 = None
 
     # hooks -------------------------------------------------------------------------------
@@ -100,40 +100,41 @@ class SavedTensors:
             except Exception:  # noqa: BLE001
                 pass
             self._ctx = None
-        if self._orig_disable is not None:
-            import torch.autograd.graph as g
-
-            g.disable_saved_tensors_hooks = self._orig_disable
-            self._orig_disable = None
+        if self._patches is not None:
+            self._patches.undo()  # only where our wrapper is still on top
+            self._patches = None
 
     def _wrap_disable(self) -> None:
         import torch.autograd.graph as g
 
-        orig = g.disable_saved_tensors_hooks
+        from torchdoctor.runner.patching import Patches
+
         owner = self
 
-        @contextlib.contextmanager
-        def disable_saved_tensors_hooks(error_message: str):
-            ctx = owner._ctx
-            if ctx is None or not owner._on_top():
-                with orig(error_message):
-                    yield
-                return
-            ctx.__exit__(None, None, None)  # step aside (ours is on top when called from user code)
-            try:
-                with orig(error_message):
-                    yield
-            finally:
-                ctx.__enter__()
+        def make(orig):
+            @contextlib.contextmanager
+            def disable_saved_tensors_hooks(error_message: str):
+                ctx = owner._ctx
+                if ctx is None or not owner._on_top():
+                    with orig(error_message):
+                        yield
+                    return
+                ctx.__exit__(None, None, None)  # step aside (ours is on top when called from user code)
+                try:
+                    with orig(error_message):
+                        yield
+                finally:
+                    ctx.__enter__()
+            return disable_saved_tensors_hooks
 
-        self._orig_disable = orig
-        g.disable_saved_tensors_hooks = disable_saved_tensors_hooks
+        self._patches = Patches()
+        self._patches.wrap(g, "disable_saved_tensors_hooks", make)
 
     def _on_top(self) -> bool:
         try:
-            import torch
+            from torchdoctor.torch_internals import top_saved_tensors_hooks
 
-            top = torch._C._autograd._top_saved_tensors_default_hooks(True)
+            top = top_saved_tensors_hooks()
             return bool(top) and top[0] == self._pack
         except Exception:  # noqa: BLE001
             return False

@@ -85,7 +85,9 @@ def graph_size(grad_fn: Any, cap: int = 20000) -> int:
 # ---- dispatch-mode tracker ----------------------------------------------------------------
 
 def _make_mode_class():
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from torchdoctor.torch_internals import dispatch_mode_base, dynamo_loaded
+
+    TorchDispatchMode = dispatch_mode_base()
 
     class _AllocMode(TorchDispatchMode):
         @classmethod
@@ -93,7 +95,7 @@ def _make_mode_class():
             # torch wraps a mode's __torch_dispatch__ in torch._disable_dynamo, which imports
             # torch._dynamo (and inductor, sympy...) on the first op: 1.6 s on the CPU box, 40 s
             # under the window's tracemalloc. Only worth it when the script already uses dynamo.
-            return "torch._dynamo" in sys.modules
+            return dynamo_loaded()
 
         def __init__(self, tracker: "DispatchTracker"):
             super().__init__()

@@ -36,7 +36,9 @@ def _state(ts: list) -> str:
 
 def make_mode():
     """A fresh FirstNonFinite mode (the class is built lazily: it needs torch)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from torchdoctor.torch_internals import dispatch_mode_base
+
+    TorchDispatchMode = dispatch_mode_base()
 
     class FirstNonFinite(TorchDispatchMode):
         """Finds the first op whose inputs are finite and whose output is not.

@@ -88,17 +88,18 @@ def grad_norms(grads: list, wide: bool = False) -> list:
     """The L2 norm of each tensor of ``grads`` (0-dim tensors, in order): one fused
     ``torch._foreach_norm`` per accumulation dtype (:func:`norm_dtype`), usually one call.
     The norms are float32, or float64 for float64/complex128 tensors (or all with ``wide``)."""
-    import torch
+    from torchdoctor.torch_internals import foreach_norm
 
+    norm = foreach_norm()
     groups: dict[Any, list[int]] = {}
     for i, g in enumerate(grads):
         groups.setdefault(norm_dtype(g.dtype, wide), []).append(i)
     if len(groups) == 1:
         (dt, _idx), = groups.items()
-        return list(torch._foreach_norm(grads, 2, dtype=dt))
+        return list(norm(grads, 2, dtype=dt))
     out: list = [None] * len(grads)
     for dt, idx in groups.items():
-        for i, n in zip(idx, torch._foreach_norm([grads[i] for i in idx], 2, dtype=dt)):
+        for i, n in zip(idx, norm([grads[i] for i in idx], 2, dtype=dt)):
             out[i] = n
     return out
 

@@ -191,11 +191,22 @@ def _first_line(msg: str, limit: int = 160) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-def _merge_context(ev: Evidence, evidence: dict[str, Any], fixes: list[str]) -> list[str]:
+def _merge_context(ev: Evidence, evidence: dict[str, Any], fixes: list[str], code: str,
+                   exc: dict[str, Any]) -> list[str]:
     extra: list[str] = []
     for c in ev.of("crash_context"):
-        evidence.update(c.get("evidence") or {})
-        extra += [f for f in (c.get("fixes") or []) if f and f not in extra]
+        if c.get("for_code", code) != code:  # measured at every crash, about another kind
+            continue
+        c_ev, c_fixes = c.get("evidence") or {}, c.get("fixes") or []
+        if "oom" in c:  # the memory sampler's measurement: its fixes are ranked here
+            from torchdoctor.memory.oom import oom_context
+
+            tb = exc.get("traceback") or []
+            user = [f for f in tb if f[3]]
+            c_ev, c_fixes = oom_context(c["oom"], oom_details(exc.get("message", "")), phase_of(tb),
+                                        short_path(f"{user[-1][0]}:{user[-1][1]}") if user else None)
+        evidence.update(c_ev)
+        extra += [f for f in c_fixes if f and f not in extra]
     return extra + [f for f in fixes if f not in extra]
 
 
@@ -252,7 +263,7 @@ def _crash_finding(ev: Evidence) -> Finding:
     user_tb = [f"{short_path(f'{f[0]}:{f[1]}')} in {f[2]}" for f in tb if f[3]]
     if len(user_tb) > 1:
         evidence["user_traceback"] = user_tb[-6:]
-    fixes = _merge_context(ev, evidence, fixes)
+    fixes = _merge_context(ev, evidence, fixes, code, exc)
     return finding(code, title, evidence, fix="; ".join(fixes), skill=skill)
 
 

@@ -68,3 +68,17 @@ def short_path(loc: str | None) -> str | None:
     if rel.startswith(".."):
         return loc
     return rel + sep + rest
+
+
+def user_frame(depth: int = 2) -> tuple[str, int, str] | None:
+    """The nearest caller frame outside torch/torchdoctor/stdlib, as (file, line, function).
+    ``depth`` counts from this function's own frame (2: the caller of its caller)."""
+    import sys
+
+    f = sys._getframe(depth)
+    while f is not None:
+        co = f.f_code
+        if is_user_file(co.co_filename):
+            return (co.co_filename, f.f_lineno, co.co_name)
+        f = f.f_back
+    return None

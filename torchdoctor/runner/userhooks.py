@@ -100,27 +100,25 @@ def install_state_filter() -> Callable[[], None]:
     """Patch ``nn.Module.__getstate__`` to drop :class:`UserHook` entries; returns the undo."""
     from torch import nn
 
+    from torchdoctor.runner.patching import Patches
+
     Module = nn.Module
-    orig = Module.__dict__.get("__getstate__")
-    if orig is None or getattr(orig, "_td_strips_hooks", False):
+    if Module.__dict__.get("__getstate__") is None:
         return lambda: None
 
-    def __getstate__(self):  # noqa: N807 - the patched dunder
-        state = orig(self)
-        if isinstance(state, dict) and state is not self.__dict__:
-            return strip_user_hooks(state)
-        return state
+    def make(orig):
+        def __getstate__(self):  # noqa: N807 - the patched dunder
+            state = orig(self)
+            if isinstance(state, dict) and state is not self.__dict__:
+                return strip_user_hooks(state)
+            return state
 
-    __getstate__.__wrapped__ = orig
-    __getstate__._td_strips_hooks = True
-    __getstate__.__qualname__ = orig.__qualname__
-    Module.__getstate__ = __getstate__
+        __getstate__.__qualname__ = orig.__qualname__
+        return __getstate__
 
-    def undo() -> None:
-        if Module.__dict__.get("__getstate__") is __getstate__:
-            Module.__getstate__ = orig
-
-    return undo
+    patches = Patches()  # undone only where our wrapper is still on top
+    patches.wrap(Module, "__getstate__", make, tag="strips-hooks")
+    return patches.undo
 
 
 def hookable(module: Any) -> bool:
