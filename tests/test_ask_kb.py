@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from torchdoctor.skills import ALL_SKILLS
-from torchdoctor.triage.errorkb import BY_ID, KNOWN
+from torchdoctor.errortext.table import BY_ID, KNOWN
 from torchdoctor.triage.logscan import scan
-from torchdoctor.triage.numbers import EXTRACTORS, human, oom, oom_notes
+from torchdoctor.errortext.numbers import EXTRACTORS, human, oom, oom_notes
 
 FIX = Path(__file__).parent / "fixtures" / "ask"
 

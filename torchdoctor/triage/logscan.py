@@ -10,7 +10,7 @@ key, two regex passes; a 10,000-line log takes milliseconds.
 Hostile input is bounded: an entry's regex sees at most ``MATCH_CAP`` characters of a line (around
 its key) and of each line it wraps onto, so a 1 MB line costs what a 4 KB one does; numbers and the
 user's frame are worked out only for the lines reported, not for every matching line; each line is
-tested once for metric words when looking for the first NaN. With the ``errorkb`` patterns bounded
+tested once for metric words when looking for the first NaN. With the ``errortext`` patterns bounded
 (tested), every scan is linear in the input.
 """
 
@@ -21,8 +21,8 @@ import itertools
 import re
 from dataclasses import dataclass, field
 
-from torchdoctor.triage.errorkb import KNOWN, Known
-from torchdoctor.triage.numbers import MAX_DIGITS, TooLarge, extract, to_int
+from torchdoctor.errortext.table import KNOWN, Known
+from torchdoctor.errortext.numbers import MAX_DIGITS, TooLarge, extract, to_int
 from torchdoctor.triage.text import strip_ansi
 
 OOM_IDS = frozenset({"cuda-oom", "cuda-runtime-oom", "cpu-alloc-failed", "mps-oom"})

@@ -1,0 +1,60 @@
+"""The matcher over the error-text table: which rows a text matches, and their numbers.
+
+A row matches a text when its ``key`` (a lower-case literal) is in the lower-cased text and its
+pattern (case-insensitive) is found in it. ``ask`` scans a whole log line by line with the same
+rows and keys (``triage/logscan.py``); the rules ask about one exception message or one output
+line here. Selections (``rows(code=..., group=...)``) keep the table's order: where order
+decides (the crash routes), the first matching row wins.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+from torchdoctor.errortext.numbers import extract
+from torchdoctor.errortext.table import BY_ID, TABLE, Known
+
+
+@functools.lru_cache(maxsize=None)
+def rows(*, code: str | None = None, group: str | None = None) -> tuple[Known, ...]:
+    """The rows with that finding ``code`` and/or in that ``group``, in table order."""
+    return tuple(k for k in TABLE if (code is None or k.code == code)
+                 and (group is None or group in k.groups))
+
+
+def groups(*names: str) -> tuple[Known, ...]:
+    """The rows of any of the ``names`` groups, in table order."""
+    return tuple(k for k in TABLE if any(n in k.groups for n in names))
+
+
+def search(text: str, among: tuple[Known, ...], lower: str | None = None
+           ) -> tuple[Known, re.Match] | None:
+    """The first row of ``among`` (in its order) whose pattern is found in ``text``, with its match."""
+    low = text.lower() if lower is None else lower
+    for k in among:
+        if k.key in low:
+            m = k.regex().search(text)
+            if m:
+                return k, m
+    return None
+
+
+def matches(text: str, among: tuple[Known, ...]) -> bool:
+    return search(text, among) is not None
+
+
+def code_of(text: str, codes: tuple[str, ...]) -> str | None:
+    """The first of ``codes`` (in that order of precedence) that a row of the table finds in ``text``."""
+    low = text.lower()
+    for c in codes:
+        if search(text, rows(code=c), low) is not None:
+            return c
+    return None
+
+
+def numbers(row_id: str, text: str) -> dict:
+    """The numbers the row ``row_id`` names, read from ``text`` ({} when it does not match)."""
+    k = BY_ID[row_id]
+    m = k.regex().search(text)
+    return extract(k.numbers, text, m) if m else {}
