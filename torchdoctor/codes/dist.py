@@ -1,6 +1,6 @@
 """Distributed codes: the environment audit and self-test of `torchdoctor dist` (issue 8,
-part A), and the script probes under torchrun (part B: collective-hang, collective-mismatch,
-missing-distributed-sampler, sampler-epoch-not-set, rank-straggler).
+part A). The script probes' codes under torchrun (part B) are declared in the rules that raise
+them: rules/ranks_collectives.py, rules/ranks_samplers.py, rules/ranks_stragglers.py.
 """
 
 from torchdoctor.codes import declare
@@ -17,14 +17,3 @@ declare("allreduce-bandwidth-low", DISTRIBUTED, "warning",
 declare("collective-selftest-failed", DISTRIBUTED, "error",
         "the collective self-test returned wrong values, crashed or did not finish in time")
 
-# Script probes under torchrun (issue 8, part B: torchdoctor/distributed/ranked.py, rules/dist_script.py)
-declare("collective-hang", DISTRIBUTED, "error",
-        "ranks stuck: which rank waits in which collective, and which rank skipped it")
-declare("collective-mismatch", DISTRIBUTED, "error",
-        "ranks called different collectives or shapes")
-declare("missing-distributed-sampler", DISTRIBUTED, "error",
-        "every rank reads the same samples")
-declare("sampler-epoch-not-set", DISTRIBUTED, "warning",
-        "DistributedSampler.set_epoch not called between epochs")
-declare("rank-straggler", DISTRIBUTED, "warning",
-        "one rank's step time is consistently slower")
