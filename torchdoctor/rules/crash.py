@@ -22,21 +22,17 @@ from torchdoctor.findings import Finding, finding
 from torchdoctor.judge import rule
 from torchdoctor.report.safe import visible
 from torchdoctor.runner.frames import short_path
-from torchdoctor.skills import (CHECKPOINTING, CUSTOM_AUTOGRAD, DEBUGGING, MODULE_DESIGN,
-                                TENSOR_MEMORY)
+from torchdoctor.skills import CHECKPOINTING, CUSTOM_AUTOGRAD, DEBUGGING
 
 SCRIPT_CRASHED = declare("script-crashed", DEBUGGING, "error",
                          "the script raised: exception, message, the last frame in user code")
-OUT_OF_MEMORY = declare("out-of-memory", TENSOR_MEMORY, "error",
-                        "the run hit out-of-memory: bytes requested, capacity, what was live")
-INPLACE_MODIFIED = declare("inplace-modified", DEBUGGING, "error",
-                           "crash 'modified by an inplace operation': the forward op and line")
-DEVICE_MISMATCH = declare("device-mismatch", MODULE_DESIGN, "error",
-                          "crash 'Expected all tensors to be on the same device': the tensor's origin")
+# the codes of a recognised crash, declared with their families (rules/memory.py: out-of-memory;
+# rules/numerics.py: inplace-modified, device-mismatch) and raised here from the exception's text
+OUT_OF_MEMORY, INPLACE_MODIFIED, DEVICE_MISMATCH = "out-of-memory", "inplace-modified", "device-mismatch"
 
 # what a crash is, from its message: the first of these codes that a row of the error-text table
 # (torchdoctor/errortext/table.py, the rows with that ``code``) finds in it; else script-crashed
-CRASH_CODES = (OUT_OF_MEMORY.code, INPLACE_MODIFIED.code, DEVICE_MISMATCH.code)
+CRASH_CODES = (OUT_OF_MEMORY, INPLACE_MODIFIED, DEVICE_MISMATCH)
 # the numbers of an OOM message shown as the crash finding's evidence, in this order
 OOM_FIELDS = ("requested_bytes", "gpu", "capacity_bytes", "free_bytes", "process_in_use_bytes",
               "allocated_bytes", "reserved_unallocated_bytes")
@@ -73,7 +69,7 @@ def inplace_details(msg: str) -> dict[str, Any]:
 
 def classify(exc: dict[str, Any]) -> str:
     if exc.get("type", "") == "OutOfMemoryError":
-        return OUT_OF_MEMORY.code
+        return OUT_OF_MEMORY
     return match.code_of(exc.get("message", ""), CRASH_CODES) or SCRIPT_CRASHED.code
 
 
