@@ -1,4 +1,4 @@
-"""The matcher over the error-text table: which rows a text matches, and their numbers.
+"""The matcher over the error-text table: which rows a text matches (``extract`` reads their numbers).
 
 A row matches a text when its ``key`` (a lower-case literal) is in the lower-cased text and its
 pattern (case-insensitive) is found in it. ``ask`` scans a whole log line by line with the same
@@ -12,8 +12,8 @@ from __future__ import annotations
 import functools
 import re
 
-from torchdoctor.errortext.numbers import extract
-from torchdoctor.errortext.table import BY_ID, TABLE, Known
+from torchdoctor.errortext.numbers import extract  # noqa: F401 - the API's number extractors
+from torchdoctor.errortext.table import TABLE, Known
 
 
 @functools.lru_cache(maxsize=None)
@@ -52,9 +52,3 @@ def code_of(text: str, codes: tuple[str, ...]) -> str | None:
             return c
     return None
 
-
-def numbers(row_id: str, text: str) -> dict:
-    """The numbers the row ``row_id`` names, read from ``text`` ({} when it does not match)."""
-    k = BY_ID[row_id]
-    m = k.regex().search(text)
-    return extract(k.numbers, text, m) if m else {}

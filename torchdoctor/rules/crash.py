@@ -16,7 +16,6 @@ from typing import Any
 
 from torchdoctor.catalog import declare
 from torchdoctor.errortext import match
-from torchdoctor.errortext.numbers import extract
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Finding, finding
 from torchdoctor.judge import rule
@@ -40,7 +39,7 @@ _ANSI_SGR = re.compile(r"\x1b\[[0-9;]*m")  # torch.load's weights_only text carr
 
 
 def weights_only_fix(msg: str) -> str:
-    name = extract("refused_global", msg, None).get("global")
+    name = match.extract("refused_global", msg, None).get("global")
     what = f"the global {name}" if name else "a global"
     name = name or "..."
     return (f"torch.load refused the file under weights_only=True (the default since torch 2.6): it pickles "
@@ -55,16 +54,16 @@ def weights_only_fix(msg: str) -> str:
 
 def oom_details(msg: str) -> dict[str, Any]:
     """Numbers from an OOM message (CUDA caching allocator or CPU allocator)."""
-    n = extract("oom", msg, None)
+    n = match.extract("oom", msg, None)
     return {k: n[k] for k in OOM_FIELDS if k in n}
 
 
 def device_details(msg: str) -> dict[str, Any]:
-    return extract("device_details", msg, None)
+    return match.extract("device_details", msg, None)
 
 
 def inplace_details(msg: str) -> dict[str, Any]:
-    return extract("inplace_details", msg, None)
+    return match.extract("inplace_details", msg, None)
 
 
 def classify(exc: dict[str, Any]) -> str:
