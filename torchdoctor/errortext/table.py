@@ -598,7 +598,8 @@ ASK_ROWS: tuple[Known, ...] = (
       "Watchdog caught collective operation timeout: WorkNCCL(",
       "[rank0]:[E ProcessGroupNCCL.cpp:683] [Rank 0] Watchdog caught collective operation timeout: "
       "WorkNCCL(SeqNum=57, OpType=ALLREDUCE, NumelIn=1048576, NumelOut=1048576, Timeout(ms)=600000) ran for "
-      "600059 milliseconds before timing out.", numbers="nccl_timeout", code=HANG, groups=("collective-timeout",)),
+      "600059 milliseconds before timing out.", numbers="nccl_timeout",
+      code=HANG, groups=("collective-timeout",)),
     K("nccl-error", DIST, "NCCL call failed", "nccl error",
       r"NCCL error(?: in: (?P<where>\S{1,300}))?,? (?P<kind>[\w ]{1,200}?) \(run with NCCL_DEBUG=INFO",
       "An NCCL operation failed; the kind says which: 'unhandled cuda error' (a CUDA failure, often OOM "
@@ -906,7 +907,8 @@ ASK_ROWS: tuple[Known, ...] = (
       "you trust.",
       "py:serialization.py", "Weights only load failed. ",
       "_pickle.UnpicklingError: Weights only load failed. This file can still be loaded, to do so you have "
-      "two options, do those steps only if you trust the source of the checkpoint.", numbers="globals", groups=("weights-only",)),
+      "two options, do those steps only if you trust the source of the checkpoint.", numbers="globals",
+      groups=("weights-only",)),
     K("unsupported-global", CKPT, "pickled global not allowed by weights_only", "was not an allowed global by default",
       r"Unsupported global: GLOBAL (?P<global_name>[\w.]{1,300}) was not an allowed global by default",
       "The checkpoint references a Python object weights_only loading does not allow.",
@@ -1061,9 +1063,10 @@ RULE_ROWS: tuple[Known, ...] = (
     R("inplace-any", DBG, "modified by an inplace operation", r"(?-i:modified by an inplace operation)",
       "RuntimeError: a leaf Variable was modified by an inplace operation", who=_CRASH, code=INPLACE),
     # device mismatch in its other wordings (the first one is the ask row "device-mismatch")
-    R("input-weight-device", MOD, "and weight type (", r"(?-i:Input type \(\S+\) and weight type \(\S+\) should be "
-      r"the same)", "RuntimeError: Input type (torch.cuda.FloatTensor) and weight type (torch.FloatTensor) "
-      "should be the same", who=_CRASH, code=DEVICE),
+    R("input-weight-device", MOD, "and weight type (",
+      r"(?-i:Input type \(\S+\) and weight type \(\S+\) should be the same)",
+      "RuntimeError: Input type (torch.cuda.FloatTensor) and weight type (torch.FloatTensor) should be the same",
+      who=_CRASH, code=DEVICE),
     R("device-type-expected", MOD, "but got device type", r"(?-i:Expected object of device type \w+ but got "
       r"device type \w+)", "RuntimeError: Expected object of device type cuda but got device type cpu for "
       "argument #1 'self'", who=_CRASH, code=DEVICE),
@@ -1104,13 +1107,15 @@ RULE_ROWS: tuple[Known, ...] = (
       r"(?-i:mat1 and mat2 shapes cannot be multiplied)",
       "RuntimeError: mat1 and mat2 shapes cannot be multiplied (2x3 and 4x5)", who=_CRASH,
       groups=("crash-route",), hint=_SHAPE_HINT),
-    R("route-size-mismatch", MOD, "size mismatch", r"(?-i:size mismatch)", "RuntimeError: size mismatch, m1: [2 x 3]",
-      who=_CRASH, groups=("crash-route",), hint=_SHAPE_HINT),
-    R("route-invalid-shape", MOD, "is invalid for input of size", r"(?-i:shape .* is invalid for input of size)",
+    R("route-size-mismatch", MOD, "size mismatch", r"(?-i:size mismatch)",
+      "RuntimeError: size mismatch, m1: [2 x 3]", who=_CRASH, groups=("crash-route",), hint=_SHAPE_HINT),
+    R("route-invalid-shape", MOD, "is invalid for input of size",
+      r"(?-i:shape .* is invalid for input of size)",
       "RuntimeError: shape '[2, 5]' is invalid for input of size 7", who=_CRASH, groups=("crash-route",),
       hint=_SHAPE_HINT),
     R("route-conv-groups", MOD, "given groups=", r"(?-i:Given groups=\d+, weight of size)",
-      "RuntimeError: Given groups=1, weight of size [8, 3, 3, 3], expected input[1, 4, 8, 8] to have 3 channels",
+      "RuntimeError: Given groups=1, weight of size [8, 3, 3, 3], expected input[1, 4, 8, 8] to have 3 "
+      "channels",
       who=_CRASH, groups=("crash-route",), hint=_SHAPE_HINT),
     R("route-expected-input", MOD, "expected input[", r"(?-i:expected input\[.*\] to have)",
       "RuntimeError: expected input[1, 4] to have 3 channels", who=_CRASH, groups=("crash-route",),
@@ -1136,7 +1141,8 @@ RULE_ROWS: tuple[Known, ...] = (
       groups=("crash-route",), hint=_ASSERT_HINT),
     # ------------------------------------------------ the cross-rank rules: what collective failures print
     # ranks called different collectives or shapes (gloo, NCCL, TORCH_DISTRIBUTED_DEBUG=DETAIL)
-    R("mismatch-detected", DIST, "detected mismatch between collectives", r"Detected mismatch between collectives",
+    R("mismatch-detected", DIST, "detected mismatch between collectives",
+      r"Detected mismatch between collectives",
       "RuntimeError: Detected mismatch between collectives on ranks. Rank 0 is running collective",
       who=_RANKS, code=MISMATCH, groups=("collective-mismatch",)),
     R("mismatch-size", DIST, "size doesn't match expected size", r"size doesn't match expected size",
@@ -1154,7 +1160,8 @@ RULE_ROWS: tuple[Known, ...] = (
       "[127.0.0.1]:29500", who=_RANKS, groups=("peer-gone",)),
     R("peer-reset", DIST, "connection reset by peer", r"Connection reset by peer",
       "RuntimeError: Connection reset by peer", who=_RANKS, groups=("peer-gone",)),
-    R("broken-pipe", DIST, "broken pipe", r"Broken pipe", "RuntimeError: [pair.cc:589] Write error: Broken pipe",
+    R("broken-pipe", DIST, "broken pipe", r"Broken pipe",
+      "RuntimeError: [pair.cc:589] Write error: Broken pipe",
       who=_RANKS, groups=("peer-gone",)),
     R("nccl-aborted", DIST, "nccl communicator was aborted", r"NCCL communicator was aborted",
       "RuntimeError: NCCL communicator was aborted on rank 1.", who=_RANKS, groups=("peer-gone",)),
