@@ -21,6 +21,7 @@ import itertools
 import re
 from dataclasses import dataclass, field
 
+from torchdoctor.errortext.match import per_line
 from torchdoctor.errortext.table import KNOWN, Known
 from torchdoctor.errortext.numbers import MAX_DIGITS, TooLarge, extract, to_int
 from torchdoctor.triage.text import strip_ansi
@@ -167,25 +168,7 @@ def _quote(s: str) -> str:
 
 def _known_hits(t: _Text) -> dict[int, tuple[int, Known, re.Match]]:
     """Per line index: (entry order, entry, match) of the first entry (in KNOWN order) matching there."""
-    best: dict[int, tuple[int, Known, re.Match]] = {}
-    for order, k in enumerate(KNOWN):
-        if k.key not in t.lower:
-            continue
-        rx = k.regex()
-        pos = t.lower.find(k.key)
-        seen_line = -1
-        while pos != -1:
-            i = t.line_of(pos)
-            if i != seen_line:
-                seen_line = i
-                if i not in best or best[i][0] > order:
-                    win, first_len = t.match_window(i, pos)
-                    m = rx.search(win)
-                    if m and m.start() <= first_len:
-                        best[i] = (order, k, m)
-            nxt = t.starts[i + 1] if i + 1 < len(t.starts) else len(t.lower)
-            pos = t.lower.find(k.key, max(pos + 1, nxt))
-    return best
+    return per_line(t, KNOWN)
 
 
 def _where(t: _Text, i: int) -> str | None:
