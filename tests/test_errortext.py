@@ -173,3 +173,19 @@ def test_a_broad_rule_row_is_not_read_by_ask():
     assert classify({"type": "RuntimeError", "message": text}) == "out-of-memory"
     assert all(h.entry.ask for h in scan(text).known)
     assert not any(h.entry.id == "out-of-memory-any" for h in scan(text).known)
+
+
+def test_cross_rank_failure_lines_come_from_the_tables_groups():
+    from torchdoctor.rules.ranks import crashed_ranks, failure_lines
+
+    ev = Evidence(meta={"world_size": 2}, events=[
+        {"kind": "rank_result", "rank": 0, **_crash_result(
+            "[pair.cc:534] Connection closed by peer [127.0.0.1]:29500")},
+        {"kind": "rank_result", "rank": 1, **_crash_result("bad batch at step 3")}],
+        result={"output_tail": ["  File \"x.py\", line 3, in f: NCCL", "[E ProcessGroupNCCL.cpp:1] Watchdog "
+                                "caught collective operation timeout: WorkNCCL(SeqNum=4)", "loss 0.3"]})
+    assert failure_lines(ev) == [
+        "rank 0: [pair.cc:534] Connection closed by peer [127.0.0.1]:29500",
+        "[E ProcessGroupNCCL.cpp:1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=4)"]
+    assert failure_lines(ev, failtext.MISMATCH) == []
+    assert crashed_ranks(ev) == [1]  # rank 0's error is a consequence of rank 1's own crash
