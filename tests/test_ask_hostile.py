@@ -23,7 +23,7 @@ import pytest
 
 from conftest import ROOT
 from torchdoctor.report.safe import _BIDI
-from torchdoctor.triage.errorkb import BY_ID, KNOWN
+from torchdoctor.errortext.table import BY_ID, KNOWN
 from torchdoctor.triage.matcher import triage
 
 MB = 1_000_000

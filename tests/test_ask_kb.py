@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from torchdoctor.skills import ALL_SKILLS
-from torchdoctor.triage.errorkb import BY_ID, KNOWN
+from torchdoctor.errortext.table import BY_ID, KNOWN, TABLE
 from torchdoctor.triage.logscan import scan
-from torchdoctor.triage.numbers import EXTRACTORS, human, oom, oom_notes
+from torchdoctor.errortext.numbers import EXTRACTORS, human, oom, oom_notes
 
 FIX = Path(__file__).parent / "fixtures" / "ask"
 
@@ -26,7 +26,7 @@ def _torch_root() -> Path | None:
 
 def test_at_least_60_entries_over_every_area():
     assert len(KNOWN) >= 60
-    assert len(BY_ID) == len(KNOWN)  # unique ids
+    assert len(BY_ID) == len(TABLE)  # unique ids (ask rows and the rules' rows)
     per_skill = Counter(k.skill for k in KNOWN)
     assert set(per_skill) == set(ALL_SKILLS)
     areas = {"cuda": "cuda", "nccl": "nccl", "dataloader": "dataloader", "compile": "_dynamo",

@@ -9,7 +9,7 @@ import pytest
 
 from torchdoctor.skills import ALL_SKILLS
 from torchdoctor.triage import matcher
-from torchdoctor.triage.errorkb import KNOWN
+from torchdoctor.errortext.table import KNOWN
 from torchdoctor.triage.gate import required_literals
 from torchdoctor.triage.order import PRECEDENCE
 from torchdoctor.triage.playbooks import BY_HAND, PLAYBOOKS

@@ -13,8 +13,9 @@ from torchdoctor.distributed.torchrun import merged_outcome, parse_failures
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Report, finding
 from torchdoctor.judge import NotApplicable
-from torchdoctor.rules.dist_script import (collectives, missing_distributed_sampler,
-                                           rank_straggler, sampler_epoch_not_set)
+from torchdoctor.rules.ranks_collectives import collectives
+from torchdoctor.rules.ranks_samplers import missing_distributed_sampler, sampler_epoch_not_set
+from torchdoctor.rules.ranks_stragglers import rank_straggler
 
 SCRIPT = "/work/proj/train.py"
 

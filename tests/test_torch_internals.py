@@ -13,7 +13,7 @@ PKG = Path(__file__).resolve().parent.parent / "torchdoctor"
 # the profiler's privates have their own single place; the checkpoint reader only names torch's
 # rebuild functions as strings of the pickle format (never calls them); errorkb quotes messages
 ALLOWED = {"torch_internals.py", "instruments/_profiler_compat.py", "checkpoint/allowlist.py",
-           "checkpoint/stub_unpickler.py", "checkpoint/pickle_globals.py", "triage/errorkb.py",
+           "checkpoint/stub_unpickler.py", "checkpoint/pickle_globals.py", "errortext/table.py",
            "envinfo/torchinfo.py"}
 PRIVATE = re.compile(r"torch\._[A-Za-z]|\b_C\b|utils\._python_dispatch|_BaseDataLoaderIter|"
                      r"_foreach_norm\b|\._next_data\b|cuda\.memory\._|cuda\._lazy_call|"

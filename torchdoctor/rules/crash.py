@@ -1,8 +1,9 @@
 """The crash rule: one finding for a script that raised (or exited non-zero).
 
-Classification, from the exception's type and message (the texts torch raises):
-``out-of-memory``, ``inplace-modified``, ``device-mismatch``, else ``script-crashed``
-(routed to a skill when the message is recognised). Every ``crash_context`` event that an
+Classification, from the exception's type and message (the texts torch raises, recognised by the
+error-text table ``torchdoctor/errortext/`` that ``ask`` reads too): ``out-of-memory``,
+``inplace-modified``, ``device-mismatch``, else ``script-crashed`` (routed to a skill when a
+"crash-route" row finds its text). Every ``crash_context`` event that an
 instrument wrote from ``on_crash`` is merged into that one finding: its ``evidence`` dict
 is added, its ``fixes`` come before the generic ones. No other rule raises these codes for
 a crash.
@@ -13,62 +14,36 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from torchdoctor.catalog import declare
+from torchdoctor.errortext import match
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Finding, finding
-from torchdoctor.report.safe import visible
 from torchdoctor.judge import rule
+from torchdoctor.report.safe import visible
 from torchdoctor.runner.frames import short_path
-from torchdoctor.skills import (CHECKPOINTING, CUSTOM_AUTOGRAD, DEBUGGING, DISTRIBUTED,
-                                MODULE_DESIGN, TENSOR_MEMORY)
+from torchdoctor.skills import CHECKPOINTING, CUSTOM_AUTOGRAD, DEBUGGING
 
-OOM_PATTERNS = (
-    re.compile(r"CUDA out of memory", re.I),
-    re.compile(r"DefaultCPUAllocator: (can't|not enough memory)", re.I),
-    re.compile(r"\bout of memory\b", re.I),
-    re.compile(r"CUBLAS_STATUS_ALLOC_FAILED"),
-)
-INPLACE_PATTERN = re.compile(r"modified by an inplace operation")
-DEVICE_PATTERNS = (
-    re.compile(r"Expected all tensors to be on the same device"),
-    re.compile(r"Input type \(\S+\) and weight type \(\S+\) should be the same"),
-    re.compile(r"Expected object of device type \w+ but got device type \w+"),
-    re.compile(r"is on \w+, but expected (it )?to be on \w+"),
-    re.compile(r"indices should be either on cpu or on the same device"),
-    re.compile(r"Expected a '\w+' device type for generator"),
-    re.compile(r"Tensor on device \S+ is not on the expected device \S+!"),
-)
-# script-crashed routing: (message pattern, skill, hint)
-ROUTES: tuple[tuple[re.Pattern, str, str], ...] = (
-    (re.compile(r"Error\(s\) in loading state_dict|Unexpected key\(s\)|Missing key\(s\)|"
-                r"PytorchStreamReader"), CHECKPOINTING,
-     "checkpoint/state_dict mismatch: compare keys and shapes (torchdoctor checkpoint-audit PATH)"),
-    (re.compile(r"NCCL|ProcessGroup|c10d|init_process_group|collective", re.I), DISTRIBUTED,
-     "distributed set-up or collective failure: run torchdoctor dist"),
-    (re.compile(r"mat1 and mat2 shapes cannot be multiplied|size mismatch|shape .* is invalid "
-                r"for input of size|Given groups=\d+, weight of size|expected input\[.*\] to have"),
-     MODULE_DESIGN, "a layer's expected input shape differs from what it receives: print the "
-                    "shapes at the failing line"),
-    (re.compile(r"Trying to backward through the graph a second time|does not require grad and "
-                r"does not have a grad_fn|one of the variables needed for gradient computation"),
-     CUSTOM_AUTOGRAD, "autograd graph misuse: detach tensors kept across steps, or pass "
-                      "retain_graph=True only where a second backward is intended"),
-    (re.compile(r"device-side assert triggered|CUDA error: an illegal memory access"), DEBUGGING,
-     "re-run with CUDA_LAUNCH_BLOCKING=1 to get the failing line (often an index/label out of "
-     "range)"),
-)
+SCRIPT_CRASHED = declare("script-crashed", DEBUGGING, "error",
+                         "the script raised: exception, message, the last frame in user code")
+# the codes of a recognised crash, declared with their families (rules/memory.py: out-of-memory;
+# rules/numerics.py: inplace-modified, device-mismatch) and raised here from the exception's text
+OUT_OF_MEMORY, INPLACE_MODIFIED, DEVICE_MISMATCH = "out-of-memory", "inplace-modified", "device-mismatch"
 
-# torch.load(weights_only=True) refusing a global (the default since torch 2.6); its text carries
-# ANSI bold codes, stripped before anything is shown
-WEIGHTS_ONLY = re.compile(r"Weights only load failed")
-_REFUSED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
-_ANSI_SGR = re.compile(r"\x1b\[[0-9;]*m")
+# what a crash is, from its message: the first of these codes that a row of the error-text table
+# (torchdoctor/errortext/table.py, the rows with that ``code``) finds in it; else script-crashed
+CRASH_CODES = (OUT_OF_MEMORY, INPLACE_MODIFIED, DEVICE_MISMATCH)
+# the numbers of an OOM message shown as the crash finding's evidence, in this order
+OOM_FIELDS = ("requested_bytes", "gpu", "capacity_bytes", "free_bytes", "process_in_use_bytes",
+              "allocated_bytes", "reserved_unallocated_bytes")
+_ANSI_SGR = re.compile(r"\x1b\[[0-9;]*m")  # torch.load's weights_only text carries bold codes
 
 
 def weights_only_fix(msg: str) -> str:
-    g = _REFUSED_GLOBAL.search(msg)
-    name = g.group(1) if g else "..."
+    name = match.extract("refused_global", msg, None).get("global")
+    what = f"the global {name}" if name else "a global"
+    name = name or "..."
     return (f"torch.load refused the file under weights_only=True (the default since torch 2.6): it pickles "
-            f"{'the global ' + name if g else 'a global'} outside the allowlist. For a file you trust, allowlist "
+            f"{what} outside the allowlist. For a file you trust, allowlist "
             f"the globals: torch.serialization.add_safe_globals([{name}]) or `with "
             f"torch.serialization.safe_globals([{name}]): torch.load(...)` (a numpy RNG state needs "
             "numpy._core.multiarray._reconstruct, numpy.ndarray, numpy.dtype and numpy.dtypes.UInt32DType); "
@@ -77,81 +52,32 @@ def weights_only_fix(msg: str) -> str:
             "code the file carries")
 
 
-_GIB = re.compile(r"([\d.]+)\s*(TiB|GiB|MiB|KiB|bytes|B)\b")
-_UNITS = {"TiB": 2**40, "GiB": 2**30, "MiB": 2**20, "KiB": 2**10, "bytes": 1, "B": 1}
-
-
-def _bytes(text: str) -> int | None:
-    m = _GIB.search(text)
-    if not m:
-        return None
-    return int(float(m.group(1)) * _UNITS[m.group(2)])
-
-
 def oom_details(msg: str) -> dict[str, Any]:
     """Numbers from an OOM message (CUDA caching allocator or CPU allocator)."""
-    out: dict[str, Any] = {}
-    m = re.search(r"Tried to allocate ([\d.]+\s*\w+)", msg)
-    if m:
-        out["requested_bytes"] = _bytes(m.group(1))
-    m = re.search(r"you tried to allocate (\d+) bytes", msg)
-    if m:
-        out["requested_bytes"] = int(m.group(1))
-    m = re.search(r"GPU (\d+) has a total capacity of ([\d.]+\s*\w+) of which ([\d.]+\s*\w+) is free", msg)
-    if m:
-        out["gpu"] = int(m.group(1))
-        out["capacity_bytes"] = _bytes(m.group(2))
-        out["free_bytes"] = _bytes(m.group(3))
-    m = re.search(r"this process has ([\d.]+\s*\w+) memory in use", msg)
-    if m:
-        out["process_in_use_bytes"] = _bytes(m.group(1))
-    m = re.search(r"([\d.]+\s*\w+) is allocated by PyTorch, and ([\d.]+\s*\w+) is reserved by "
-                  r"PyTorch but unallocated", msg)
-    if m:
-        out["allocated_bytes"] = _bytes(m.group(1))
-        out["reserved_unallocated_bytes"] = _bytes(m.group(2))
-    return out
+    n = match.extract("oom", msg, None)
+    return {k: n[k] for k in OOM_FIELDS if k in n}
 
 
 def device_details(msg: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    m = re.search(r"found at least two devices, (\S+) and (\S+?)!?( \(|$)", msg)
-    if m:
-        out["devices"] = [m.group(1).rstrip("!,"), m.group(2).rstrip("!,")]
-    m = re.search(r"Tensor on device (\S+) is not on the expected device (\S+?)!", msg)
-    if m and "devices" not in out:
-        out["devices"] = [m.group(2), m.group(1)]
-    m = re.search(r"argument for argument (\w+) in method (\w+)", msg)
-    if m:
-        out["argument"] = m.group(1)
-        out["op"] = m.group(2)
-    m = re.search(r"Input type \((\S+)\) and weight type \((\S+)\)", msg)
-    if m:
-        out["input_type"], out["weight_type"] = m.group(1), m.group(2)
-    return out
+    return match.extract("device_details", msg, None)
 
 
 def inplace_details(msg: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    m = re.search(r"\[(torch\.\S+) \[([\d, ]*)\]\], which is output (\d+) of (\w+), is at version "
-                  r"(\d+); expected version (\d+)", msg)
-    if m:
-        out["tensor"] = f"{m.group(1)} [{m.group(2)}]"
-        out["output_of"] = m.group(4)
-        out["version"] = f"{m.group(5)} (expected {m.group(6)})"
-    return out
+    return match.extract("inplace_details", msg, None)
 
 
 def classify(exc: dict[str, Any]) -> str:
-    msg = exc.get("message", "")
-    typ = exc.get("type", "")
-    if typ == "OutOfMemoryError" or any(p.search(msg) for p in OOM_PATTERNS):
-        return "out-of-memory"
-    if INPLACE_PATTERN.search(msg):
-        return "inplace-modified"
-    if any(p.search(msg) for p in DEVICE_PATTERNS):
-        return "device-mismatch"
-    return "script-crashed"
+    if exc.get("type", "") == "OutOfMemoryError":
+        return OUT_OF_MEMORY
+    return match.code_of(exc.get("message", ""), CRASH_CODES) or SCRIPT_CRASHED.code
+
+
+def route(msg: str) -> tuple[str | None, str | None]:
+    """(skill, first fix) of a plain script-crashed: the first "crash-route" row in the message."""
+    found = match.search(msg, match.rows(group="crash-route"))
+    if found is None:
+        return None, None
+    return found[0].skill, found[0].hint
 
 
 def phase_of(tb: list[list]) -> str | None:
@@ -252,13 +178,12 @@ def _crash_finding(ev: Evidence) -> Finding:
         title = f"the script raised {exc.get('type', 'an exception')}{at}: {visible(_first_line(msg, 120))}"
         fixes = ["Fix the error at the line shown; the full traceback is in the script's output "
                  "above"]
-        if WEIGHTS_ONLY.search(msg):
+        if match.matches(msg, match.rows(group="weights-only")):
             skill, fixes = CHECKPOINTING, [weights_only_fix(msg)]
-        for pat, sk, hint in ROUTES if skill is None else ():
-            if pat.search(msg):
-                skill = sk
+        else:
+            skill, hint = route(msg)
+            if hint:
                 fixes = [hint[0].upper() + hint[1:]] + fixes
-                break
     tb = exc.get("traceback") or []
     user_tb = [f"{short_path(f'{f[0]}:{f[1]}')} in {f[2]}" for f in tb if f[3]]
     if len(user_tb) > 1:
@@ -294,7 +219,8 @@ def _exit_finding(ev: Evidence) -> Finding:
                        "up (bad arguments, missing file, failed check)")
 
 
-@rule("crash", probes={"run"})
+@rule("crash", probes={"run"}, needs={"crash_context"},
+      raises=[SCRIPT_CRASHED, OUT_OF_MEMORY, INPLACE_MODIFIED, DEVICE_MISMATCH])
 def crash(ev: Evidence) -> list[Finding]:
     """A crash (exception) or a non-zero exit code of the script."""
     res = ev.result

@@ -6,16 +6,30 @@ import linecache
 import statistics
 from typing import Any
 
+from torchdoctor.catalog import declare
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Finding, finding
 from torchdoctor.judge import rule
 from torchdoctor.runner.frames import is_user_file, short_path
+from torchdoctor.skills import DEBUGGING
 
 # A timed-out run is "hung" when nothing progressed for the last STALL_FRACTION of the
 # timeout, and for at least STALL_STEPS median step times, and at least STALL_MIN_S.
 STALL_FRACTION = 0.10
 STALL_STEPS = 5
 STALL_MIN_S = 1.0
+
+# raised by the guarded judge (torchdoctor/judge.py) and the pipeline, for every family
+INTERNAL_ERROR = declare("internal-error", DEBUGGING, "warning",
+                         "a torchdoctor probe or rule failed; the rest of the report still stands")
+SCRIPT_HUNG = declare("script-hung", DEBUGGING, "error",
+                      "no progress until the timeout: every thread's stack, the user frame it waited in",
+                      thresholds={"STALL_FRACTION": STALL_FRACTION, "STALL_STEPS": STALL_STEPS,
+                                  "STALL_MIN_S": STALL_MIN_S})
+KILLED_BY_SIGNAL = declare("killed-by-signal", DEBUGGING, "error",
+                           "the script died by a signal (SIGKILL is often the host OOM killer)")
+NO_TRAINING_STEPS = declare("no-training-steps", DEBUGGING, "warning",
+                            "no optimizer step or backward was seen, so step-based rules could not judge")
 SIGNAL_HINTS = {
     "SIGKILL": "SIGKILL without a timeout usually comes from the host's out-of-memory killer "
                "(check `dmesg | grep -i oom`) or from a job scheduler",
@@ -98,7 +112,7 @@ def _hang_fix(stack: dict[str, Any]) -> str:
             "barrier, input(), an endless loop); add a timeout or fix the exit condition")
 
 
-@rule("script-hung", probes={"run"})
+@rule("script-hung", probes={"run"}, needs={"step", "script_start"}, raises=[SCRIPT_HUNG])
 def script_hung(ev: Evidence) -> list[Finding]:
     res = ev.result
     if res.get("outcome") != "timeout":
@@ -162,7 +176,7 @@ def _killed_while_stepping(ev: Evidence, timeout: float, steps: int, stalled: fl
             "(and KeyboardInterrupt): catch `Exception` instead")
 
 
-@rule("killed-by-signal", probes={"run"})
+@rule("killed-by-signal", probes={"run"}, needs={"step"}, raises=[KILLED_BY_SIGNAL])
 def killed_by_signal(ev: Evidence) -> list[Finding]:
     res = ev.result
     if res.get("outcome") != "signal":
@@ -186,7 +200,8 @@ def killed_by_signal(ev: Evidence) -> list[Finding]:
     return [finding("killed-by-signal", f"the script died by {name}: {hint}", evidence, fix=fix)]
 
 
-@rule("no-training-steps", probes={"run"})
+@rule("no-training-steps", probes={"run"}, needs={"step", "model", "dataloader"},
+      raises=[NO_TRAINING_STEPS])
 def no_training_steps(ev: Evidence) -> list[Finding]:
     res = ev.result
     outcome = res.get("outcome")

@@ -5,7 +5,8 @@ Deterministic and explainable: every route carries the words or log lines that p
 - ``symptoms``  the routing table as data: what users write, per skill (regexes + labels)
 - ``order``     cross-cutting sequences and precedence rules ("OOM in distributed" -> dist first)
 - ``playbooks`` per skill: the probe to run and the expert's steps, measure first
-- ``errorkb``   known PyTorch / CUDA / NCCL / DataLoader / compile / serialization texts
+- (known PyTorch / CUDA / NCCL / DataLoader / compile / serialization texts: ``torchdoctor.errortext``,
+  the table the crash and distributed rules read too)
 - ``logscan``   finds the decisive line of a log (OOM, last exception, first NaN) and its numbers
 - ``text``      normalisation and typo correction
 - ``matcher``   puts them together: ``triage(text) -> Answer``

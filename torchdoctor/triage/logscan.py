@@ -10,7 +10,7 @@ key, two regex passes; a 10,000-line log takes milliseconds.
 Hostile input is bounded: an entry's regex sees at most ``MATCH_CAP`` characters of a line (around
 its key) and of each line it wraps onto, so a 1 MB line costs what a 4 KB one does; numbers and the
 user's frame are worked out only for the lines reported, not for every matching line; each line is
-tested once for metric words when looking for the first NaN. With the ``errorkb`` patterns bounded
+tested once for metric words when looking for the first NaN. With the ``errortext`` patterns bounded
 (tested), every scan is linear in the input.
 """
 
@@ -21,8 +21,9 @@ import itertools
 import re
 from dataclasses import dataclass, field
 
-from torchdoctor.triage.errorkb import KNOWN, Known
-from torchdoctor.triage.numbers import MAX_DIGITS, TooLarge, extract, to_int
+from torchdoctor.errortext.match import per_line
+from torchdoctor.errortext.table import KNOWN, Known
+from torchdoctor.errortext.numbers import MAX_DIGITS, TooLarge, extract, to_int
 from torchdoctor.triage.text import strip_ansi
 
 OOM_IDS = frozenset({"cuda-oom", "cuda-runtime-oom", "cpu-alloc-failed", "mps-oom"})
@@ -167,25 +168,7 @@ def _quote(s: str) -> str:
 
 def _known_hits(t: _Text) -> dict[int, tuple[int, Known, re.Match]]:
     """Per line index: (entry order, entry, match) of the first entry (in KNOWN order) matching there."""
-    best: dict[int, tuple[int, Known, re.Match]] = {}
-    for order, k in enumerate(KNOWN):
-        if k.key not in t.lower:
-            continue
-        rx = k.regex()
-        pos = t.lower.find(k.key)
-        seen_line = -1
-        while pos != -1:
-            i = t.line_of(pos)
-            if i != seen_line:
-                seen_line = i
-                if i not in best or best[i][0] > order:
-                    win, first_len = t.match_window(i, pos)
-                    m = rx.search(win)
-                    if m and m.start() <= first_len:
-                        best[i] = (order, k, m)
-            nxt = t.starts[i + 1] if i + 1 < len(t.starts) else len(t.lower)
-            pos = t.lower.find(k.key, max(pos + 1, nxt))
-    return best
+    return per_line(t, KNOWN)
 
 
 def _where(t: _Text, i: int) -> str | None:

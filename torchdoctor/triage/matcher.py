@@ -1,6 +1,6 @@
 """Route a query or a log: symptoms + known error texts -> ordered routes with their why.
 
-1. Known error texts (``errorkb``) and the decisive line (``logscan``) are found in any input.
+1. Known error texts (``errortext``, the rows with ``ask``) and the decisive line (``logscan``) are found in any input.
 2. A question (not a log) is normalised, typos fixed, and matched against ``symptoms.SIGNALS``.
    A log is not read as prose (its words would route everywhere); only strong markers of a
    distributed or mixed-precision run add context.
@@ -17,7 +17,7 @@ from torchdoctor.triage import order as order_mod
 from torchdoctor.triage.answer import Answer, Decisive, Matched, Route
 from torchdoctor.triage.gate import required_literals
 from torchdoctor.triage.logscan import Hit, scan
-from torchdoctor.triage.numbers import oom_notes
+from torchdoctor.errortext.numbers import oom_notes
 from torchdoctor.triage.playbooks import PLAYBOOKS
 from torchdoctor.triage.refine import refine
 from torchdoctor.triage.symptoms import DBG, DIST, MP, SIGNALS

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from torchdoctor.triage.errorkb import BY_ID, Known
+from torchdoctor.errortext.table import BY_ID, Known
 from torchdoctor.triage.logscan import Frame, Hit, Scan, user_frame
 from torchdoctor.triage.symptoms import AG, DBG, MOD
 
@@ -29,7 +29,7 @@ CODE_SCAN = 20_000  # characters of pasted code searched for a class or def
 
 @dataclass(frozen=True)
 class Refinement:
-    refines: str  # errorkb id
+    refines: str  # errortext row id
     id: str
     skill: str
     title: str

@@ -14,7 +14,7 @@ from rich.text import Text
 
 from torchdoctor.report.safe import visible
 from torchdoctor.triage.answer import Answer
-from torchdoctor.triage.numbers import human
+from torchdoctor.errortext.numbers import human
 
 _KIND_MARK = {"oom": ("✗", "bold red"), "error": ("✗", "bold red"), "exception": ("✗", "bold red"),
               "nan": ("!", "bold yellow"), "warning": ("!", "bold yellow")}

@@ -1,13 +1,29 @@
-"""Known error and warning texts of PyTorch, CUDA, NCCL, DataLoader, torch.compile and serialization.
+"""The error-text knowledge base: every known error and warning text of PyTorch, CUDA, NCCL, gloo,
+the DataLoader, torch.compile and serialization, as one data table (exempt from the module-size
+limit: it is data).
 
-Each ``Known`` entry carries the skill it routes to, a one-line explanation and the first step.
-``key`` is a lower-case literal that every occurrence contains: a log is searched for the keys
-first (one C-level scan each), and an entry's regex runs only on lines that hold its key, so a
-10,000-line log costs milliseconds. ``needle`` is the exact wording as written in ``source``:
-``py:<file>`` (a file in the installed torch package), ``so:<library>`` (a string in torch's
-shared library), or ``ext:<where>`` (CUDA or NCCL builds, the CUDA runtime or Python itself: not
-in the CPU wheel). ``tests/test_ask_kb.py`` checks the ``py:`` needles against the installed torch
-(and the ``so:`` ones, marked slow). Entries are tried in order; the first match on a line wins.
+Read by ``ask`` (``triage/logscan.py`` scans a pasted error or log with the rows where ``ask`` is
+true) and by the rules that judge a run's error text: the crash rule (``rules/crash.py``: a row's
+``code`` is the finding a crash with that text raises; ``groups`` "crash-route" rows route a plain
+``script-crashed`` to a skill, with ``hint`` as its first fix; "weights-only") and the cross-rank
+rules (``distributed/failtext.py``: groups "collective-mismatch", "peer-gone",
+"collective-timeout", "collective-transport"). The matcher and the number extractors are in
+``match.py`` and ``numbers.py``: one API for both sides, so a text is recognised in one place.
+
+Each row carries the skill it routes to, a one-line explanation and the first step. ``key`` is a
+lower-case literal that every occurrence contains: a log is searched for the keys first (one C-level
+scan each), and a row's regex runs only on lines that hold its key, so a 10,000-line log costs
+milliseconds. Patterns are case-insensitive (a rule's row that must match case-sensitively says so
+inside its pattern with ``(?-i:...)``). ``needle`` is the exact wording as written in ``source``:
+``py:<file>`` (a file in the installed torch package), ``so:<library>`` (a string in torch's shared
+library), or ``ext:<where>`` (CUDA or NCCL builds, the CUDA runtime or Python itself: not in the CPU
+wheel); ``rule:`` for the rules' own broad rows. ``tests/test_ask_kb.py`` checks the ``py:`` needles
+against the installed torch (and the ``so:`` ones, marked slow). Rows are tried in order; the first
+match on a line wins.
+
+Rows with ``ask=False`` are the rules' broad fallbacks (``\bout of memory\b``, ``NCCL``, ``Broken
+pipe``): right for the message of an exception a script raised, too loose for pasted prose, which
+``ask`` reads with its narrower rows only.
 """
 
 from __future__ import annotations
@@ -15,7 +31,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from torchdoctor.triage.symptoms import AG, CKPT, DBG, DIST, MEM, MOD, MP, PERF
+from torchdoctor.skills import (CHECKPOINTING as CKPT, CUSTOM_AUTOGRAD as AG, DEBUGGING as DBG,
+                                DISTRIBUTED as DIST, MIXED_PRECISION as MP, MODULE_DESIGN as MOD,
+                                PERFORMANCE as PERF, TENSOR_MEMORY as MEM)
+
+OOM, INPLACE, DEVICE = "out-of-memory", "inplace-modified", "device-mismatch"  # finding codes
+MISMATCH, HANG = "collective-mismatch", "collective-hang"
 
 
 @dataclass(frozen=True)
@@ -27,7 +48,7 @@ class Known:
     pattern: str  # regex, case-insensitive, searched in the line (plus the next lines when it wraps)
     explain: str
     first: str  # the first step
-    source: str  # py:<file in torch/> | so:<library> | ext:<where>
+    source: str  # py:<file in torch/> | so:<library> | ext:<where> | rule:<who reads it>
     needle: str  # exact wording as it appears in source
     sample: str  # a realistic occurrence (tests)
     severity: str = "error"  # "error" | "warning" (a warning is decisive only when nothing else is)
@@ -35,6 +56,10 @@ class Known:
     wrapper: bool = False  # wraps or follows another error: that one is more decisive
     then: tuple[str, ...] = field(default=())  # skills to visit after this one
     generic: bool = False  # a heading: a more specific entry on the lines it wraps onto wins
+    code: str | None = None  # the finding code a script's crash with this text raises (rules/crash.py)
+    groups: tuple[str, ...] = ()  # named sets the rules read ("crash-route", "peer-gone", ...)
+    ask: bool = True  # False: a rule's broad row, too loose for pasted prose (``ask`` skips it)
+    hint: str = ""  # "crash-route": the crash finding's first fix
 
     def regex(self) -> re.Pattern:
         return _compiled(self.pattern)
@@ -58,7 +83,7 @@ _PY_DL = "py:utils/data/dataloader.py"
 _CUDA = "ext:CUDA runtime (cudaGetErrorString), CUDA builds"
 _NCCL = "ext:torch/csrc/distributed/c10d/NCCLUtils.cpp, CUDA builds"
 
-KNOWN: tuple[Known, ...] = (
+ASK_ROWS: tuple[Known, ...] = (
     # ---------------------------------------------------------------- memory
     K("cpu-alloc-failed", MEM, "host allocation failed (CPU out of memory)", "can't allocate memory",
       r"DefaultCPUAllocator: can't allocate memory: you tried to allocate \d+ bytes",
@@ -68,14 +93,14 @@ KNOWN: tuple[Known, ...] = (
       "so:libc10.so", "DefaultCPUAllocator: can't allocate memory: you tried to allocate ",
       "RuntimeError: [enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
       "you tried to allocate 274877906944 bytes. Error code 12 (Cannot allocate memory)",
-      numbers="cpu_alloc"),
+      numbers="cpu_alloc", code=OOM),
     K("mps-oom", MEM, "MPS (Apple GPU) out of memory", "mps backend out of memory", r"MPS backend out of memory",
       "The Apple-GPU allocator hit its limit.",
       "Run `torchdoctor memory SCRIPT` for the peak breakdown; PYTORCH_MPS_HIGH_WATERMARK_RATIO raises the "
       "cap at your own risk.",
       "ext:aten/src/ATen/mps/MPSAllocator.mm, macOS builds", "MPS backend out of memory",
       "RuntimeError: MPS backend out of memory (MPS allocated: 17.01 GB, other allocations: 1.09 GB, max "
-      "allowed: 18.13 GB). Tried to allocate 256.00 MB on private pool.", numbers="oom"),
+      "allowed: 18.13 GB). Tried to allocate 256.00 MB on private pool.", numbers="oom", code=OOM),
     K("cuda-oom", MEM, "CUDA out of memory", "cuda out of memory",
       r"CUDA out of memory(?:\.\s*Tried to allocate [\d.]{1,40}\s*\w{1,100})?",
       "An allocation on the GPU failed: what PyTorch holds plus the request exceed what is free on the "
@@ -87,19 +112,19 @@ KNOWN: tuple[Known, ...] = (
       "of 79.11 GiB of which 1.50 GiB is free. Including non-PyTorch memory, this process has 77.59 GiB "
       "memory in use. Of the allocated memory 75.20 GiB is allocated by PyTorch, and 1.10 GiB is reserved "
       "by PyTorch but unallocated. If reserved but unallocated memory is large try setting "
-      "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.", numbers="oom"),
+      "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.", numbers="oom", code=OOM),
     K("cuda-runtime-oom", MEM, "CUDA runtime out of memory", "cuda error: out of memory",
       r"CUDA error: out of memory",
       "A CUDA allocation outside PyTorch's caching allocator failed (context creation, cuBLAS/cuDNN "
       "workspaces, NCCL buffers, another process filling the GPU).",
       "Check what else holds the GPU (`nvidia-smi`, `torchdoctor env`); then `torchdoctor memory SCRIPT`.",
-      _CUDA, "out of memory", "RuntimeError: CUDA error: out of memory"),
+      _CUDA, "out of memory", "RuntimeError: CUDA error: out of memory", code=OOM),
     K("cublas-alloc", MEM, "cuBLAS could not allocate its workspace", "cublas_status_alloc_failed",
       r"CUBLAS_STATUS_ALLOC_FAILED",
       "cuBLAS failed to allocate: the GPU is (nearly) full when a matmul starts; it is an OOM in disguise.",
       "Treat it as CUDA OOM: `torchdoctor memory SCRIPT`.",
       "ext:aten/src/ATen/cuda/CublasHandlePool.cpp, CUDA builds", "CUBLAS_STATUS_ALLOC_FAILED",
-      "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
+      "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", code=OOM),
     K("dl-worker-killed", MEM, "DataLoader worker killed by a signal", "is killed by signal",
       r"DataLoader worker \(pid \d+\) is killed by signal: ?(?P<signal>[\w ]{1,100})",
       "A DataLoader worker process died from a signal; 'Killed' (SIGKILL) is usually the host's OOM killer.",
@@ -221,7 +246,7 @@ KNOWN: tuple[Known, ...] = (
       "the tensor.",
       "so:libtorch_cpu.so", "Expected all tensors to be on the same device, but ",
       "RuntimeError: Expected all tensors to be on the same device, but found at least two devices, cuda:0 "
-      "and cpu!", numbers="devices"),
+      "and cpu!", numbers="devices", code=DEVICE),
     K("input-weight-type", MOD, "input and weight differ in device or dtype", "should be the same",
       r"Input type \((?P<input>[^)\n]{1,300})\) and (?:weight|bias) type \((?P<weight>[^)\n]{1,300})\) should be the same",
       "A layer's input and its weights differ in device (cuda vs cpu tensor types) or dtype.",
@@ -336,7 +361,7 @@ KNOWN: tuple[Known, ...] = (
       "operation: [torch.FloatTensor [256, 512]], which is output 0 of ReluBackward0, is at version 1; "
       "expected version 0 instead. Hint: enable anomaly detection to find the operation that failed to "
       "compute its gradient, with torch.autograd.set_detect_anomaly(True).", numbers="groups",
-      then=(AG,)),
+      then=(AG,), code=INPLACE),
     K("backward-twice", DBG, "backward through a freed graph", "backward through the graph a second time",
       r"Trying to backward through the graph a second time",
       "A graph from an earlier step is reused: a tensor (RNN hidden state, a running total, a cached "
@@ -573,7 +598,8 @@ KNOWN: tuple[Known, ...] = (
       "Watchdog caught collective operation timeout: WorkNCCL(",
       "[rank0]:[E ProcessGroupNCCL.cpp:683] [Rank 0] Watchdog caught collective operation timeout: "
       "WorkNCCL(SeqNum=57, OpType=ALLREDUCE, NumelIn=1048576, NumelOut=1048576, Timeout(ms)=600000) ran for "
-      "600059 milliseconds before timing out.", numbers="nccl_timeout"),
+      "600059 milliseconds before timing out.", numbers="nccl_timeout",
+      code=HANG, groups=("collective-timeout",)),
     K("nccl-error", DIST, "NCCL call failed", "nccl error",
       r"NCCL error(?: in: (?P<where>\S{1,300}))?,? (?P<kind>[\w ]{1,200}?) \(run with NCCL_DEBUG=INFO",
       "An NCCL operation failed; the kind says which: 'unhandled cuda error' (a CUDA failure, often OOM "
@@ -600,7 +626,7 @@ KNOWN: tuple[Known, ...] = (
       "so:libtorch_cpu.so", "Detected mismatch between collectives on ranks. Rank ",
       "RuntimeError: Detected mismatch between collectives on ranks. Rank 0 is running collective: "
       "CollectiveFingerPrint(SequenceNumber=12, OpType=ALLREDUCE), but Rank 1 is running collective: "
-      "CollectiveFingerPrint(SequenceNumber=12, OpType=BROADCAST)."),
+      "CollectiveFingerPrint(SequenceNumber=12, OpType=BROADCAST).", code=MISMATCH),
     K("gloo-size-mismatch", DIST, "gloo: ranks disagree on a collective", "received data size doesn't match",
       r"Received data size doesn't match expected size",
       "Ranks ran different collectives or different tensor sizes (gloo aborts where NCCL would hang).",
@@ -608,7 +634,7 @@ KNOWN: tuple[Known, ...] = (
       "so:libtorch_cpu.so", "Received data size doesn't match expected size. Is there a distributed "
       "collective mismatch in your code?",
       "RuntimeError: Received data size doesn't match expected size. Is there a distributed collective "
-      "mismatch in your code?"),
+      "mismatch in your code?", code=MISMATCH),
     K("store-port-in-use", DIST, "rendezvous port already in use", "server socket has failed to listen",
       r"server socket has failed to listen.{0,300}?(?:port: (?P<port>\d+))?",
       "MASTER_PORT is taken, often by a previous job that is still running.",
@@ -881,7 +907,8 @@ KNOWN: tuple[Known, ...] = (
       "you trust.",
       "py:serialization.py", "Weights only load failed. ",
       "_pickle.UnpicklingError: Weights only load failed. This file can still be loaded, to do so you have "
-      "two options, do those steps only if you trust the source of the checkpoint.", numbers="globals"),
+      "two options, do those steps only if you trust the source of the checkpoint.", numbers="globals",
+      groups=("weights-only",)),
     K("unsupported-global", CKPT, "pickled global not allowed by weights_only", "was not an allowed global by default",
       r"Unsupported global: GLOBAL (?P<global_name>[\w.]{1,300}) was not an allowed global by default",
       "The checkpoint references a Python object weights_only loading does not allow.",
@@ -1010,4 +1037,152 @@ KNOWN: tuple[Known, ...] = (
       numbers="groups"),
 )
 
-BY_ID: dict[str, Known] = {k.id: k for k in KNOWN}
+def R(id, skill, key, pattern, sample, *, who, **kw):  # noqa: N802 - a rule's own row (ask skips it)
+    return Known(id, skill, kw.pop("title", id.replace("-", " ")), key, pattern, "", "", f"rule:{who}", "",
+                 sample, ask=False, **kw)
+
+
+_CRASH, _RANKS = "rules/crash.py", "distributed/failtext.py"
+_CKPT_HINT = "checkpoint/state_dict mismatch: compare keys and shapes (torchdoctor checkpoint-audit PATH)"
+_DIST_HINT = "distributed set-up or collective failure: run torchdoctor dist"
+_SHAPE_HINT = ("a layer's expected input shape differs from what it receives: print the shapes at the "
+               "failing line")
+_GRAPH_HINT = ("autograd graph misuse: detach tensors kept across steps, or pass retain_graph=True only "
+               "where a second backward is intended")
+_ASSERT_HINT = ("re-run with CUDA_LAUNCH_BLOCKING=1 to get the failing line (often an index/label out of "
+                "range)")
+
+RULE_ROWS: tuple[Known, ...] = (
+    # ------------------------------------------------ the crash rule: what a script's exception is
+    # out of memory, any allocator (the ask rows above name which one)
+    R("cpu-alloc-any", MEM, "defaultcpuallocator: ", r"DefaultCPUAllocator: (?:can't|not enough memory)",
+      "RuntimeError: DefaultCPUAllocator: not enough memory: you tried to allocate 1000 bytes.",
+      who=_CRASH, code=OOM),
+    R("out-of-memory-any", MEM, "out of memory", r"\bout of memory\b",
+      "RuntimeError: HIP out of memory. Tried to allocate 2.00 GiB", who=_CRASH, code=OOM),
+    R("inplace-any", DBG, "modified by an inplace operation", r"(?-i:modified by an inplace operation)",
+      "RuntimeError: a leaf Variable was modified by an inplace operation", who=_CRASH, code=INPLACE),
+    # device mismatch in its other wordings (the first one is the ask row "device-mismatch")
+    R("input-weight-device", MOD, "and weight type (",
+      r"(?-i:Input type \(\S+\) and weight type \(\S+\) should be the same)",
+      "RuntimeError: Input type (torch.cuda.FloatTensor) and weight type (torch.FloatTensor) should be the same",
+      who=_CRASH, code=DEVICE),
+    R("device-type-expected", MOD, "but got device type", r"(?-i:Expected object of device type \w+ but got "
+      r"device type \w+)", "RuntimeError: Expected object of device type cuda but got device type cpu for "
+      "argument #1 'self'", who=_CRASH, code=DEVICE),
+    R("tensor-on-device", MOD, "to be on ", r"(?-i:is on \w+, but expected (it )?to be on \w+)",
+      "RuntimeError: Tensor for argument #2 'mat1' is on CPU, but expected it to be on GPU", who=_CRASH,
+      code=DEVICE),
+    R("indices-device", MOD, "indices should be either on cpu or on the same device",
+      r"(?-i:indices should be either on cpu or on the same device)",
+      "RuntimeError: indices should be either on cpu or on the same device as the indexed tensor (cpu)",
+      who=_CRASH, code=DEVICE),
+    R("generator-device", MOD, "device type for generator", r"(?-i:Expected a '\w+' device type for generator)",
+      "RuntimeError: Expected a 'cuda' device type for generator but found 'cpu'", who=_CRASH, code=DEVICE),
+    R("not-on-expected-device", MOD, "is not on the expected device",
+      r"(?-i:Tensor on device \S+ is not on the expected device \S+!)",
+      "RuntimeError: Tensor on device cpu is not on the expected device meta!", who=_CRASH, code=DEVICE),
+    # a plain script-crashed routed to a skill: the first row that matches anywhere in the message wins
+    R("route-state-dict", CKPT, "error(s) in loading state_dict", r"(?-i:Error\(s\) in loading state_dict)",
+      "RuntimeError: Error(s) in loading state_dict for Net:", who=_CRASH, groups=("crash-route",),
+      hint=_CKPT_HINT),
+    R("route-unexpected-keys", CKPT, "unexpected key(s)", r"(?-i:Unexpected key\(s\))",
+      "Unexpected key(s) in state_dict: \"x\"", who=_CRASH, groups=("crash-route",), hint=_CKPT_HINT),
+    R("route-missing-keys", CKPT, "missing key(s)", r"(?-i:Missing key\(s\))",
+      "Missing key(s) in state_dict: \"x\"", who=_CRASH, groups=("crash-route",), hint=_CKPT_HINT),
+    R("route-stream-reader", CKPT, "pytorchstreamreader", r"(?-i:PytorchStreamReader)",
+      "RuntimeError: PytorchStreamReader failed reading zip archive", who=_CRASH, groups=("crash-route",),
+      hint=_CKPT_HINT),
+    R("route-nccl", DIST, "nccl", r"NCCL", "torch.distributed.DistBackendError: NCCL error", who=_CRASH,
+      groups=("crash-route",), hint=_DIST_HINT),
+    R("route-process-group", DIST, "processgroup", r"ProcessGroup", "RuntimeError: ProcessGroupGloo failed",
+      who=_CRASH, groups=("crash-route",), hint=_DIST_HINT),
+    R("route-c10d", DIST, "c10d", r"c10d", "RuntimeError: c10d store failed", who=_CRASH,
+      groups=("crash-route",), hint=_DIST_HINT),
+    R("route-init-process-group", DIST, "init_process_group", r"init_process_group",
+      "ValueError: init_process_group was called twice", who=_CRASH, groups=("crash-route",), hint=_DIST_HINT),
+    R("route-collective", DIST, "collective", r"collective", "RuntimeError: the collective failed",
+      who=_CRASH, groups=("crash-route",), hint=_DIST_HINT),
+    R("route-matmul-shapes", MOD, "mat1 and mat2 shapes cannot be multiplied",
+      r"(?-i:mat1 and mat2 shapes cannot be multiplied)",
+      "RuntimeError: mat1 and mat2 shapes cannot be multiplied (2x3 and 4x5)", who=_CRASH,
+      groups=("crash-route",), hint=_SHAPE_HINT),
+    R("route-size-mismatch", MOD, "size mismatch", r"(?-i:size mismatch)",
+      "RuntimeError: size mismatch, m1: [2 x 3]", who=_CRASH, groups=("crash-route",), hint=_SHAPE_HINT),
+    R("route-invalid-shape", MOD, "is invalid for input of size",
+      r"(?-i:shape .* is invalid for input of size)",
+      "RuntimeError: shape '[2, 5]' is invalid for input of size 7", who=_CRASH, groups=("crash-route",),
+      hint=_SHAPE_HINT),
+    R("route-conv-groups", MOD, "given groups=", r"(?-i:Given groups=\d+, weight of size)",
+      "RuntimeError: Given groups=1, weight of size [8, 3, 3, 3], expected input[1, 4, 8, 8] to have 3 "
+      "channels",
+      who=_CRASH, groups=("crash-route",), hint=_SHAPE_HINT),
+    R("route-expected-input", MOD, "expected input[", r"(?-i:expected input\[.*\] to have)",
+      "RuntimeError: expected input[1, 4] to have 3 channels", who=_CRASH, groups=("crash-route",),
+      hint=_SHAPE_HINT),
+    R("route-backward-twice", AG, "trying to backward through the graph a second time",
+      r"(?-i:Trying to backward through the graph a second time)",
+      "RuntimeError: Trying to backward through the graph a second time", who=_CRASH, groups=("crash-route",),
+      hint=_GRAPH_HINT),
+    R("route-no-grad-fn", AG, "does not require grad and does not have a grad_fn",
+      r"(?-i:does not require grad and does not have a grad_fn)",
+      "RuntimeError: element 0 of tensors does not require grad and does not have a grad_fn", who=_CRASH,
+      groups=("crash-route",), hint=_GRAPH_HINT),
+    R("route-saved-variable", AG, "one of the variables needed for gradient computation",
+      r"(?-i:one of the variables needed for gradient computation)",
+      "RuntimeError: one of the variables needed for gradient computation has been freed", who=_CRASH,
+      groups=("crash-route",), hint=_GRAPH_HINT),
+    R("route-device-assert", DBG, "device-side assert triggered", r"(?-i:device-side assert triggered)",
+      "RuntimeError: CUDA error: device-side assert triggered", who=_CRASH, groups=("crash-route",),
+      hint=_ASSERT_HINT),
+    R("route-illegal-access", DBG, "cuda error: an illegal memory access",
+      r"(?-i:CUDA error: an illegal memory access)",
+      "RuntimeError: CUDA error: an illegal memory access was encountered", who=_CRASH,
+      groups=("crash-route",), hint=_ASSERT_HINT),
+    # ------------------------------------------------ the cross-rank rules: what collective failures print
+    # ranks called different collectives or shapes (gloo, NCCL, TORCH_DISTRIBUTED_DEBUG=DETAIL)
+    R("mismatch-detected", DIST, "detected mismatch between collectives",
+      r"Detected mismatch between collectives",
+      "RuntimeError: Detected mismatch between collectives on ranks. Rank 0 is running collective",
+      who=_RANKS, code=MISMATCH, groups=("collective-mismatch",)),
+    R("mismatch-size", DIST, "size doesn't match expected size", r"size doesn't match expected size",
+      "RuntimeError: Received data size doesn't match expected size.", who=_RANKS, code=MISMATCH,
+      groups=("collective-mismatch",)),
+    R("mismatch-words", DIST, "collective mismatch", r"collective mismatch",
+      "Is there a distributed collective mismatch in your code?", who=_RANKS, code=MISMATCH,
+      groups=("collective-mismatch",)),
+    R("mismatch-between", DIST, "mismatch between collective", r"Mismatch between collective",
+      "RuntimeError: Mismatch between collective operations", who=_RANKS, code=MISMATCH,
+      groups=("collective-mismatch",)),
+    # a peer rank went away (crashed, killed)
+    R("peer-closed", DIST, "connection closed by peer", r"Connection closed by peer",
+      "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+      "[127.0.0.1]:29500", who=_RANKS, groups=("peer-gone",)),
+    R("peer-reset", DIST, "connection reset by peer", r"Connection reset by peer",
+      "RuntimeError: Connection reset by peer", who=_RANKS, groups=("peer-gone",)),
+    R("broken-pipe", DIST, "broken pipe", r"Broken pipe",
+      "RuntimeError: [pair.cc:589] Write error: Broken pipe",
+      who=_RANKS, groups=("peer-gone",)),
+    R("nccl-aborted", DIST, "nccl communicator was aborted", r"NCCL communicator was aborted",
+      "RuntimeError: NCCL communicator was aborted on rank 1.", who=_RANKS, groups=("peer-gone",)),
+    R("remote-exited", DIST, "remote process exited", r"remote process exited",
+      "DistBackendError: NCCL error: remote process exited or there was a network error", who=_RANKS,
+      groups=("peer-gone",)),
+    # a collective never completed (the first wording is the ask row "nccl-watchdog-timeout")
+    R("collective-wait-timeout", DIST, "for collective", r"Timed out waiting .* for collective",
+      "RuntimeError: Timed out waiting 1800000ms for collective", who=_RANKS, code=HANG,
+      groups=("collective-timeout",)),
+    # any other sign of the distributed transport in an error line
+    R("transport-process-group", DIST, "processgroup", r"ProcessGroup", "[E ProcessGroupNCCL.cpp:1] error",
+      who=_RANKS, groups=("collective-transport",)),
+    R("transport-c10d", DIST, "c10d", r"c10d", "torch/csrc/distributed/c10d/Utils.hpp:1", who=_RANKS,
+      groups=("collective-transport",)),
+    R("transport-gloo", DIST, "gloo", r"gloo", "gloo/transport/tcp/pair.cc", who=_RANKS,
+      groups=("collective-transport",)),
+    R("transport-nccl", DIST, "nccl", r"NCCL", "NCCL WARN Call to connect returned", who=_RANKS,
+      groups=("collective-transport",)),
+)
+
+TABLE: tuple[Known, ...] = ASK_ROWS + RULE_ROWS
+KNOWN: tuple[Known, ...] = tuple(k for k in TABLE if k.ask)  # the rows ``ask`` scans, in order
+BY_ID: dict[str, Known] = {k.id: k for k in TABLE}

@@ -1,5 +1,7 @@
 """Numbers pulled out of a recognised error text: bytes requested/free/allocated, ranks, shapes.
 
+One set of extractors for ``ask`` (a row's ``numbers`` names one) and the crash rule (``oom``,
+``device_details``, ``inplace_details``, ``refused_global`` on an exception's message).
 Each extractor takes the matched text (the error line and the lines it wraps onto) and the
 entry's regex match, and returns a flat dict. Sizes are returned in bytes (``*_bytes``), parsed
 from PyTorch's own formatting ("2.00 GiB", "3.44 MiB"; decimal units for "GB"/"MB").
@@ -259,10 +261,48 @@ def globals_(text: str, m: re.Match | None = None) -> dict:
     return {"globals": sorted(set(names))[:20]} if names else {}
 
 
+def device_details(text: str, m: re.Match | None = None) -> dict:
+    """The devices, argument and op of a device-mismatch crash (the crash finding's evidence)."""
+    out: dict = {}
+    g = _re(r"found at least two devices, (\S+) and (\S+?)!?( \(|$)").search(text)
+    if g:
+        out["devices"] = [g.group(1).rstrip("!,"), g.group(2).rstrip("!,")]
+    g = _re(r"Tensor on device (\S+) is not on the expected device (\S+?)!").search(text)
+    if g and "devices" not in out:
+        out["devices"] = [g.group(2), g.group(1)]
+    g = _re(r"argument for argument (\w+) in method (\w+)").search(text)
+    if g:
+        out["argument"] = g.group(1)
+        out["op"] = g.group(2)
+    g = _re(r"Input type \((\S+)\) and weight type \((\S+)\)").search(text)
+    if g:
+        out["input_type"], out["weight_type"] = g.group(1), g.group(2)
+    return out
+
+
+def inplace_details(text: str, m: re.Match | None = None) -> dict:
+    """The tensor, its producing op and versions of an in-place-modified crash."""
+    out: dict = {}
+    g = _re(r"\[(torch\.\S+) \[([\d, ]*)\]\], which is output (\d+) of (\w+), is at version "
+            r"(\d+); expected version (\d+)").search(text)
+    if g:
+        out["tensor"] = f"{g.group(1)} [{g.group(2)}]"
+        out["output_of"] = g.group(4)
+        out["version"] = f"{g.group(5)} (expected {g.group(6)})"
+    return out
+
+
+def refused_global(text: str, m: re.Match | None = None) -> dict:
+    """The global torch.load(weights_only=True) refused ("Unsupported global: GLOBAL a.b")."""
+    g = _re(r"Unsupported global: GLOBAL ([\w.]+)").search(text)
+    return {"global": g.group(1)} if g else {}
+
+
 EXTRACTORS: dict[str, object] = {
     "oom": oom, "cpu_alloc": cpu_alloc, "pid_signal": pid_signal, "groups": groups, "devices": devices,
     "nccl_timeout": nccl_timeout, "nccl_error": nccl_error, "state_dict_keys": state_dict_keys,
-    "globals": globals_,
+    "globals": globals_, "device_details": device_details, "inplace_details": inplace_details,
+    "refused_global": refused_global,
 }
 
 
