@@ -1,0 +1,33 @@
+"""Which instruments each probe arms: derived from what the rules need, frozen here.
+
+The table was computed on the code before the arming was derived (each instrument then listed
+its probes by hand): deriving it from the rules' ``needs`` and the instruments' ``produces``
+must arm exactly the same instruments, probe by probe. ``run`` is armed for every script run
+(the harness adds it to the probe's own, see ``runner/harness.py``), ``memory-sampler`` is the
+bench's sampler-only probe (bench/memory_overhead.py), ``nan`` is also the probe of checkup's
+NaN replay (pipeline/followups_nan.py).
+"""
+
+import pytest
+
+from torchdoctor.instruments import instruments_for
+
+ARMED = {
+    "run": ["dist_steps", "dist_collectives", "dist_sampler", "crashctx", "training_anomaly"],
+    "checkup": ["data_source", "training_grads", "training_modes", "memory_sampler", "moved",
+                "nan_monitor", "cpu", "memory_grad_eval", "seeding"],
+    "profile": ["data_source", "moved", "cpu", "profiler_window"],
+    "memory": ["memory_detail", "memory_sampler", "memory_grad_eval"],
+    "nan": ["training_grads", "training_modes", "nan_monitor", "nan_capture"],
+    "memory-sampler": ["memory_sampler"],
+    "ranks": [],  # judged on the merged ranks' evidence: the instruments are armed by "run"
+}
+
+
+@pytest.mark.parametrize("probe", sorted(ARMED))
+def test_each_probe_arms_the_instruments_it_armed_before(probe):
+    assert [c.name for c in instruments_for(probe)] == ARMED[probe]
+
+
+def test_an_unknown_probe_arms_nothing():
+    assert instruments_for("no-such-probe") == []
