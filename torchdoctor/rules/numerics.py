@@ -2,7 +2,8 @@
 
 Pure functions of the evidence written by ``instruments/nan_monitor.py`` (``nonfinite``,
 ``numerics``, ``grad_norm_overflow``, ``nan_monitor``) and ``instruments/training_modes.py``
-(``amp``). Thresholds are documented in ``docs/findings/<code>.md``.
+(``amp``). The thresholds are the constants declared with each code below (why these values:
+``docs/findings/<code>.md``).
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ import math
 import statistics
 from typing import Any
 
+from torchdoctor.catalog import declare
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Finding, finding
 from torchdoctor.judge import NotApplicable, rule
+from torchdoctor.skills import DEBUGGING, MIXED_PRECISION, MODULE_DESIGN
 
 NAN_PROBES = {"nan", "checkup"}
 
@@ -23,6 +26,27 @@ GROWTH_RATIO = 1e3  # max norm / early median: "orders of magnitude"
 SPIKE_RATIO = 100.0  # one norm / median of the previous SPIKE_WINDOW norms
 SPIKE_WINDOW = 10
 SPIKE_MIN_HISTORY = 5
+
+NONFINITE_FORWARD = declare("nonfinite-forward", DEBUGGING, "error",
+                            "first module whose output has NaN/Inf while its inputs are finite")
+NONFINITE_GRADIENT = declare("nonfinite-gradient", DEBUGGING, "error",
+                             "first parameter whose gradient is NaN/Inf while the loss is finite")
+NONFINITE_LOSS = declare("nonfinite-loss", DEBUGGING, "error",
+                         "loss became NaN/Inf and no earlier localization was possible")
+GRADIENT_EXPLOSION = declare(
+    "gradient-explosion", DEBUGGING, "warning",
+    "gradient norm grows by orders of magnitude or spikes before divergence",
+    thresholds={"MIN_NORMS": MIN_NORMS, "GROWTH_RATIO": GROWTH_RATIO, "SPIKE_RATIO": SPIKE_RATIO,
+                "SPIKE_WINDOW": SPIKE_WINDOW, "SPIKE_MIN_HISTORY": SPIKE_MIN_HISTORY})
+FP16_WITHOUT_SCALER = declare("fp16-without-scaler", MIXED_PRECISION, "warning",
+                              "float16 autocast backward without a GradScaler")
+# crashes of the numerics family, raised by the crash rule (rules/crash.py) from the exception's
+# text; the inplace-modified follow-up re-run is in pipeline/followups_nan.py
+INPLACE_MODIFIED = declare("inplace-modified", DEBUGGING, "error",
+                           "crash 'modified by an inplace operation': the forward op and line")
+DEVICE_MISMATCH = declare(
+    "device-mismatch", MODULE_DESIGN, "error",
+    "crash 'Expected all tensors to be on the same device': the tensor's origin")
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -236,7 +260,8 @@ def _grad_finding(nf: dict[str, Any]) -> Finding:
     return finding("nonfinite-gradient", title, evidence, fix="; ".join(GRAD_FIXES))
 
 
-@rule("nonfinite", probes=NAN_PROBES)
+@rule("nonfinite", probes=NAN_PROBES, needs={"nonfinite", "numerics", "nan_monitor"},
+      raises=[NONFINITE_FORWARD, NONFINITE_GRADIENT, NONFINITE_LOSS])
 def nonfinite(ev: Evidence) -> list[Finding]:
     """nonfinite-forward / nonfinite-gradient / nonfinite-loss from the monitor's first event."""
     nf = ev.last("nonfinite")
@@ -311,7 +336,9 @@ def _g(x: float) -> float:
     return float(f"{x:.4g}")
 
 
-@rule("gradient-explosion", probes=NAN_PROBES)
+@rule("gradient-explosion", probes=NAN_PROBES,
+      needs={"numerics", "grad_norm_overflow", "nan_monitor", "nonfinite"},
+      raises=[GRADIENT_EXPLOSION])
 def gradient_explosion(ev: Evidence) -> list[Finding]:
     series = _series(ev)
     overflow = ev.of("grad_norm_overflow")
@@ -354,7 +381,7 @@ def gradient_explosion(ev: Evidence) -> list[Finding]:
 
 
 # ---------------------------------------------------------------------------- float16
-@rule("fp16-without-scaler", probes=NAN_PROBES)
+@rule("fp16-without-scaler", probes=NAN_PROBES, needs={"amp"}, raises=[FP16_WITHOUT_SCALER])
 def fp16_without_scaler(ev: Evidence) -> list[Finding]:
     amp = ev.last("amp")
     if amp is None:

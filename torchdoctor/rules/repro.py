@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from torchdoctor.catalog import declare
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Finding, finding
 from torchdoctor.judge import NotApplicable, rule
+from torchdoctor.skills import CHECKPOINTING
+
+UNSEEDED_RUN = declare("unseeded-run", CHECKPOINTING, "info", "no RNG seeding seen")
 
 
-@rule("unseeded-run", probes={"checkup"})
+@rule("unseeded-run", probes={"checkup"}, needs={"seeding", "step"}, raises=[UNSEEDED_RUN])
 def unseeded_run(ev: Evidence) -> list[Finding]:
     summary = ev.last("seeding")
     if summary is None:
