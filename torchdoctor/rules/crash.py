@@ -283,7 +283,8 @@ def _exit_finding(ev: Evidence) -> Finding:
                        "up (bad arguments, missing file, failed check)")
 
 
-@rule("crash", probes={"run"})
+@rule("crash", probes={"run"}, needs={"crash_context"},
+      raises=["script-crashed", "out-of-memory", "inplace-modified", "device-mismatch"])
 def crash(ev: Evidence) -> list[Finding]:
     """A crash (exception) or a non-zero exit code of the script."""
     res = ev.result

@@ -189,7 +189,9 @@ def fr_divergence(ev: Evidence) -> dict[str, Any] | None:
     return None
 
 
-@rule("collectives", probes={"ranks"})
+@rule("collectives", probes={"ranks"},
+      needs={"collective", "dist_init", "fr_entries", "step", "rank_result", "rank_stacks"},
+      raises=["collective-hang", "collective-mismatch"])
 def collectives(ev: Evidence) -> list[Finding]:
     """collective-hang (ranks stuck, who skipped) or collective-mismatch (ops or shapes differ)."""
     world = world_of(ev)
@@ -344,7 +346,8 @@ def _loaders(ev: Evidence, events: list[dict[str, Any]] | None = None
     return out
 
 
-@rule("missing-distributed-sampler", probes={"ranks"})
+@rule("missing-distributed-sampler", probes={"ranks"}, needs={"dist_loader", "dist_batch"},
+      raises=["missing-distributed-sampler"])
 def missing_distributed_sampler(ev: Evidence) -> list[Finding]:
     world = world_of(ev)
     if world < 2:
@@ -418,7 +421,8 @@ def _training_epochs(ev: Evidence) -> list[dict[str, Any]]:
     return keep
 
 
-@rule("sampler-epoch-not-set", probes={"ranks"})
+@rule("sampler-epoch-not-set", probes={"ranks"}, needs={"dist_loader", "step"},
+      raises=["sampler-epoch-not-set"])
 def sampler_epoch_not_set(ev: Evidence) -> list[Finding]:
     world = world_of(ev)
     if world < 2:
@@ -457,7 +461,8 @@ def sampler_epoch_not_set(ev: Evidence) -> list[Finding]:
 
 
 # ----------------------------------------------------------------------------- stragglers
-@rule("rank-straggler", probes={"ranks"})
+@rule("rank-straggler", probes={"ranks"}, needs={"step", "dist_step", "step_device"},
+      raises=["rank-straggler"])
 def rank_straggler(ev: Evidence) -> list[Finding]:
     world = world_of(ev)
     if world < 2:

@@ -98,7 +98,7 @@ def _hang_fix(stack: dict[str, Any]) -> str:
             "barrier, input(), an endless loop); add a timeout or fix the exit condition")
 
 
-@rule("script-hung", probes={"run"})
+@rule("script-hung", probes={"run"}, needs={"step", "script_start"}, raises=["script-hung"])
 def script_hung(ev: Evidence) -> list[Finding]:
     res = ev.result
     if res.get("outcome") != "timeout":
@@ -162,7 +162,7 @@ def _killed_while_stepping(ev: Evidence, timeout: float, steps: int, stalled: fl
             "(and KeyboardInterrupt): catch `Exception` instead")
 
 
-@rule("killed-by-signal", probes={"run"})
+@rule("killed-by-signal", probes={"run"}, needs={"step"}, raises=["killed-by-signal"])
 def killed_by_signal(ev: Evidence) -> list[Finding]:
     res = ev.result
     if res.get("outcome") != "signal":
@@ -186,7 +186,8 @@ def killed_by_signal(ev: Evidence) -> list[Finding]:
     return [finding("killed-by-signal", f"the script died by {name}: {hint}", evidence, fix=fix)]
 
 
-@rule("no-training-steps", probes={"run"})
+@rule("no-training-steps", probes={"run"}, needs={"step", "model", "dataloader"},
+      raises=["no-training-steps"])
 def no_training_steps(ev: Evidence) -> list[Finding]:
     res = ev.result
     outcome = res.get("outcome")
