@@ -31,3 +31,32 @@ def test_each_probe_arms_the_instruments_it_armed_before(probe):
 
 def test_an_unknown_probe_arms_nothing():
     assert instruments_for("no-such-probe") == []
+
+
+@pytest.mark.parametrize("probe", ["checkup", "profile", "memory", "nan", "memory-sampler"])
+def test_the_child_arms_from_the_parents_needs_what_the_probe_and_run_arm(probe):
+    """launch.py writes ``armed_needs(probe)`` into meta.json; the child harness arms from those
+    kinds without loading the rules: the same instruments as the probe's plus run's."""
+    from torchdoctor.pipeline.registry import armed_needs
+    from torchdoctor.runner.harness import _armed
+
+    from_parent = [type(i).name for i in _armed(probe, sorted(armed_needs(probe)))]
+    assert sorted(from_parent) == sorted(set(ARMED[probe]) | set(ARMED["run"]))
+    assert from_parent == [type(i).name for i in _armed(probe)]
+
+
+def test_an_instrument_declares_what_it_produces_not_the_probes_that_arm_it():
+    from torchdoctor.instruments import Instrument, register
+
+    class Old(Instrument):
+        name = "test_old_style"
+        probes = frozenset({"checkup"})
+
+    with pytest.raises(ValueError, match="produces"):
+        register(Old)
+
+    class Mute(Instrument):
+        name = "test_mute"
+
+    with pytest.raises(ValueError, match="produces"):
+        register(Mute)

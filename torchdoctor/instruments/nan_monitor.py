@@ -142,7 +142,8 @@ class _Row:
 @register
 class NanMonitor(Instrument):
     name = "nan_monitor"
-    probes = frozenset({"nan", "checkup"})
+    produces = frozenset({"nonfinite", "numerics", "grad_norm_overflow", "nan_monitor",
+                          "nonfinite_contained"})
     priority = 60
 
     # ------------------------------------------------------------------ install

@@ -185,7 +185,9 @@ def make_sources(extra_paths: tuple[str, ...] = ()):
 @register
 class ProfilerWindow(Instrument):
     name = "profiler_window"
-    probes = frozenset({"profile"})
+    produces = frozenset({"profile_window", "profile_ops", "profile_host", "profile_python",
+                          "profile_device", "profile_kernels", "profile_gemm", "profile_copies",
+                          "profile_syncs"})
     priority = 80  # after the step clock: its step time excludes our prof.step() call
 
     def install(self, ctx: Any) -> None:

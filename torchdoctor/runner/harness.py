@@ -41,12 +41,15 @@ EXIT_INTERRUPTED = 130
 _HARNESS_FILES = (os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>")
 
 
-def _armed(probe: str) -> list[Any]:
-    """Instances of the instruments armed by ``probe`` plus those every run arms (probe 'run')."""
-    from torchdoctor.instruments import instruments_for
+def _armed(probe: str, needs: list[str] | None = None) -> list[Any]:
+    """Instances of the instruments armed by ``probe`` plus those every run arms (probe 'run');
+    ``needs``: the evidence kinds they are armed for, computed by the parent (meta.json)."""
+    from torchdoctor.instruments import instruments_for, instruments_producing
 
     classes = []
-    for cls in list(instruments_for(probe)) + list(instruments_for("run")):
+    armed = (instruments_producing(needs) if needs is not None
+             else list(instruments_for(probe)) + list(instruments_for("run")))
+    for cls in armed:
         if cls not in classes:
             classes.append(cls)
     # TORCHDOCTOR_DISABLE=name,name (or "all"): leave instruments out, to measure their cost
@@ -192,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                  cuda_build=torch.version.cuda, pid=os.getpid(),
                  cpus=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                  else os.cpu_count())
-        core = Core(ctx, _armed(ctx.probe))
+        core = Core(ctx, _armed(ctx.probe, meta.get("needs")))
         core.install()
         ctx.emit("script_start")
         _run_target(meta)

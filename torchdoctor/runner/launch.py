@@ -301,8 +301,11 @@ def launch(run_dir: str | os.PathLike, probe: str, argv: list[str], *, module: b
     d = Path(run_dir)
     d.mkdir(parents=True, exist_ok=True)
     options = dict(options or {})
+    from torchdoctor.pipeline.registry import armed_needs  # the rules' needs: what to arm
+
     write_json(d / META, {"probe": probe, "argv": list(argv), "module": bool(module),
-                          "options": options, "cwd": os.getcwd(), "started": time.time()})
+                          "options": options, "cwd": os.getcwd(), "started": time.time(),
+                          "needs": sorted(armed_needs(probe))})
     child_env = dict(os.environ)
     child_env["PYTHONUNBUFFERED"] = "1"
     child_env["TORCHDOCTOR_RUN_DIR"] = str(d)
