@@ -138,7 +138,8 @@ PARENT_KINDS = {"rank_result", "rank_stacks"}
 def _produced() -> set[str]:
     from torchdoctor.instruments import all_instruments
 
-    return set().union(*(c.produces for c in all_instruments().values())) | CORE_KINDS | PARENT_KINDS
+    made = set().union(*(c.produces for c in all_instruments().values()))
+    return made | CORE_KINDS | PARENT_KINDS
 
 
 def test_every_kind_a_rule_needs_is_produced():

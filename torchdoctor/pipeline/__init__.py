@@ -6,8 +6,8 @@ evidence they ``need``; the instruments a probe arms are derived from those need
 (:func:`torchdoctor.pipeline.registry.probe_needs`).
 ``run_probe`` (:mod:`torchdoctor.pipeline.run`) launches the script with the probe's
 instruments, loads the Evidence, runs the rules and returns the Report. Families add report
-metrics with ``@metrics_provider(name, needs=...)`` (:mod:`torchdoctor.pipeline.registry`) and follow-up
-runs with ``@followup(code)`` (:mod:`torchdoctor.pipeline.followups`), in modules of this
+metrics with ``@metrics_provider(name, needs=...)`` (:mod:`torchdoctor.pipeline.registry`) and
+follow-up runs with ``@followup(code)`` (:mod:`torchdoctor.pipeline.followups`), in modules of this
 package (discovered automatically).
 """
 

@@ -139,7 +139,8 @@ def profiler_window_failed(ev: Evidence) -> list[Finding]:
 
 
 @rule("host-sync-in-loop", probes=PROBES,
-      needs={"profile_window", "profile_device", "profile_syncs", "step"}, raises=[HOST_SYNC_IN_LOOP])
+      needs={"profile_window", "profile_device", "profile_syncs", "step"},
+      raises=[HOST_SYNC_IN_LOOP])
 def host_sync_in_loop(ev: Evidence) -> list[Finding]:
     w, _dev = gpu_window(ev)
     sy = ev.last("profile_syncs")
@@ -252,7 +253,8 @@ def pageable_h2d_copy(ev: Evidence) -> list[Finding]:
 
 
 @rule("fp32-compute-bound", probes=PROBES,
-      needs={"profile_window", "profile_device", "profile_gemm", "device", "step"}, raises=[FP32_COMPUTE_BOUND])
+      needs={"profile_window", "profile_device", "profile_gemm", "device", "step"},
+      raises=[FP32_COMPUTE_BOUND])
 def fp32_compute_bound(ev: Evidence) -> list[Finding]:
     w, dev = gpu_window(ev)
     info = w.get("device") or {}

@@ -22,8 +22,9 @@ MIN_AUDIT_STEPS = 2  # optimizer steps before "never received a gradient" is jud
 
 MISSING_ZERO_GRAD = declare("missing-zero-grad", DEBUGGING, "error",
                             "gradients accumulate across optimizer steps without being cleared")
-EVAL_MODE_TRAINING = declare("eval-mode-training", DEBUGGING, "warning",
-                             "optimizer steps while modules with Dropout/BatchNorm are in eval mode")
+EVAL_MODE_TRAINING = declare(
+    "eval-mode-training", DEBUGGING, "warning",
+    "optimizer steps while modules with Dropout/BatchNorm are in eval mode")
 UNUSED_PARAMETERS = declare("unused-parameters", MODULE_DESIGN, "warning",
                             "parameters that require grad never receive a gradient",
                             thresholds={"MIN_AUDIT_STEPS": MIN_AUDIT_STEPS})
