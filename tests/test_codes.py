@@ -158,3 +158,39 @@ def test_every_kind_a_metrics_provider_or_a_follow_up_reads_is_produced():
         assert needs and needs <= made, (name, sorted(needs - made))
     for probe, needs in EXTRA_NEEDS.items():
         assert needs <= made, (probe, sorted(needs - made))
+
+
+def _kinds_read(module, fn_name: str) -> set[str]:
+    """Evidence kinds that ``fn_name`` reads with ``.of/.last/.has("kind")``, itself or through
+    the functions of its own module it calls (helpers in other modules are not followed)."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(module))
+    funcs = {f.name: f for f in tree.body if isinstance(f, ast.FunctionDef)}
+    seen, kinds, todo = set(), set(), [fn_name]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in funcs:
+            continue
+        seen.add(name)
+        for node in ast.walk(funcs[name]):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            if (isinstance(f, ast.Attribute) and f.attr in ("of", "last", "has") and node.args
+                    and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+                kinds.add(node.args[0].value)
+            elif isinstance(f, ast.Name):
+                todo.append(f.id)
+    return kinds
+
+
+def test_a_rule_needs_every_kind_it_reads():
+    """``needs`` arms the instruments: a kind read but not declared would go unmeasured and the
+    rule would skip itself silently."""
+    import sys
+
+    for r in all_rules().values():
+        read = _kinds_read(sys.modules[r.fn.__module__], r.fn.__name__)
+        assert read <= r.needs, (r.name, sorted(read - r.needs))

@@ -1,4 +1,5 @@
-"""unseeded-run: the script never seeded the global RNGs (checkup, info)."""
+"""unseeded-run: the seeding watch (``instruments/seeding.py``) saw no seeding call of the global
+RNGs in a run that made training steps."""
 
 from __future__ import annotations
 
