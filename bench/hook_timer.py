@@ -44,7 +44,8 @@ def main() -> int:
         rest = ["--steps", str(a.steps), *rest]
     import nan_overhead
 
-    from torchdoctor.instruments import all_instruments, instruments_for
+    from torchdoctor.instruments import all_instruments
+    from torchdoctor.pipeline.registry import instruments_for
     from torchdoctor.instruments import memory_sampler as ms
     from torchdoctor.memory import host
     from torchdoctor.runner.context import HarnessContext

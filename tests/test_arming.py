@@ -10,7 +10,7 @@ NaN replay (pipeline/followups_nan.py).
 
 import pytest
 
-from torchdoctor.instruments import instruments_for
+from torchdoctor.pipeline.registry import instruments_for
 
 ARMED = {
     "run": ["dist_steps", "dist_collectives", "dist_sampler", "crashctx", "training_anomaly"],
@@ -40,9 +40,27 @@ def test_the_child_arms_from_the_parents_needs_what_the_probe_and_run_arm(probe)
     from torchdoctor.pipeline.registry import armed_needs
     from torchdoctor.runner.harness import _armed
 
-    from_parent = [type(i).name for i in _armed(probe, sorted(armed_needs(probe)))]
+    from_parent = [type(i).name for i in _armed(sorted(armed_needs(probe)))]
     assert sorted(from_parent) == sorted(set(ARMED[probe]) | set(ARMED["run"]))
-    assert from_parent == [type(i).name for i in _armed(probe)]
+    both = instruments_for(probe) + [c for c in instruments_for("run") if c not in instruments_for(probe)]
+    assert from_parent == [c.name for c in sorted(both, key=lambda c: (c.priority, c.name))]
+
+
+def test_a_run_launched_with_its_needs_arms_its_instruments(tmp_path):
+    """End to end through launch(): meta.json carries the needs, the child arms from them."""
+    import json
+
+    from torchdoctor.pipeline.registry import armed_needs
+    from torchdoctor.runner.launch import launch
+
+    script = tmp_path / "s.py"
+    script.write_text("print('ok')\n")
+    launch(tmp_path / "run", "memory", [str(script)], options={}, timeout=60,
+           needs=armed_needs("memory"), show_progress=False)
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    assert meta["needs"] == sorted(armed_needs("memory"))
+    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    assert any(e.get("kind") == "mem_info" for e in events)  # the memory sampler was armed
 
 
 def test_an_instrument_declares_what_it_produces_not_the_probes_that_arm_it():

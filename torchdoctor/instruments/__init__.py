@@ -8,7 +8,8 @@ callback costs nothing on the hot path).
 
 Register a class with :func:`register`; ``produces`` names the evidence kinds it is the source
 of (e.g. ``{"mem", "mem_info"}``). Which probes arm it is derived, not listed: a probe arms the
-instruments that produce a kind its rules need (:func:`instruments_for`). Kinds an instrument
+instruments that produce a kind its rules need (:func:`instruments_producing`, called with the
+probe's needs: ``torchdoctor.pipeline.registry.instruments_for``). Kinds an instrument
 only adds to, that another instrument is the source of (details for the crash finding in a
 ``crash_context``, ``artifact`` files, ``instrument_error``), are not in its ``produces``: they
 must not arm it. Modules in this package are discovered automatically.
@@ -112,12 +113,3 @@ def instruments_producing(needs: Iterable[str]) -> list[type[Instrument]]:
     found = [c for c in all_instruments().values() if c.produces & wanted]
     return sorted(found, key=lambda c: (c.priority, c.name))
 
-
-def instruments_for(probe: str) -> list[type[Instrument]]:
-    """Instrument classes armed by ``probe``: those that produce an evidence kind the probe
-    needs (its rules' ``needs``, :func:`torchdoctor.pipeline.registry.probe_needs`). A script
-    run arms ``probe``'s and ``"run"``'s (``armed_needs``: the parent computes them, so the child
-    harness loads no rule)."""
-    from torchdoctor.pipeline.registry import probe_needs
-
-    return instruments_producing(probe_needs(probe))

@@ -3,7 +3,9 @@
 **What a probe arms** is derived: :func:`probe_needs` is the union of the ``needs`` of the
 probe's rules (:func:`torchdoctor.judge.needs_of`) and of the few needs that no rule of it has
 (:data:`EXTRA_NEEDS`: follow-up re-runs, the bench's sampler-only probe);
-:func:`torchdoctor.instruments.instruments_for` arms the instruments that produce one of them.
+:func:`instruments_for` arms the instruments that produce one of them. The parent computes a
+run's needs (:func:`armed_needs`) and passes them to the child harness in ``meta.json``, so the
+code that runs in the user's process loads no rule.
 
 **Metrics providers.** A family contributes report metrics with a function in its own module
 under ``torchdoctor/pipeline/`` (discovered automatically)::
@@ -58,8 +60,16 @@ def probe_needs(probe: str) -> frozenset[str]:
 def armed_needs(probe: str) -> frozenset[str]:
     """What a script run under ``probe`` arms instruments for: the probe's needs and those of
     ``"run"`` (every script run). Computed in the parent and passed to the child harness
-    (``meta.json`` ``needs``), so the child does not load the rules."""
+    (``launch(needs=...)``, ``meta.json``), so the child does not load the rules."""
     return probe_needs(probe) | probe_needs("run")
+
+
+def instruments_for(probe: str) -> list[Any]:
+    """Instrument classes armed by ``probe`` itself, in dispatch order: those that produce an
+    evidence kind it needs (a script run arms ``probe``'s and ``"run"``'s)."""
+    from torchdoctor.instruments import instruments_producing
+
+    return instruments_producing(probe_needs(probe))
 
 
 _PROVIDERS: dict[str, Callable[[Any], dict | None]] = {}
