@@ -44,7 +44,8 @@ def main() -> int:
         rest = ["--steps", str(a.steps), *rest]
     import nan_overhead
 
-    from torchdoctor.instruments import all_instruments, instruments_for
+    from torchdoctor.instruments import all_instruments
+    from torchdoctor.pipeline.registry import instruments_for
     from torchdoctor.instruments import memory_sampler as ms
     from torchdoctor.memory import host
     from torchdoctor.runner.context import HarnessContext
@@ -59,8 +60,9 @@ def main() -> int:
             step()
 
     timers = HookTimers()
+    armed = instruments_for(a.probe)
     for cls in all_instruments().values():
-        if a.probe in cls.probes:
+        if cls in armed:
             timers.wrap(cls, [n for n in vars(cls)
                               if n.startswith(("_pre", "_post", "on_", "_fwd", "opt_", "mod_"))])
     timers.wrap(Core, ["_opt_pre", "_opt_post", "_boundary", "_bwd_begin", "_bwd_end", "_root_pre",

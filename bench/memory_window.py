@@ -47,7 +47,7 @@ def run_script(script: str, args: list[str]) -> float:
 
 
 def run_probe(probe: str, script: str, args: list[str]) -> tuple[float, dict | None, int]:
-    from torchdoctor.instruments import instruments_for
+    from torchdoctor.pipeline.registry import instruments_for
     from torchdoctor.memory import session
     from torchdoctor.runner.context import HarnessContext
     from torchdoctor.runner.core import Core

@@ -73,7 +73,7 @@ def main() -> int:
     import nan_overhead
     import torch
 
-    from torchdoctor.instruments import instruments_for
+    from torchdoctor.pipeline.registry import instruments_for
     from torchdoctor.instruments.nan_monitor import NanMonitor
     from torchdoctor.runner.context import HarnessContext
     from torchdoctor.runner.core import Core

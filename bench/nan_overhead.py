@@ -178,7 +178,7 @@ def attribute(script: Path, workload: str, rounds: int) -> dict[str, float]:
     import runpy
     import statistics as st
 
-    from torchdoctor.instruments import instruments_for
+    from torchdoctor.pipeline.registry import instruments_for
     from torchdoctor.runner.context import HarnessContext
     from torchdoctor.runner.core import Core
     from torchdoctor.runner.rundir import EvidenceWriter

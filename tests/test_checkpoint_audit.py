@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from torchdoctor.checkpoint.audit import Options, run
-from torchdoctor.codes import catalog
+from torchdoctor.catalog import catalog
 from torchdoctor.report.console import render_to_text
 
 HERE = Path(__file__).resolve().parent

@@ -28,6 +28,7 @@ def run_inprocess(probe: str, script: Path, args=(), options=None) -> Evidence:
     """What the child harness does, in this process: install, runpy, uninstall, evidence."""
     from torchdoctor.runner.context import HarnessContext, StopRun
     from torchdoctor.runner.core import Core
+    from torchdoctor.pipeline.registry import armed_needs
     from torchdoctor.runner.harness import _armed, _exception_record
     from torchdoctor.runner.rundir import META, RESULT, EvidenceWriter, write_json
 
@@ -36,7 +37,7 @@ def run_inprocess(probe: str, script: Path, args=(), options=None) -> Evidence:
     write_json(d / META, {"probe": probe, "argv": [str(script), *args], "options": opts})
     writer = EvidenceWriter(d)
     ctx = HarnessContext(probe, d, opts, writer)
-    core = Core(ctx, _armed(probe))
+    core = Core(ctx, _armed(sorted(armed_needs(probe))))
     result = {"outcome": "exit", "exit_code": 0}
     argv, path0 = sys.argv, sys.path[0]
     quiet = warnings.catch_warnings(record=True)  # the scripts' (and anomaly mode's) warnings

@@ -4,6 +4,7 @@ import pytest
 
 from torchdoctor.evidence import Evidence
 from torchdoctor.judge import NotApplicable
+from torchdoctor.rules import grad_scale as G
 from torchdoctor.rules import numerics as N
 from torchdoctor.rules import training as T
 
@@ -21,7 +22,7 @@ def series(norms, opt=0, start=1):
 # ---------------------------------------------------------------------------- explosion
 def test_explosion_geometric_growth_is_found_with_onset():
     norms = [(i + 1, 1.0 * 3 ** i) for i in range(12)]
-    out = N.judge_explosion(norms)
+    out = G.judge_explosion(norms)
     assert out is not None
     assert out["max_step"] == 12
     assert out["above_10x_from_step"] is not None and out["above_10x_from_step"] <= 6
@@ -32,30 +33,30 @@ def test_healthy_noisy_decreasing_norms_are_not_an_explosion():
 
     rng = random.Random(0)
     norms = [(i + 1, (5.0 / (1 + i / 10)) * rng.uniform(0.5, 2.0)) for i in range(200)]
-    assert N.judge_explosion(norms) is None
+    assert G.judge_explosion(norms) is None
 
 
 def test_single_spike_is_found():
     norms = [(i + 1, 1.0 + 0.1 * (i % 3)) for i in range(30)]
     norms[20] = (21, 500.0)
-    out = N.judge_explosion(norms)
+    out = G.judge_explosion(norms)
     assert out is not None and "spike" in out and out["spike"].startswith("step 21")
 
 
 def test_ten_x_wobble_is_not_a_spike():
     norms = [(i + 1, 1.0 if i % 7 else 10.0) for i in range(40)]
-    assert N.judge_explosion(norms) is None
+    assert G.judge_explosion(norms) is None
 
 
 def test_too_few_norms_is_not_judged():
-    assert N.judge_explosion([(1, 1.0), (2, 1e6)]) is None
+    assert G.judge_explosion([(1, 1.0), (2, 1e6)]) is None
     with pytest.raises(NotApplicable):
-        N.gradient_explosion(ev(series([1.0, 2.0, 3.0]), ("nan_monitor", {})))
+        G.gradient_explosion(ev(series([1.0, 2.0, 3.0]), ("nan_monitor", {})))
 
 
 def test_explosion_stops_at_first_nonfinite_and_reports_it():
     norms = [1.0, 1.1, 0.9, 1.0, 50.0, 2000.0, 9e4, "inf", "nan"]
-    out = N.gradient_explosion(ev(series(norms), ("nan_monitor", {})))
+    out = G.gradient_explosion(ev(series(norms), ("nan_monitor", {})))
     assert [f.code for f in out] == ["gradient-explosion"]
     assert out[0].evidence["nonfinite_from_step"] == 8
 
@@ -63,12 +64,12 @@ def test_explosion_stops_at_first_nonfinite_and_reports_it():
 def test_explosion_per_optimizer():
     e = ev(series([1.0] * 10, opt=0), series([1.0, 1, 1, 1, 10, 100, 1e3, 1e4, 1e5, 1e6], opt=1),
            ("nan_monitor", {}))
-    out = N.gradient_explosion(e)
+    out = G.gradient_explosion(e)
     assert len(out) == 1 and out[0].evidence["optimizer"] == 1
 
 
 def test_norm_overflow_event_alone_is_an_explosion():
-    out = N.gradient_explosion(ev(("grad_norm_overflow", {"step": 4, "norm": 3e20}), ("nan_monitor", {})))
+    out = G.gradient_explosion(ev(("grad_norm_overflow", {"step": 4, "norm": 3e20}), ("nan_monitor", {})))
     assert out and "3e+20" in out[0].title
 
 
@@ -149,17 +150,17 @@ def amp(**kw):
 
 
 def test_fp16_without_scaler():
-    (f,) = N.fp16_without_scaler(ev(amp(fp16_backwards=5, unscaled_fp16_backwards=5,
+    (f,) = G.fp16_without_scaler(ev(amp(fp16_backwards=5, unscaled_fp16_backwards=5,
                                         first_unscaled_step=1, devices=["cuda"])))
     assert f.code == "fp16-without-scaler" and f.skill == "mixed-precision-and-optimization"
     assert "step 1" in f.title
 
 
 def test_fp16_with_scaler_and_bf16_are_fine():
-    assert N.fp16_without_scaler(ev(amp(fp16_backwards=5, scaled_backwards=5))) == []
+    assert G.fp16_without_scaler(ev(amp(fp16_backwards=5, scaled_backwards=5))) == []
     with pytest.raises(NotApplicable):
-        N.fp16_without_scaler(ev(amp(bf16_backwards=5)))
-    (f,) = N.fp16_without_scaler(ev(amp(fp16_params=True, first_unscaled_step=1)))
+        G.fp16_without_scaler(ev(amp(bf16_backwards=5)))
+    (f,) = G.fp16_without_scaler(ev(amp(fp16_params=True, first_unscaled_step=1)))
     assert "float16 parameters" in f.title
 
 

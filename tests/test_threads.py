@@ -102,7 +102,7 @@ def test_teardown_under_a_thread_that_still_trains():
     hook calls become no-ops, nothing raises in it, nothing is left installed."""
     import torch
 
-    from torchdoctor.instruments import instruments_for
+    from torchdoctor.pipeline.registry import instruments_for
     from torchdoctor.runner.context import HarnessContext
     from torchdoctor.runner.core import Core
     from torchdoctor.runner.rundir import EvidenceWriter

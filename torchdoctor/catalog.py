@@ -59,15 +59,8 @@ def declare(code: str, skill: str, severity: str, summary: str,
 
 def catalog() -> dict[str, CodeInfo]:
     """All declared codes, importing every rule module on first call (torch is not imported)."""
-    import importlib.util
-
     from torchdoctor.judge import load_rules
 
-    if importlib.util.find_spec("torchdoctor.codes") is not None:  # families not yet moved
-        import torchdoctor.codes as legacy
-        from torchdoctor.discovery import import_submodules
-
-        import_submodules(legacy.__name__, legacy.__path__)
     load_rules()
     return dict(_CODES)
 

@@ -43,7 +43,7 @@ class Finding:
 def finding(code: str, title: str, evidence: dict[str, Any] | None = None, fix: str = "",
             severity: str | None = None, skill: str | None = None) -> Finding:
     """Build a Finding for a declared code; skill, severity and docs come from the catalog."""
-    from torchdoctor.codes import lookup
+    from torchdoctor.catalog import lookup
 
     info = lookup(code)
     return Finding(

@@ -12,7 +12,7 @@ from torchdoctor.errors import DoctorError
 
 
 def explain_text(code: str) -> str:
-    from torchdoctor.codes import catalog
+    from torchdoctor.catalog import catalog
     from torchdoctor.docs import doc_path
 
     codes = catalog()
@@ -40,7 +40,7 @@ def register(app: typer.Typer) -> None:
 
         con = Console(highlight=False)
         if list_codes or not code:
-            from torchdoctor.codes import catalog
+            from torchdoctor.catalog import catalog
 
             if not list_codes:
                 raise DoctorError("missing finding code", hint="e.g. `torchdoctor explain memory-growth`, or --list")

@@ -30,6 +30,7 @@ SYMPTOM_CODES = ("script-hung", "killed-by-signal", "script-crashed")
 def run_ranked(probe: str, target: str, argv: list[str], *, module: bool, opts: dict[str, Any],
                timeout: float | None, show: bool | None) -> Report:
     from torchdoctor.distributed.torchrun import RankSet, quiet_patterns
+    from torchdoctor.pipeline.registry import armed_needs
     from torchdoctor.pipeline.run import QUIET_PATTERNS, _run_dir
     from torchdoctor.runner.launch import launch
 
@@ -38,7 +39,7 @@ def run_ranked(probe: str, target: str, argv: list[str], *, module: bool, opts: 
     try:
         launch(run_dir, probe, argv, module=module, options=opts, timeout=timeout,
                quiet_patterns=QUIET_PATTERNS + quiet_patterns(dict(os.environ)), show_progress=show,
-               ranks=RankSet(run_dir, n))
+               ranks=RankSet(run_dir, n), needs=armed_needs(probe))
         label = " ".join(["-m", target] if module else [target])
         return judge(probe, label, run_dir, n)
     finally:

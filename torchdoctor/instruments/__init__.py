@@ -6,8 +6,13 @@ DataLoader iterator wrapper) and calls each armed instrument's callbacks; an ins
 overrides only the callbacks it needs (only overridden ones are dispatched, so an unused
 callback costs nothing on the hot path).
 
-Register a class with :func:`register`; ``probes`` names the probes that arm it
-(e.g. ``{"memory", "checkup"}``). Modules in this package are discovered automatically.
+Register a class with :func:`register`; ``produces`` names the evidence kinds it is the source
+of (e.g. ``{"mem", "mem_info"}``). Which probes arm it is derived, not listed: a probe arms the
+instruments that produce a kind its rules need (:func:`instruments_producing`, called with the
+probe's needs: ``torchdoctor.pipeline.registry.instruments_for``). Kinds an instrument
+only adds to, that another instrument is the source of (details for the crash finding in a
+``crash_context``, ``artifact`` files, ``instrument_error``), are not in its ``produces``: they
+must not arm it. Modules in this package are discovered automatically.
 
 Rules for code that runs inside the user's step: no device sync unless the instrument's
 docs say why (at most one per step), aggregate per step, return at once from hooks you
@@ -21,7 +26,7 @@ still costs the measurement).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 from torchdoctor.discovery import import_submodules
 
@@ -35,10 +40,10 @@ CALLBACKS = (
 
 
 class Instrument:
-    """Base class. Subclasses set ``name``, ``probes`` and override what they need."""
+    """Base class. Subclasses set ``name``, ``produces`` and override what they need."""
 
     name: str = ""
-    probes: frozenset[str] = frozenset()
+    produces: frozenset[str] = frozenset()  # the evidence kinds it writes (``ctx.emit``)
     priority: int = 50  # dispatch order, lower first (the step clock runs first)
     _hook_failed: bool = False  # set by :meth:`hook_failed`
 
@@ -85,6 +90,12 @@ _REGISTRY: dict[str, type[Instrument]] = {}
 def register(cls: type[Instrument]) -> type[Instrument]:
     if not cls.name:
         raise ValueError(f"{cls.__qualname__} has no name")
+    if "probes" in vars(cls):
+        raise ValueError(f"instrument {cls.name}: declare the evidence it produces (`produces`), "
+                         f"not the probes that arm it (derived from the rules' needs)")
+    if not cls.produces or not isinstance(cls.produces, frozenset):
+        raise ValueError(f"instrument {cls.name}: `produces` must be a non-empty frozenset of "
+                         f"evidence kinds")
     if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
         raise ValueError(f"instrument registered twice: {cls.name}")
     _REGISTRY[cls.name] = cls
@@ -96,7 +107,9 @@ def all_instruments() -> dict[str, type[Instrument]]:
     return dict(_REGISTRY)
 
 
-def instruments_for(probe: str) -> list[type[Instrument]]:
-    """Instrument classes armed by ``probe``, in dispatch order."""
-    found = [c for c in all_instruments().values() if probe in c.probes]
+def instruments_producing(needs: Iterable[str]) -> list[type[Instrument]]:
+    """Instrument classes that produce one of the evidence kinds ``needs``, in dispatch order."""
+    wanted = frozenset(needs)
+    found = [c for c in all_instruments().values() if c.produces & wanted]
     return sorted(found, key=lambda c: (c.priority, c.name))
+

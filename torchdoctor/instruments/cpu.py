@@ -85,7 +85,7 @@ def _tree_cpu_s() -> float | None:
 @register
 class CpuContention(Instrument):
     name = "cpu"
-    probes = frozenset({"checkup", "profile"})
+    produces = frozenset({"cpu"})
     priority = 70
 
     def install(self, ctx: Any) -> None:

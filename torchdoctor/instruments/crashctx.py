@@ -84,7 +84,7 @@ def device_context(frame_locals: dict[str, Any], models: list[Any]) -> dict[str,
 @register
 class CrashContext(Instrument):
     name = "crashctx"
-    probes = frozenset({"run"})
+    produces = frozenset({"crash_context"})
     priority = 90
 
     def on_crash(self, ctx: Any, exc: BaseException) -> None:

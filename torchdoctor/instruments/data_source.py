@@ -32,7 +32,7 @@ from torchdoctor.instruments import Instrument, register
 @register
 class DataSource(Instrument):
     name = "data_source"
-    probes = frozenset({"checkup", "profile"})
+    produces = frozenset({"data_loader", "data_step"})
     priority = 14
 
     def install(self, ctx: Any) -> None:

@@ -216,7 +216,9 @@ def dump_flight_recorder(run_dir: Any) -> dict[str, Any]:
 @register
 class CollectiveRecorder(Instrument):
     name = "dist_collectives"
-    probes = frozenset({"run"})  # every probe; inert unless the run is ranked
+    # inert unless the run is ranked; "collective" and "fr_entries" are its files, which the
+    # parent merges into events (distributed/merge.py)
+    produces = frozenset({"collectives", "dist_init", "collective", "fr_entries"})
     priority = 15
 
     def install(self, ctx: Any) -> None:

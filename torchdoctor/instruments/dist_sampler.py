@@ -91,7 +91,7 @@ def fingerprint(batch: Any, torch: Any) -> str | None:
 @register
 class SamplerWatch(Instrument):
     name = "dist_sampler"
-    probes = frozenset({"run"})  # every probe; inert unless the run is ranked
+    produces = frozenset({"dist_loader", "dist_batch"})  # inert unless the run is ranked
     priority = 16
 
     def install(self, ctx: Any) -> None:

@@ -23,7 +23,7 @@ from torchdoctor.instruments import Instrument, register
 @register
 class RankClock(Instrument):
     name = "dist_steps"
-    probes = frozenset({"run"})  # every probe; inert unless the run is ranked
+    produces = frozenset({"dist_step"})  # inert unless the run is ranked
     priority = 12
 
     def install(self, ctx: Any) -> None:

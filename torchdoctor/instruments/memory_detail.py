@@ -31,7 +31,7 @@ HISTORY_ENTRIES = 20000  # alloc/free trace entries kept for memory_viz (ring bu
 @register
 class MemoryDetail(Instrument):
     name = "memory_detail"
-    probes = frozenset({"memory"})
+    produces = frozenset({"mem_breakdown"})
     priority = 55  # before the sampler: it reads what this one arms
 
     def install(self, ctx: Any) -> None:

@@ -90,7 +90,7 @@ def _tensors(out: Any, tensor_type: type) -> list[Any]:
 @register
 class GradInEval(Instrument):
     name = "memory_grad_eval"
-    probes = frozenset({"memory", "checkup"})
+    produces = frozenset({"grad_eval"})
     priority = 70
 
     def install(self, ctx: Any) -> None:

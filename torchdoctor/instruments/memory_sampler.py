@@ -62,8 +62,7 @@ STEP_TIMES = 32  # recent step intervals kept for the median step time (window b
 @register
 class MemorySampler(Instrument):
     name = "memory_sampler"
-    # "memory-sampler": a probe with nothing else armed, for bench/memory_overhead.py
-    probes = frozenset({"memory", "checkup", "memory-sampler"})
+    produces = frozenset({"mem", "mem_device", "mem_end", "mem_info", "mem_oom", "mem_sites"})
     priority = 60
 
     def install(self, ctx: Any) -> None:

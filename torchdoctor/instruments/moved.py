@@ -27,7 +27,7 @@ def _first_param_state(module: Any) -> tuple | None:
 @register
 class ModuleMoves(Instrument):
     name = "moved"
-    probes = frozenset({"checkup", "profile"})
+    produces = frozenset({"module_moves", "module_moves_summary"})
     priority = 60
 
     def install(self, ctx: Any) -> None:

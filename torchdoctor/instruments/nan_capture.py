@@ -32,7 +32,7 @@ from torchdoctor.instruments import Instrument, register
 @register
 class NanCapture(Instrument):
     name = "nan_capture"
-    probes = frozenset({"nan"})
+    produces = frozenset({"nan_capture"})
     priority = 61
 
     def install(self, ctx: Any) -> None:

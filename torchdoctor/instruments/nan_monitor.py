@@ -59,7 +59,8 @@ from torchdoctor.numerics.locate import Locator
 @register
 class NanMonitor(WindowQueue, RowReader, Instrument):
     name = "nan_monitor"
-    probes = frozenset({"nan", "checkup"})
+    produces = frozenset({"nonfinite", "numerics", "grad_norm_overflow", "nan_monitor",
+                          "nonfinite_contained"})
     priority = 60
 
     # ------------------------------------------------------------------ install

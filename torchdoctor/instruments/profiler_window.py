@@ -56,7 +56,9 @@ RECORD_MIN_S = 0.5  # ... and at least this long: the window stops after the cur
 @register
 class ProfilerWindow(Instrument):
     name = "profiler_window"
-    probes = frozenset({"profile"})
+    produces = frozenset({"profile_window", "profile_ops", "profile_host", "profile_python",
+                          "profile_device", "profile_kernels", "profile_gemm", "profile_copies",
+                          "profile_syncs"})
     priority = 80  # after the step clock: its step time excludes our prof.step() call
 
     def install(self, ctx: Any) -> None:

@@ -24,7 +24,7 @@ MAX_EVENTS = 8
 @register
 class Seeding(Instrument):
     name = "seeding"
-    probes = frozenset({"checkup"})
+    produces = frozenset({"seeding", "seed"})
     priority = 80
 
     def install(self, ctx: Any) -> None:

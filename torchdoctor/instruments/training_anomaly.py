@@ -39,7 +39,7 @@ def parse_anomaly(text: str) -> dict[str, Any] | None:
 @register
 class AnomalyRerun(Instrument):
     name = "training_anomaly"
-    probes = frozenset({"run"})
+    produces = frozenset({"anomaly", "anomaly_trace"})
     priority = 90
 
     def install(self, ctx: Any) -> None:

@@ -51,7 +51,7 @@ AUDIT_STEPS = {1, 2, 10, 100, 1000, 10000}
 @register
 class TrainingGrads(Instrument):
     name = "training_grads"
-    probes = frozenset({"nan", "checkup"})
+    produces = frozenset({"zero_grad_summary", "zero_grad_stale", "params_audit"})
     priority = 55
 
     def install(self, ctx: Any) -> None:

@@ -42,7 +42,7 @@ MAX_NAMES = 12
 @register
 class TrainingModes(Instrument):
     name = "training_modes"
-    probes = frozenset({"nan", "checkup"})
+    produces = frozenset({"amp", "eval_mode", "eval_mode_summary", "loss_shape", "loss_watch"})
     priority = 56
 
     def install(self, ctx: Any) -> None:

@@ -1,11 +1,13 @@
 """Probes: what each script command arms (instruments) and judges (rules).
 
-A probe is named by its command (``checkup``, ``profile``, ``memory``, ``nan``); instruments
-and rules opt in by listing the probe name in their ``probes`` (``"run"``: every script probe).
+A probe is named by its command (``checkup``, ``profile``, ``memory``, ``nan``); rules opt in
+by listing the probe name in their ``probes`` (``"run"``: every script probe) and declare the
+evidence they ``need``; the instruments a probe arms are derived from those needs
+(:func:`torchdoctor.pipeline.registry.probe_needs`).
 ``run_probe`` (:mod:`torchdoctor.pipeline.run`) launches the script with the probe's
 instruments, loads the Evidence, runs the rules and returns the Report. Families add report
-metrics with ``@metrics_provider(name)`` (:mod:`torchdoctor.pipeline.registry`) and follow-up
-runs with ``@followup(code)`` (:mod:`torchdoctor.pipeline.followups`), in modules of this
+metrics with ``@metrics_provider(name, needs=...)`` (:mod:`torchdoctor.pipeline.registry`) and
+follow-up runs with ``@followup(code)`` (:mod:`torchdoctor.pipeline.followups`), in modules of this
 package (discovered automatically).
 """
 

@@ -33,7 +33,8 @@ def _timeline(ev: Evidence) -> dict[str, Any]:
     return tl
 
 
-@metrics_provider("memory")
+@metrics_provider("memory", needs={"mem", "mem_info", "mem_device", "mem_end", "mem_breakdown",
+                                     "mem_sites", "mem_oom", "grad_eval", "step"})
 def memory_metrics(ev: Evidence) -> dict[str, Any] | None:
     info = ev.last("mem_info")
     if info is None and not ev.has("mem"):

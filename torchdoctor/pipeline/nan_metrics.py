@@ -22,7 +22,7 @@ def _thin(points: list[list], keep: int | None) -> list[list]:
     return out
 
 
-@metrics_provider("nan")
+@metrics_provider("nan", needs={"nan_monitor", "numerics", "nonfinite", "nan_capture"})
 def nan_metrics(ev: Evidence) -> dict[str, Any] | None:
     mon = ev.last("nan_monitor")
     rows = ev.of("numerics")

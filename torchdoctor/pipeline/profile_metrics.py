@@ -12,7 +12,9 @@ from torchdoctor.evidence import Evidence
 from torchdoctor.pipeline.registry import metrics_provider
 
 
-@metrics_provider("profile")
+@metrics_provider("profile", needs={
+    "profile_window", "profile_ops", "profile_host", "profile_python", "profile_device",
+    "profile_kernels", "profile_gemm", "profile_copies", "profile_syncs", "step"})
 def profile_metrics(ev: Evidence) -> dict[str, Any] | None:
     w = ev.last("profile_window")
     if w is None:

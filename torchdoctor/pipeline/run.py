@@ -84,6 +84,7 @@ def run_probe(probe: str, target: str, script_args: list[str], options: dict[str
     ``module`` (bool), ``quiet`` (no progress line), plus probe-specific keys that instruments
     read from ``ctx.options``. Returns the Report (not yet printed).
     """
+    from torchdoctor.pipeline.registry import armed_needs
     from torchdoctor.runner.launch import launch
 
     module = bool(options.get("module"))
@@ -102,7 +103,7 @@ def run_probe(probe: str, target: str, script_args: list[str], options: dict[str
 
     def _launch(run_opts: dict[str, Any], d: Path, under: str = probe) -> Evidence:
         launch(d, under, argv, module=module, options=run_opts, timeout=timeout,
-               quiet_patterns=QUIET_PATTERNS, show_progress=show)
+               quiet_patterns=QUIET_PATTERNS, show_progress=show, needs=armed_needs(under))
         return Evidence.load(d)
 
     if opts.get("nproc_per_node"):  # torchrun: the harness on every rank, one merged report

@@ -88,12 +88,12 @@ def device_summary(ev: Evidence) -> dict[str, Any] | None:
     return out
 
 
-@metrics_provider("steps")
+@metrics_provider("steps", needs={"step", "step_device"})
 def steps_metrics(ev: Evidence) -> dict[str, Any] | None:
     return step_summary(ev)
 
 
-@metrics_provider("run")
+@metrics_provider("run", needs={"step", "script_start"})
 def run_metrics(ev: Evidence) -> dict[str, Any] | None:
     res = ev.result
     if not res:

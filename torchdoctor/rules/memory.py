@@ -1,15 +1,17 @@
 """Memory rules: memory-growth, memory-fragmentation, grad-in-eval, activation-dominated.
 
-(``out-of-memory`` is raised by the crash rule; the memory sampler adds its breakdown,
-sites and ranked fixes through a ``crash_context``.)
+(``out-of-memory`` is declared here, with its family, and raised by the crash rule; the
+memory sampler adds its breakdown and allocation sites through a ``crash_context``.)
 
-Thresholds (why: docs/findings/<code>.md, "How it is measured"):
+How they decide (the thresholds are the constants declared with each code below; why these
+values: docs/findings/<code>.md, "How it is measured"):
 * memory-growth: one judgment for every probe, :func:`torchdoctor.memory.growth.judge`
-  (its thresholds are declared there): a credible growth (robust slope, rise, consistency,
-  still rising at the end) is rated by its impact: error when memory would be full within
-  ERROR_HOURS of the measured step time, warning within the HORIZON_HOURS horizon (or at a
-  rate >= RATE_WARN_PER_HOUR), info beyond. Not raised when the site window saw the growth
-  but nothing outlived its step (larger steps, no leak).
+  (its constants live there, the code declares them): a credible growth (robust slope, rise,
+  consistency, still rising at the end) is rated by its impact: error when memory would be
+  full within ERROR_HOURS of the measured step time, warning within the HORIZON_HOURS horizon
+  (or at a rate >= RATE_WARN_PER_HOUR), info beyond. Not raised when the site window saw the
+  growth (>= WINDOW_SEEN of it) but what outlived its step explains less than SURVIVOR_SHARE
+  of it (larger steps, no leak).
 * memory-fragmentation: at peak, reserved - allocated >= FRAG_MIN_GAP and >= FRAG_RATIO of
   reserved; or after an OOM, reserved-but-unallocated >= FRAG_MIN_GAP and >= FRAG_OOM_RATIO.
 * grad-in-eval: >= GRAD_EVAL_MIN graph-building forwards never backpropagated.
@@ -22,15 +24,18 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from torchdoctor.catalog import declare
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Finding, finding
-from torchdoctor.memory.oom import fix_lines, rank_fixes
+from torchdoctor.judge import NotApplicable, rule
+from torchdoctor.memory import growth
 from torchdoctor.memory.growth import (SEVERITY_ORDER, UNATTRIBUTED_MIN_STEPS, capped_unattributed,
                                        judge)
+from torchdoctor.memory.oom import fix_lines, rank_fixes
 from torchdoctor.memory.series import cuda_end_stats, memory_series, room_left, step_seconds
 from torchdoctor.memory.trend import MIN_POINTS, fit_trend, warmup_count
 from torchdoctor.memory.units import MiB, human_bytes
-from torchdoctor.judge import NotApplicable, rule
+from torchdoctor.skills import TENSOR_MEMORY
 
 WINDOW_SEEN = 0.5  # the site window saw at least this share of the expected growth...
 SURVIVOR_SHARE = 0.25  # ...but survivors explain less than this share of it per step
@@ -43,6 +48,31 @@ GRAD_EVAL_MIN = 3
 
 ACT_SHARE = 0.5
 ACT_MIN_BYTES = 16 * MiB
+
+MEMORY_GROWTH = declare(
+    "memory-growth", TENSOR_MEMORY, "error",
+    "allocated memory (CUDA) or live tensor bytes (CPU) grows step over step",
+    thresholds={**{name: getattr(growth, name) for name in (
+        "GROWTH_MIN_SLOPE", "NOISY_MIN_SLOPE", "GROWTH_MIN_RISE", "GROWTH_MIN_CONSISTENCY",
+        "GROWTH_LATE_RATIO", "TAIL_MIN_POINTS", "HORIZON_HOURS", "HORIZON_STEPS", "ERROR_HOURS",
+        "ERROR_STEPS", "RATE_WARN_PER_HOUR", "UNATTRIBUTED_MIN_STEPS")},
+        "MIN_POINTS": MIN_POINTS, "WINDOW_SEEN": WINDOW_SEEN, "SURVIVOR_SHARE": SURVIVOR_SHARE})
+OUT_OF_MEMORY = declare(  # raised by the crash rule (rules/crash.py)
+    "out-of-memory", TENSOR_MEMORY, "error",
+    "the run hit out-of-memory: bytes requested, capacity, what was live")
+MEMORY_FRAGMENTATION = declare(
+    "memory-fragmentation", TENSOR_MEMORY, "warning",
+    "reserved - allocated is large at peak",
+    thresholds={"FRAG_MIN_GAP": FRAG_MIN_GAP, "FRAG_RATIO": FRAG_RATIO,
+                "FRAG_OOM_RATIO": FRAG_OOM_RATIO})
+GRAD_IN_EVAL = declare(
+    "grad-in-eval", TENSOR_MEMORY, "warning",
+    "forward passes build autograd graphs that are never backpropagated",
+    thresholds={"GRAD_EVAL_MIN": GRAD_EVAL_MIN})
+ACTIVATION_DOMINATED = declare(
+    "activation-dominated", TENSOR_MEMORY, "info",
+    "activations dominate peak memory",
+    thresholds={"ACT_SHARE": ACT_SHARE, "ACT_MIN_BYTES": ACT_MIN_BYTES})
 
 
 # ---- memory-growth ------------------------------------------------------------------------
@@ -108,7 +138,8 @@ def _bigger_steps_not_a_leak(ev: Evidence, s, fit) -> bool:
     return per_step is not None and per_step >= WINDOW_SEEN * grown / (after - first + 1)
 
 
-@rule("memory-growth", probes={"memory", "checkup"})
+@rule("memory-growth", probes={"memory", "checkup"},
+      needs={"mem", "mem_info", "mem_device", "mem_sites", "step"}, raises=[MEMORY_GROWTH])
 def memory_growth(ev: Evidence) -> list[Finding]:
     series = memory_series(ev)
     if not series:
@@ -222,7 +253,8 @@ def _growth_finding(ev: Evidence, s, fit, verdict, growing) -> Finding:
 
 # ---- memory-fragmentation -----------------------------------------------------------------
 
-@rule("memory-fragmentation", probes={"memory"})
+@rule("memory-fragmentation", probes={"memory"}, needs={"mem", "mem_end", "mem_oom", "mem_info"},
+      raises=[MEMORY_FRAGMENTATION])
 def memory_fragmentation(ev: Evidence) -> list[Finding]:
     stats = cuda_end_stats(ev)
     oom = ev.last("mem_oom")
@@ -266,7 +298,7 @@ def _frag(dev: str, when: str, reserved: int, allocated: int, s: dict[str, Any],
 
 # ---- grad-in-eval ---------------------------------------------------------------------------
 
-@rule("grad-in-eval", probes={"memory", "checkup"})
+@rule("grad-in-eval", probes={"memory", "checkup"}, needs={"grad_eval"}, raises=[GRAD_IN_EVAL])
 def grad_in_eval(ev: Evidence) -> list[Finding]:
     g = ev.last("grad_eval")
     if not g or not g.get("roots_hooked"):
@@ -300,7 +332,8 @@ def grad_in_eval(ev: Evidence) -> list[Finding]:
 
 # ---- activation-dominated ------------------------------------------------------------------
 
-@rule("activation-dominated", probes={"memory"})
+@rule("activation-dominated", probes={"memory"}, needs={"mem_breakdown"},
+      raises=[ACTIVATION_DOMINATED])
 def activation_dominated(ev: Evidence) -> list[Finding]:
     b = ev.last("mem_breakdown")
     if not b:

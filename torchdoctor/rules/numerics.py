@@ -1,32 +1,42 @@
-"""Numerics rules: the first non-finite value, exploding gradients, float16 without scaling.
+"""Numerics rules: the first non-finite value (forward, gradient, loss), and the crash codes of the
+family (raised by rules/crash.py). Exploding gradients and float16 without scaling: grad_scale.py.
 
 Pure functions of the evidence written by ``instruments/nan_monitor.py`` (``nonfinite``,
 ``numerics``, ``grad_norm_overflow``, ``nan_monitor``) and ``instruments/training_modes.py``
-(``amp``). Thresholds are documented in ``docs/findings/<code>.md``.
+(``amp``). The thresholds are the constants declared with each code below (why these values:
+``docs/findings/<code>.md``).
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 from typing import Any
 
+from torchdoctor.catalog import declare
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Finding, finding
 from torchdoctor.judge import NotApplicable, rule
+from torchdoctor.skills import DEBUGGING, MODULE_DESIGN
 
 NAN_PROBES = {"nan", "checkup"}
 
-# gradient-explosion thresholds (see docs/findings/gradient-explosion.md)
-MIN_NORMS = 6  # finite grad norms needed to judge a trend
-GROWTH_RATIO = 1e3  # max norm / early median: "orders of magnitude"
-SPIKE_RATIO = 100.0  # one norm / median of the previous SPIKE_WINDOW norms
-SPIKE_WINDOW = 10
-SPIKE_MIN_HISTORY = 5
+NONFINITE_FORWARD = declare("nonfinite-forward", DEBUGGING, "error",
+                            "first module whose output has NaN/Inf while its inputs are finite")
+NONFINITE_GRADIENT = declare("nonfinite-gradient", DEBUGGING, "error",
+                             "first parameter whose gradient is NaN/Inf while the loss is finite")
+NONFINITE_LOSS = declare("nonfinite-loss", DEBUGGING, "error",
+                         "loss became NaN/Inf and no earlier localization was possible")
+# crashes of the numerics family, raised by the crash rule (rules/crash.py) from the exception's
+# text; the inplace-modified follow-up re-run is in pipeline/followups_nan.py
+INPLACE_MODIFIED = declare("inplace-modified", DEBUGGING, "error",
+                           "crash 'modified by an inplace operation': the forward op and line")
+DEVICE_MISMATCH = declare(
+    "device-mismatch", MODULE_DESIGN, "error",
+    "crash 'Expected all tensors to be on the same device': the tensor's origin")
 
 
 # ---------------------------------------------------------------------------- helpers
-def _f(x: Any) -> float | None:
+def as_float(x: Any) -> float | None:
     """A number from evidence (floats, or the strings "nan"/"inf"/"-inf"); None if absent."""
     if x is None:
         return None
@@ -48,7 +58,7 @@ def _values(d: dict) -> list:
 
 def _kind(d: dict) -> str:
     """'NaN' or 'Inf' from a non-finite record's measured values."""
-    vals = [_f(v) for v in _values(d)]
+    vals = [as_float(v) for v in _values(d)]
     if any(v is not None and math.isnan(v) for v in vals):
         return "NaN"
     if any(v is not None and math.isinf(v) for v in vals):
@@ -70,18 +80,18 @@ def _io_lines(items: list | None) -> list[str]:
     return [f"#{x.get('index', i)} {_fmt(x)}" for i, x in enumerate(items or [])]
 
 
-def _series(ev: Evidence) -> dict[int, list[tuple[int, float | None]]]:
+def grad_norm_series(ev: Evidence) -> dict[int, list[tuple[int, float | None]]]:
     """Grad norms per optimizer index: [(step, norm or None)], in order."""
     out: dict[int, list[tuple[int, float | None]]] = {}
     for e in ev.of("numerics"):
         for step, opt, gn in zip(e.get("steps", []), e.get("opt", []), e.get("grad_norm", [])):
             if gn is None or opt is None:
                 continue
-            out.setdefault(int(opt), []).append((int(step), _f(gn)))
+            out.setdefault(int(opt), []).append((int(step), as_float(gn)))
     return out
 
 
-def _monitor_ran(ev: Evidence) -> None:
+def monitor_ran(ev: Evidence) -> None:
     if not ev.has("nan_monitor") and not ev.has("numerics") and not ev.has("nonfinite"):
         raise NotApplicable("the non-finite monitor did not report (the run ended before it could)")
 
@@ -236,12 +246,13 @@ def _grad_finding(nf: dict[str, Any]) -> Finding:
     return finding("nonfinite-gradient", title, evidence, fix="; ".join(GRAD_FIXES))
 
 
-@rule("nonfinite", probes=NAN_PROBES)
+@rule("nonfinite", probes=NAN_PROBES, needs={"nonfinite", "numerics", "nan_monitor"},
+      raises=[NONFINITE_FORWARD, NONFINITE_GRADIENT, NONFINITE_LOSS])
 def nonfinite(ev: Evidence) -> list[Finding]:
     """nonfinite-forward / nonfinite-gradient / nonfinite-loss from the monitor's first event."""
     nf = ev.last("nonfinite")
     if nf is None:
-        _monitor_ran(ev)
+        monitor_ran(ev)
         if not ev.of("numerics"):
             raise NotApplicable("no backward or optimizer step was seen, so no loss or gradient "
                                 "was checked")
@@ -257,128 +268,3 @@ def nonfinite(ev: Evidence) -> list[Finding]:
     if what == "gradient":
         return [_grad_finding(nf)]
     return []
-
-
-# ---------------------------------------------------------------------------- explosion
-def judge_explosion(norms: list[tuple[int, float | None]]) -> dict[str, Any] | None:
-    """Evidence of an exploding gradient norm in ``[(step, norm)]``, or None.
-
-    Only finite norms before the first non-finite one count. Growth: the largest norm after
-    the first ``k`` (k = max(3, n // 5)) is ≥ ``GROWTH_RATIO`` × the median of those first k.
-    Spike: one norm ≥ ``SPIKE_RATIO`` × the median of the ``SPIKE_WINDOW`` norms before it.
-    """
-    finite: list[tuple[int, float]] = []
-    first_bad = None
-    for step, n in norms:
-        if n is None:
-            continue
-        if not math.isfinite(n):
-            first_bad = step
-            break
-        finite.append((step, n))
-    if len(finite) < MIN_NORMS:
-        return None
-    vals = [n for _s, n in finite]
-    k = max(3, len(vals) // 5)
-    base = statistics.median(vals[:k])
-    floor = max(base, 1e-12)
-    imax = max(range(k, len(vals)), key=lambda i: vals[i])
-    growth = vals[imax] / floor
-    spike = None
-    for i in range(SPIKE_MIN_HISTORY, len(vals)):
-        prev = vals[max(0, i - SPIKE_WINDOW):i]
-        med = max(statistics.median(prev), 1e-12)
-        if vals[i] / med >= SPIKE_RATIO:
-            spike = (finite[i][0], vals[i], vals[i] / med)
-            break
-    if growth < GROWTH_RATIO and spike is None:
-        return None
-    onset = next((finite[i][0] for i in range(k, len(vals)) if vals[i] >= 10 * floor), None)
-    out: dict[str, Any] = {
-        "early_median_norm": _g(base), "early_steps": f"{finite[0][0]}-{finite[k - 1][0]}",
-        "max_norm": _g(vals[imax]), "max_step": finite[imax][0], "growth": f"{growth:.3g}x",
-        "above_10x_from_step": onset,
-        "last_norms": [f"step {s}: {n:.3g}" for s, n in finite[-6:]],
-    }
-    if spike is not None:
-        out["spike"] = f"step {spike[0]}: {spike[1]:.3g} = {spike[2]:.3g}x the median of the steps before"
-    if first_bad is not None:
-        out["nonfinite_from_step"] = first_bad
-    return out
-
-
-def _g(x: float) -> float:
-    return float(f"{x:.4g}")
-
-
-@rule("gradient-explosion", probes=NAN_PROBES)
-def gradient_explosion(ev: Evidence) -> list[Finding]:
-    series = _series(ev)
-    overflow = ev.of("grad_norm_overflow")
-    if not series and not overflow:
-        _monitor_ran(ev)
-        raise NotApplicable("no gradient norm was measured (no optimizer step with gradients)")
-    if all(len([n for _s, n in s if n is not None and math.isfinite(n)]) < MIN_NORMS
-           for s in series.values()) and not overflow:
-        raise NotApplicable(f"fewer than {MIN_NORMS} steps with gradients: no trend to judge")
-    out = []
-    for opt, norms in sorted(series.items()):
-        evd = judge_explosion(norms)
-        if evd is None:
-            continue
-        if len(series) > 1:
-            evd = {"optimizer": opt, **evd}
-        growth = evd["growth"]
-        where = (f"from step {evd['above_10x_from_step']}" if evd.get("above_10x_from_step")
-                 else f"at step {evd['max_step']}")
-        title = (f"gradient norm exploded {where}: {evd['early_median_norm']:.3g} early, "
-                 f"{evd['max_norm']:.3g} at step {evd['max_step']} ({growth})")
-        if "spike" in evd and float(growth.rstrip("x")) < GROWTH_RATIO:
-            title = f"gradient norm spiked at {evd['spike']}"
-        if evd.get("nonfinite_from_step"):
-            title += f", then non-finite at step {evd['nonfinite_from_step']}"
-        out.append(finding("gradient-explosion", title, evd, fix=(
-            "Clip the gradient norm (torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0) "
-            "between backward and step); lower the learning rate or add warmup; check for a "
-            "loss scale that grows (unnormalised sums instead of means), and for missing "
-            "normalisation layers in deep stacks")))
-    if not out and overflow:
-        o = overflow[0]
-        norm = f" ({_f(o['norm']):.3g})" if o.get("norm") is not None else ""
-        out.append(finding("gradient-explosion",
-                           f"gradient norm{norm} overflowed float32 at step {o.get('step')} "
-                           f"although every gradient element was finite",
-                           {"step": o.get("step"), "norm": o.get("norm")},
-                           fix="Clip the gradient norm and lower the learning rate"))
-    return out
-
-
-# ---------------------------------------------------------------------------- float16
-@rule("fp16-without-scaler", probes=NAN_PROBES)
-def fp16_without_scaler(ev: Evidence) -> list[Finding]:
-    amp = ev.last("amp")
-    if amp is None:
-        raise NotApplicable("the mixed-precision watch did not report")
-    fp16 = int(amp.get("fp16_backwards") or 0)
-    params16 = bool(amp.get("fp16_params"))
-    if not fp16 and not params16:
-        raise NotApplicable("no float16 autocast region before a backward, no float16 parameters")
-    unscaled = int(amp.get("unscaled_fp16_backwards") or 0)
-    scaled = int(amp.get("scaled_backwards") or 0)
-    if not ((fp16 and unscaled and not scaled) or (params16 and not scaled)):
-        return []
-    evidence: dict[str, Any] = {"fp16_backwards": fp16, "unscaled_backwards": unscaled,
-                                "first_step": amp.get("first_unscaled_step"),
-                                "autocast_devices": amp.get("devices")}
-    if params16:
-        evidence["fp16_params"] = True
-    if amp.get("scaler_disabled"):
-        evidence["grad_scaler"] = "created with enabled=False"
-    what = "float16 autocast" if fp16 else "float16 parameters"
-    n = unscaled if fp16 else "every"
-    title = (f"{what} trained without loss scaling: {n} backward pass(es) from step "
-             f"{amp.get('first_unscaled_step')} ran without a GradScaler")
-    return [finding("fp16-without-scaler", title, evidence, fix=(
-        "Use torch.amp.GradScaler: scaler.scale(loss).backward(); scaler.step(optimizer); "
-        "scaler.update() (small gradients underflow to zero in float16 without it); or train "
-        "in bfloat16 (torch.autocast(device, dtype=torch.bfloat16)), which needs no scaler"))]

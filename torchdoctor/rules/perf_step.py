@@ -1,18 +1,22 @@
 """Step-clock rules: dataloader-bound, model-moved-in-loop, cpu-oversubscribed.
 
-Thresholds (why: docs/findings/<code>.md, "How it is measured"):
-* dataloader-bound: data wait ≥ 30% of the judged steps' wall time, at least
-  MIN_STEPS judged steps; on CUDA also the GPU busy estimate ≤ 75% (a host that waits for
-  data while the GPU still works through queued kernels is not data-bound). The finding names
-  the loader that fed the judged steps (``data_step``/``data_loader`` evidence: the loader of
-  each step's last batch), and the share counts that loader's wait only (an evaluation loop's
-  loader, iterated between two training steps, is listed, not counted). The median step's
-  share is given beside the mean; when a few steps hold half the wait (epoch starts) and the
-  median step is under the threshold, the finding is info.
-* model-moved-in-loop: a module moved in ≥ 50% of the judged steps (≥ MIN_STEPS of them).
-  Warning when the moves really copy or cost ≥ 1% of the step; info for no-op repeats.
+How they decide (the thresholds are the constants declared with each code below; why these
+values: docs/findings/<code>.md, "How it is measured"):
+* dataloader-bound: data wait ≥ DATA_SHARE of the judged steps' wall time, at least
+  MIN_STEPS judged steps; on CUDA also the GPU busy estimate ≤ GPU_BUSY_MAX (a host that
+  waits for data while the GPU still works through queued kernels is not data-bound). The
+  finding names the loader that fed the judged steps (``data_step``/``data_loader`` evidence:
+  the loader of each step's last batch), and the share counts that loader's wait only (an
+  evaluation loop's loader, iterated between two training steps, is listed, not counted). The
+  median step's share is given beside the mean; when a few steps hold half the wait (epoch
+  starts, :func:`concentrated_wait`) and the median step is under DATA_SHARE, the finding is
+  info.
+* model-moved-in-loop: a module moved in ≥ MOVE_STEP_FRACTION of the judged steps (≥
+  MIN_STEPS of them). Warning when the moves really copy or cost ≥ MOVE_COST_SHARE of the
+  step; info for no-op repeats.
 * cpu-oversubscribed: intra-op threads × local processes > usable cores; or, CPU-only, the
-  neighbours used ≥ 1 core while the main thread got < 50% of the non-data-wait wall time.
+  neighbours used ≥ OTHER_LOAD_CORES cores while the training threads (≥ MIN_CPU_S of CPU
+  work) waited for a CPU ≥ RUNQUEUE_WAIT_SHARE of the time they were runnable.
 """
 
 from __future__ import annotations
@@ -20,11 +24,13 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from torchdoctor.catalog import declare
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Finding, finding
-from torchdoctor.pipeline.steps import device_summary, judged_steps
 from torchdoctor.judge import NotApplicable, rule
+from torchdoctor.pipeline.steps import device_summary, judged_steps
 from torchdoctor.runner.frames import short_path
+from torchdoctor.skills import PERFORMANCE
 
 MIN_STEPS = 3
 DATA_SHARE = 0.30
@@ -38,6 +44,23 @@ FEW_SHARE = 0.5  # "a few steps hold the wait": the fewest steps holding half th
 FEW_FRACTION = 0.1  # ... are at most this share of the judged steps
 MIN_STEPS_FOR_FEW = 10
 
+DATALOADER_BOUND = declare(
+    "dataloader-bound", PERFORMANCE, "error",
+    f"the loop waits on the next batch for >= {DATA_SHARE:.0%} of step time",
+    thresholds={"DATA_SHARE": DATA_SHARE, "MIN_STEPS": MIN_STEPS, "GPU_BUSY_MAX": GPU_BUSY_MAX,
+                "FEW_SHARE": FEW_SHARE, "FEW_FRACTION": FEW_FRACTION,
+                "MIN_STEPS_FOR_FEW": MIN_STEPS_FOR_FEW})
+MODEL_MOVED_IN_LOOP = declare(
+    "model-moved-in-loop", PERFORMANCE, "warning",
+    "a module is moved with .to()/.cuda() every step",
+    thresholds={"MOVE_STEP_FRACTION": MOVE_STEP_FRACTION, "MIN_STEPS": MIN_STEPS,
+                "MOVE_COST_SHARE": MOVE_COST_SHARE})
+CPU_OVERSUBSCRIBED = declare(
+    "cpu-oversubscribed", PERFORMANCE, "warning",
+    "intra-op threads x processes exceed the CPU cores available, or the host is loaded",
+    thresholds={"OTHER_LOAD_CORES": OTHER_LOAD_CORES, "MIN_CPU_S": MIN_CPU_S,
+                "RUNQUEUE_WAIT_SHARE": RUNQUEUE_WAIT_SHARE, "MIN_STEPS": MIN_STEPS})
+
 
 def _need_steps(ev: Evidence) -> list[dict[str, Any]]:
     steps = judged_steps(ev)
@@ -50,7 +73,9 @@ def _short(path: str | None) -> str | None:
     return short_path(path)
 
 
-@rule("dataloader-bound", probes={"checkup", "profile"})
+@rule("dataloader-bound", probes={"checkup", "profile"},
+      needs={"step", "step_device", "env", "data_step", "data_loader", "dataloader"},
+      raises=[DATALOADER_BOUND])
 def dataloader_bound(ev: Evidence) -> list[Finding]:
     steps = _need_steps(ev)
     if not any(int(s.get("batches", 0)) for s in steps):
@@ -198,7 +223,8 @@ def _feeding_loader(ev: Evidence, steps: list[dict[str, Any]]
     return facts.get(pick) or ev.last("dataloader") or {}, by_loader, fed_wait, starts
 
 
-@rule("model-moved-in-loop", probes={"checkup", "profile"})
+@rule("model-moved-in-loop", probes={"checkup", "profile"},
+      needs={"step", "module_moves", "module_moves_summary"}, raises=[MODEL_MOVED_IN_LOOP])
 def model_moved_in_loop(ev: Evidence) -> list[Finding]:
     steps = _need_steps(ev)
     first = int(steps[0]["step"])
@@ -232,7 +258,8 @@ def model_moved_in_loop(ev: Evidence) -> list[Finding]:
                         "only the batch (x = x.to(device, non_blocking=True))")]
 
 
-@rule("cpu-oversubscribed", probes={"checkup", "profile"})
+@rule("cpu-oversubscribed", probes={"checkup", "profile"}, needs={"cpu", "step", "step_device"},
+      raises=[CPU_OVERSUBSCRIBED])
 def cpu_oversubscribed(ev: Evidence) -> list[Finding]:
     cpu = ev.last("cpu")
     if not cpu:

@@ -3,8 +3,8 @@
 Inputs: the ``profile_*`` events of :mod:`torchdoctor.instruments.profiler_window` and the step
 clock's ``step`` events. Device figures are judged against the *un-profiled* step time (median
 wall time of the steps the window did not touch), because the profiler's Python tracer slows the
-host during the recorded steps but not the device. Thresholds are documented in
-``docs/findings/<code>.md``.
+host during the recorded steps but not the device. The thresholds are the constants declared
+with each code below (why these values: ``docs/findings/<code>.md``).
 """
 
 from __future__ import annotations
@@ -12,18 +12,40 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from torchdoctor.catalog import declare
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Finding, finding, internal_finding
 from torchdoctor.judge import NotApplicable, rule
+from torchdoctor.rules.perf_step import DATA_SHARE
+from torchdoctor.skills import MIXED_PRECISION, PERFORMANCE
 
 PROBES = {"profile"}
 LAUNCH_BUSY_MAX = 0.5  # launch-bound: GPU busy below this share of the step ...
-DATA_SHARE_MAX = 0.3  # ... while the data wait stays below the dataloader-bound threshold
+# ... while the data wait stays below dataloader-bound's DATA_SHARE (else the GPU waits for data)
 PAGEABLE_MIN_BYTES = 256 * 1024  # pageable H2D per step worth a warning ...
 PAGEABLE_MIN_SHARE = 0.02  # ... or this share of the step spent in pageable copies
 FP32_SHARE_MIN = 0.5  # fp32-compute-bound: plain-float32 GEMM/conv share of GPU busy time ...
 FP32_BUSY_MIN = 0.5  # ... on a GPU busy at least this share of the step
 PYTHON_SHARE_MIN = 0.5  # slow-python-loop: Python outside torch ops, share of the step
+
+HOST_SYNC_IN_LOOP = declare("host-sync-in-loop", PERFORMANCE, "warning",
+                            "device-to-host syncs every step stall the GPU")
+LAUNCH_BOUND = declare(
+    "launch-bound", PERFORMANCE, "warning",
+    f"GPU busy < {LAUNCH_BUSY_MAX:.0%} of step time while data wait is low: many small kernels",
+    thresholds={"LAUNCH_BUSY_MAX": LAUNCH_BUSY_MAX, "DATA_SHARE": DATA_SHARE})
+PAGEABLE_H2D_COPY = declare(
+    "pageable-h2d-copy", PERFORMANCE, "warning",
+    "host-to-device copies come from pageable memory",
+    thresholds={"PAGEABLE_MIN_BYTES": PAGEABLE_MIN_BYTES, "PAGEABLE_MIN_SHARE": PAGEABLE_MIN_SHARE})
+FP32_COMPUTE_BOUND = declare(
+    "fp32-compute-bound", MIXED_PRECISION, "warning",
+    "matmul/conv dominate GPU time in float32 on a GPU with bf16 tensor cores",
+    thresholds={"FP32_SHARE_MIN": FP32_SHARE_MIN, "FP32_BUSY_MIN": FP32_BUSY_MIN})
+SLOW_PYTHON_LOOP = declare(
+    "slow-python-loop", PERFORMANCE, "info",
+    "Python-side CPU time dominates the step (no GPU)",
+    thresholds={"PYTHON_SHARE_MIN": PYTHON_SHARE_MIN})
 
 
 # --------------------------------------------------------------------------- shared evidence
@@ -106,7 +128,7 @@ def _site_line(s: dict[str, Any], extra: str = "") -> str:
 
 # --------------------------------------------------------------------------- the rules
 
-@rule("profiler-window", probes=PROBES)
+@rule("profiler-window", probes=PROBES, needs={"profile_window"}, raises=["internal-error"])
 def profiler_window_failed(ev: Evidence) -> list[Finding]:
     """A window that broke is torchdoctor's failure: say so instead of a quiet skip."""
     w = ev.last("profile_window")
@@ -116,7 +138,9 @@ def profiler_window_failed(ev: Evidence) -> list[Finding]:
                              {"traceback": w.get("traceback", "")})]
 
 
-@rule("host-sync-in-loop", probes=PROBES)
+@rule("host-sync-in-loop", probes=PROBES,
+      needs={"profile_window", "profile_device", "profile_syncs", "step"},
+      raises=[HOST_SYNC_IN_LOOP])
 def host_sync_in_loop(ev: Evidence) -> list[Finding]:
     w, _dev = gpu_window(ev)
     sy = ev.last("profile_syncs")
@@ -151,7 +175,8 @@ def host_sync_in_loop(ev: Evidence) -> list[Finding]:
             "remaining sync.")]
 
 
-@rule("launch-bound", probes=PROBES)
+@rule("launch-bound", probes=PROBES,
+      needs={"profile_window", "profile_device", "profile_ops", "step"}, raises=[LAUNCH_BOUND])
 def launch_bound(ev: Evidence) -> list[Finding]:
     w, dev = gpu_window(ev)
     clock = bare_clock(ev, w)
@@ -160,7 +185,7 @@ def launch_bound(ev: Evidence) -> list[Finding]:
     step_ms = clock["step_ms"]
     busy_ms = float(dev.get("gpu_busy_ms") or 0.0)
     share = min(1.0, busy_ms / step_ms) if step_ms > 0 else 1.0
-    if share >= LAUNCH_BUSY_MAX or clock["data_share"] >= DATA_SHARE_MAX:
+    if share >= LAUNCH_BUSY_MAX or clock["data_share"] >= DATA_SHARE:
         return []
     title = (f"the GPU is busy only {_pct(share)} of the step: {dev['kernels_per_step']:g} kernels "
              f"per step, median {dev.get('median_kernel_us', 0):g} µs each")
@@ -186,7 +211,9 @@ def launch_bound(ev: Evidence) -> list[Finding]:
             "work ahead.")]
 
 
-@rule("pageable-h2d-copy", probes=PROBES)
+@rule("pageable-h2d-copy", probes=PROBES,
+      needs={"profile_window", "profile_device", "profile_copies", "step", "dataloader"},
+      raises=[PAGEABLE_H2D_COPY])
 def pageable_h2d_copy(ev: Evidence) -> list[Finding]:
     w, _dev = gpu_window(ev)
     cp = ev.last("profile_copies")
@@ -225,7 +252,9 @@ def pageable_h2d_copy(ev: Evidence) -> list[Finding]:
             "the loop.")]
 
 
-@rule("fp32-compute-bound", probes=PROBES)
+@rule("fp32-compute-bound", probes=PROBES,
+      needs={"profile_window", "profile_device", "profile_gemm", "device", "step"},
+      raises=[FP32_COMPUTE_BOUND])
 def fp32_compute_bound(ev: Evidence) -> list[Finding]:
     w, dev = gpu_window(ev)
     info = w.get("device") or {}
@@ -267,7 +296,9 @@ def fp32_compute_bound(ev: Evidence) -> list[Finding]:
             "True` for convolutions). Check the loss curve once after switching.")]
 
 
-@rule("slow-python-loop", probes=PROBES)
+@rule("slow-python-loop", probes=PROBES,
+      needs={"profile_window", "profile_device", "profile_host", "profile_python", "step"},
+      raises=[SLOW_PYTHON_LOOP])
 def slow_python_loop(ev: Evidence) -> list[Finding]:
     """Python share = (un-profiled step − data wait − torch op time) / un-profiled step.
 

@@ -1,13 +1,18 @@
-"""unseeded-run: the script never seeded the global RNGs (checkup, info)."""
+"""unseeded-run: the seeding watch (``instruments/seeding.py``) saw no seeding call of the global
+RNGs in a run that made training steps."""
 
 from __future__ import annotations
 
+from torchdoctor.catalog import declare
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Finding, finding
 from torchdoctor.judge import NotApplicable, rule
+from torchdoctor.skills import CHECKPOINTING
+
+UNSEEDED_RUN = declare("unseeded-run", CHECKPOINTING, "info", "no RNG seeding seen")
 
 
-@rule("unseeded-run", probes={"checkup"})
+@rule("unseeded-run", probes={"checkup"}, needs={"seeding", "step"}, raises=[UNSEEDED_RUN])
 def unseeded_run(ev: Evidence) -> list[Finding]:
     summary = ev.last("seeding")
     if summary is None:

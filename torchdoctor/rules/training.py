@@ -10,13 +10,31 @@ from __future__ import annotations
 
 from typing import Any
 
+from torchdoctor.catalog import declare
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Finding, finding
 from torchdoctor.judge import NotApplicable, rule
 from torchdoctor.runner.frames import short_path
+from torchdoctor.skills import DEBUGGING, MODULE_DESIGN
 
 PROBES = {"nan", "checkup"}
 MIN_AUDIT_STEPS = 2  # optimizer steps before "never received a gradient" is judged
+
+MISSING_ZERO_GRAD = declare("missing-zero-grad", DEBUGGING, "error",
+                            "gradients accumulate across optimizer steps without being cleared")
+EVAL_MODE_TRAINING = declare(
+    "eval-mode-training", DEBUGGING, "warning",
+    "optimizer steps while modules with Dropout/BatchNorm are in eval mode")
+UNUSED_PARAMETERS = declare("unused-parameters", MODULE_DESIGN, "warning",
+                            "parameters that require grad never receive a gradient",
+                            thresholds={"MIN_AUDIT_STEPS": MIN_AUDIT_STEPS})
+PARAMS_NOT_IN_OPTIMIZER = declare("params-not-in-optimizer", MODULE_DESIGN, "warning",
+                                  "trainable parameters absent from every optimizer param group")
+UNREGISTERED_SUBMODULE = declare(
+    "unregistered-submodule", MODULE_DESIGN, "warning",
+    "an nn.Module held in a plain list/dict/tuple attribute, so its parameters are not registered")
+LOSS_SHAPE_BROADCAST = declare("loss-shape-broadcast", DEBUGGING, "warning",
+                               "loss inputs broadcast to a different shape (e.g. [B,1] vs [B])")
 
 
 def _names(items: list[dict], n: int = 6) -> str:
@@ -32,7 +50,8 @@ def _backwards_at(ev: Evidence, step: int | None) -> int | None:
 
 
 # ---------------------------------------------------------------------------- zero_grad
-@rule("missing-zero-grad", probes=PROBES)
+@rule("missing-zero-grad", probes=PROBES, needs={"zero_grad_summary", "zero_grad_stale", "step"},
+      raises=[MISSING_ZERO_GRAD])
 def missing_zero_grad(ev: Evidence) -> list[Finding]:
     summary = ev.last("zero_grad_summary")
     if summary is None:
@@ -87,7 +106,8 @@ def missing_zero_grad(ev: Evidence) -> list[Finding]:
 
 
 # ---------------------------------------------------------------------------- eval mode
-@rule("eval-mode-training", probes=PROBES)
+@rule("eval-mode-training", probes=PROBES, needs={"eval_mode_summary", "eval_mode"},
+      raises=[EVAL_MODE_TRAINING])
 def eval_mode_training(ev: Evidence) -> list[Finding]:
     summary = ev.last("eval_mode_summary")
     if summary is None:
@@ -138,7 +158,7 @@ def _audit(ev: Evidence) -> dict[str, Any]:
     return (finals or audits)[-1]
 
 
-@rule("unused-parameters", probes=PROBES)
+@rule("unused-parameters", probes=PROBES, needs={"params_audit"}, raises=[UNUSED_PARAMETERS])
 def unused_parameters(ev: Evidence) -> list[Finding]:
     a = _audit(ev)
     steps = int(a.get("optimizer_steps") or 0)
@@ -162,7 +182,8 @@ def unused_parameters(ev: Evidence) -> list[Finding]:
         "find_unused_parameters=True (slower) or, better, removing them"))]
 
 
-@rule("params-not-in-optimizer", probes=PROBES)
+@rule("params-not-in-optimizer", probes=PROBES, needs={"params_audit"},
+      raises=[PARAMS_NOT_IN_OPTIMIZER])
 def params_not_in_optimizer(ev: Evidence) -> list[Finding]:
     a = _audit(ev)
     items = a.get("not_in_optimizer") or []
@@ -186,7 +207,8 @@ def params_not_in_optimizer(ev: Evidence) -> list[Finding]:
         "purpose, call requires_grad_(False) on them so backward skips them"))]
 
 
-@rule("unregistered-submodule", probes=PROBES)
+@rule("unregistered-submodule", probes=PROBES, needs={"params_audit"},
+      raises=[UNREGISTERED_SUBMODULE])
 def unregistered_submodule(ev: Evidence) -> list[Finding]:
     a = _audit(ev)
     hidden = a.get("unregistered") or []
@@ -208,7 +230,8 @@ def unregistered_submodule(ev: Evidence) -> list[Finding]:
 
 
 # ---------------------------------------------------------------------------- loss shapes
-@rule("loss-shape-broadcast", probes=PROBES)
+@rule("loss-shape-broadcast", probes=PROBES, needs={"loss_shape", "loss_watch"},
+      raises=[LOSS_SHAPE_BROADCAST])
 def loss_shape_broadcast(ev: Evidence) -> list[Finding]:
     recs = ev.of("loss_shape")
     if not recs:

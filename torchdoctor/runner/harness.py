@@ -41,14 +41,13 @@ EXIT_INTERRUPTED = 130
 _HARNESS_FILES = (os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>")
 
 
-def _armed(probe: str) -> list[Any]:
-    """Instances of the instruments armed by ``probe`` plus those every run arms (probe 'run')."""
-    from torchdoctor.instruments import instruments_for
+def _armed(needs: list[str]) -> list[Any]:
+    """Instances of the instruments that produce an evidence kind of ``needs``: what the rules
+    of the run's probe and of every run (probe 'run') read, computed by the parent (meta.json;
+    ``torchdoctor.pipeline.registry.armed_needs``)."""
+    from torchdoctor.instruments import instruments_producing
 
-    classes = []
-    for cls in list(instruments_for(probe)) + list(instruments_for("run")):
-        if cls not in classes:
-            classes.append(cls)
+    classes = list(instruments_producing(needs))
     # TORCHDOCTOR_DISABLE=name,name (or "all"): leave instruments out, to measure their cost
     off = {x.strip() for x in os.environ.get("TORCHDOCTOR_DISABLE", "").split(",") if x.strip()}
     classes = [c for c in classes if "all" not in off and c.name not in off]
@@ -192,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                  cuda_build=torch.version.cuda, pid=os.getpid(),
                  cpus=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                  else os.cpu_count())
-        core = Core(ctx, _armed(ctx.probe))
+        core = Core(ctx, _armed(meta.get("needs") or []))
         core.install()
         ctx.emit("script_start")
         _run_target(meta)

@@ -30,7 +30,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from torchdoctor.runner import lifeline, reap, signals
 from torchdoctor.runner.childio import (  # noqa: F401 - TAIL_LINE_MAX, _Tail re-exported
@@ -66,19 +66,23 @@ def launch(run_dir: str | os.PathLike, probe: str, argv: list[str], *, module: b
            options: dict[str, Any] | None = None, timeout: float | None = None,
            quiet_patterns: list[str] | None = None, show_progress: bool | None = None,
            on_event: Callable[[dict], None] | None = None,
-           env: dict[str, str] | None = None, ranks: Any = None) -> LaunchResult:
+           env: dict[str, str] | None = None, ranks: Any = None,
+           needs: Iterable[str] | None = None) -> LaunchResult:
     """Run ``argv`` (script + args, or module + args) under the harness; blocks until done.
 
     Writes ``meta.json`` first and the final ``result.json`` last (the child's result plus
     what only the parent knows: timeout, signal, return code, wall time, output tail).
     ``ranks`` (a :class:`torchdoctor.distributed.torchrun.RankSet`): run the harness on every rank
     under torchrun, one run dir per rank; timeout, Ctrl-C and clean-up go to every rank.
+    ``needs``: the evidence kinds to arm instruments for (the caller's
+    ``torchdoctor.pipeline.registry.armed_needs(probe)``; none: the script runs unmeasured).
     """
     d = Path(run_dir)
     d.mkdir(parents=True, exist_ok=True)
     options = dict(options or {})
     write_json(d / META, {"probe": probe, "argv": list(argv), "module": bool(module),
-                          "options": options, "cwd": os.getcwd(), "started": time.time()})
+                          "options": options, "cwd": os.getcwd(), "started": time.time(),
+                          "needs": sorted(needs or ())})
     child_env = dict(os.environ)
     child_env["PYTHONUNBUFFERED"] = "1"
     child_env["TORCHDOCTOR_RUN_DIR"] = str(d)

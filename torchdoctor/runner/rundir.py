@@ -2,7 +2,7 @@
 
 Layout of a run dir ``D``::
 
-    D/meta.json      written by the parent before launch: probe, argv, options
+    D/meta.json      written by the parent before launch: probe, argv, options, needs
     D/events.jsonl   appended by the child while measuring, one JSON object a line:
                      {"kind": str, "t": seconds since harness start, "pid": int, ...data}
     D/result.json    written by the child when the script ends (any way it can still write)
