@@ -52,8 +52,8 @@ def test_slow_loader_is_dataloader_bound_with_file_line():
     assert found(r) == ["dataloader-bound"]
     ev = one(r, "dataloader-bound")["evidence"]
     assert ev["data_wait_share"] >= 0.5
-    assert ev["loop"] == "slow_loader.py:22"
-    assert "Jittered.__getitem__" in ev["slowest_stage"] and "slow_loader.py:13" in ev["slowest_stage"]
+    assert ev["loop"] == "slow_loader.py:24"
+    assert "Jittered.__getitem__" in ev["slowest_stage"] and "slow_loader.py:15" in ev["slowest_stage"]
     assert p.returncode == 1
 
 
@@ -61,7 +61,7 @@ def test_model_moved_in_loop_names_the_line():
     p, r = checkup("moved_in_loop.py")
     assert found(r) == ["model-moved-in-loop"]
     f = one(r, "model-moved-in-loop")
-    assert f["severity"] == "warning" and f["evidence"]["site"] == "moved_in_loop.py:15"
+    assert f["severity"] == "warning" and f["evidence"]["site"] == "moved_in_loop.py:17"
     assert run_cli("checkup", "--fail-on", "warning", "--steps", "10", "moved_in_loop.py",
                    cwd=PERF).returncode == 1
 

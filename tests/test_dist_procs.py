@@ -33,7 +33,7 @@ def test_a_rank_that_raises_is_script_crashed_on_that_rank_not_a_hang(tmp_path):
     codes = [f["code"] for f in r["findings"]]
     assert codes == ["script-crashed"], r["findings"]
     f = r["findings"][0]
-    assert f["title"].startswith("rank 1: the script raised ValueError at rank_raises.py:12")
+    assert f["title"].startswith("rank 1: the script raised ValueError at rank_raises.py:14")
     assert f["evidence"]["ranks"] == ["rank 1"]
     assert "rank 0" in f["evidence"]["other_rank_outcomes"]  # its error follows from rank 1's
     assert r["metrics"]["run"]["failed_rank"] == 1 and r["status"] == "crashed"

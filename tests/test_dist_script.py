@@ -72,7 +72,7 @@ def test_missing_distributed_sampler(tmp_path):
     _, r = dist_run(tmp_path, "missing_sampler.py", env=CPU)
     assert codes(r) == ["missing-distributed-sampler"], r["findings"]
     f = only(r, "missing-distributed-sampler")
-    assert "missing_sampler.py:14" in f["title"] and f["evidence"]["sampler"] == "RandomSampler"
+    assert "missing_sampler.py:16" in f["title"] and f["evidence"]["sampler"] == "RandomSampler"
 
 
 @pytest.mark.slow
@@ -106,9 +106,9 @@ def test_hang_names_the_rank_that_skipped_and_the_line_and_leaves_no_process(tmp
     assert p.returncode == 1 and r["status"] == "timeout"
     assert codes(r) == ["collective-hang"], r["findings"]
     f = only(r, "collective-hang")
-    assert "rank 1 skipped all_reduce at hang.py:24 after 3 optimizer steps" in f["title"]
-    assert f["evidence"]["waiting"]["rank 0"] == "all_reduce at hang.py:24"
-    assert f["evidence"]["waiting"]["rank 1"] == "barrier at hang.py:27"
+    assert "rank 1 skipped all_reduce at hang.py:26 after 3 optimizer steps" in f["title"]
+    assert f["evidence"]["waiting"]["rank 0"] == "all_reduce at hang.py:26"
+    assert f["evidence"]["waiting"]["rank 1"] == "barrier at hang.py:29"
     assert wall < 12 + 30, wall
     assert (tmp_path / "run" / "rank1" / "stacks.txt").stat().st_size > 0
     assert_no_rank_left(tmp_path)
@@ -120,7 +120,7 @@ def test_shape_mismatch_is_named_with_both_shapes(tmp_path):
     assert p.returncode == 1
     assert codes(r) == ["collective-mismatch"], r["findings"]  # the abort/reset are its symptoms
     f = only(r, "collective-mismatch")
-    assert "all_reduce at mismatch.py:25" in f["title"]
+    assert "all_reduce at mismatch.py:27" in f["title"]
     assert f["evidence"]["shapes"] == {"rank 0": "[4] float32", "rank 1": "[8] float32"}
     assert_no_rank_left(tmp_path)
 
@@ -160,6 +160,6 @@ def test_nccl_hang_is_diagnosed_within_timeout_plus_30s_and_no_rank_survives(tmp
     assert p.returncode == 1 and r["status"] == "timeout"
     assert codes(r) == ["collective-hang"], r["findings"]
     f = only(r, "collective-hang")
-    assert "rank 1 skipped all_reduce at hang.py:24" in f["title"]
+    assert "rank 1 skipped all_reduce at hang.py:26" in f["title"]
     assert wall < 40 + 30, wall
     assert_no_rank_left(tmp_path)

@@ -152,7 +152,7 @@ def test_forward_op_is_named_by_the_rerun():
     assert f.evidence["module"] == "model.0" and f.evidence["module_class"] == "Standardize"
     assert f.evidence["op"] == "aten::div"
     assert f.evidence["op_code"] == "return (x - mu) / sd"
-    assert f.evidence["op_line"].endswith("forward_div.py:17 in forward")
+    assert f.evidence["op_line"].endswith("forward_div.py:19 in forward")
     assert "NaN 8" in f.evidence["output_stats"][0]
 
 
@@ -227,7 +227,7 @@ def test_inplace_followup_names_forward_line_and_custom_function():
     f = by_code(judge("nan", SCRIPTS / "training/inplace.py"), "inplace-modified")
     assert f.evidence["forward_op"] == "Sigmoid"
     assert f.evidence["forward_code"] == "gate = torch.sigmoid(self.fc(x))"
-    assert f.evidence["forward_line"].endswith("inplace.py:21 in forward")
+    assert f.evidence["forward_line"].endswith("inplace.py:23 in forward")
     g = by_code(judge("nan", SCRIPTS / "training/inplace_custom_fn.py"), "inplace-modified")
     assert g.evidence["custom_function"] == "Square"
     assert g.skill == "custom-autograd-functions"

@@ -34,7 +34,7 @@ def test_slow_python_loop_is_found_with_the_hot_function(cli, tmp_path):
         assert skipped[rule] in ("needs CUDA", "no GPU work in the profiled steps")
     m = rep["metrics"]["profile"]
     assert m["status"] == "ok" and m["steps"] == [7, 8, 9]
-    assert m["top_ops"] and m["python_hotspots"][0]["def"].endswith("cpu_slow_python.py:15")
+    assert m["top_ops"] and m["python_hotspots"][0]["def"].endswith("cpu_slow_python.py:17")
     trace = Path(rep["artifacts"]["trace"])
     assert trace == tmp_path.resolve() / "trace.json" and json.loads(trace.read_text())["traceEvents"]
     assert "profiler_start" not in p.stderr and "Profiler clears events" not in p.stderr

@@ -76,7 +76,7 @@ def test_crash_names_exception_and_last_user_frame():
     assert r["status"] == "crashed" and codes(r) == ["script-crashed"]
     ev = r["findings"][0]["evidence"]
     assert ev["exception"].startswith("ValueError: bad batch 2")
-    assert ev["where"] == "crash.py:11 in check_batch"
+    assert ev["where"] == "crash.py:13 in check_batch"
     assert ev["step"].startswith("3 ")
     assert "Traceback" in p.stderr  # the user still sees the traceback
 
@@ -101,7 +101,7 @@ def test_no_training_steps():
 
 
 @pytest.mark.parametrize("script,code,extra", [
-    ("oom_cpu.py", "out-of-memory", {"requested_bytes": 2**47, "where": "oom_cpu.py:9 in <module>"}),
+    ("oom_cpu.py", "out-of-memory", {"requested_bytes": 2**47, "where": "oom_cpu.py:11 in <module>"}),
     ("inplace.py", "inplace-modified", {"phase": "backward"}),
     ("device_meta.py", "device-mismatch", {"devices": ["meta", "cpu"], "phase": "forward"}),
 ])
@@ -129,7 +129,7 @@ def test_hang_is_stopped_at_timeout_with_line_and_no_process_survives(tmp_path):
     took = time.monotonic() - t0
     assert r["status"] == "timeout" and codes(r) == ["script-hung"]
     ev = r["findings"][0]["evidence"]
-    assert ev["stuck_at"] == "hang_workers.py:28 in <module>"
+    assert ev["stuck_at"] == "hang_workers.py:30 in <module>"
     assert ev["code"].startswith("threading.Event().wait()")
     assert ev["steps_done"] == 3
     assert took < 30

@@ -44,7 +44,7 @@ def test_gan_moving_its_models_every_iteration_is_found():
     codes = {f["code"] for f in rep["findings"]}
     assert "model-moved-in-loop" in codes, rep["findings"]
     f = next(f for f in rep["findings"] if f["code"] == "model-moved-in-loop")
-    assert f["evidence"]["site"].endswith("gan_moved.py:24"), f["evidence"]
+    assert f["evidence"]["site"].endswith("gan_moved.py:26"), f["evidence"]
     assert rep["metrics"]["steps"]["count"] == 20
     assert _iterations(p.stderr) == 20
 
