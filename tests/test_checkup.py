@@ -7,15 +7,16 @@ import json
 import pytest
 
 from conftest import ROOT, run_cli
+from fixture_runs import run_fixture
 
 PERF = ROOT / "tests" / "fixtures" / "scripts" / "perf"
 pytestmark = pytest.mark.slow
 
 
-def checkup(script, *args, steps=30):
-    p = run_cli("checkup", "--json", "--steps", str(steps), script, *args, cwd=PERF, timeout=120)
-    assert p.stdout.strip(), p.stderr
-    return p, json.loads(p.stdout)
+def checkup(script, steps=30):
+    """The session's run of perf/SCRIPT under its header command (shared with tests/test_fixtures.py)."""
+    r = run_fixture(f"perf/{script}", f"checkup --steps {steps}")
+    return r, r.report
 
 
 def host_load(f) -> bool:
@@ -71,11 +72,6 @@ def test_cpu_oversubscribed():
     assert found(r) == ["cpu-oversubscribed"]
     f = next(f for f in r["findings"] if f["code"] == "cpu-oversubscribed")
     assert f["evidence"]["torch_threads"] == 4 * f["evidence"]["usable_cores"]
-
-
-def test_unseeded_run_is_info_only():
-    p, r = checkup("unseeded.py", steps=10)
-    assert found(r) == ["unseeded-run"] and one(r, "unseeded-run")["severity"] == "info"
 
 
 def test_console_report_has_step_table_and_footer():
