@@ -200,8 +200,13 @@ their reasons, evidence keys and their deterministic values (lines, steps, names
 VOLATILE_INT_KEYS = {
     "baseline_heap", "heap", "rss", "pid", "pids", "bytes", "peak_bytes", "wall_ns", "dur_us",
 }
+# keys whose presence or text depends on timing: the memory probe's time-budgeted tracemalloc
+# window (site_window, python_sites, skipped in metrics) and a non-growth reason on noisy heaps
+DROP_KEYS = {"site_window"}
+DROP_METRIC_KEYS = {"python_sites", "skipped"}
+MASK_TEXT_KEYS = {"not_growth"}
 VOLATILE_KEY_RE = re.compile(
-    r"(_bytes|_heap|_rss|_ns|_us|_ms|_s|_pid|pids?|_kib|_mib|_gib|bytes_.*|heap_.*|rss_.*|"
+    r"(.*until.*|_bytes|_heap|_rss|_ns|_us|_ms|_s|_pid|pids?|_kib|_mib|_gib|bytes_.*|heap_.*|rss_.*|"
     r"time.*|.*_time|elapsed.*|duration.*|timestamp.*|mem.*|.*_per_step|samples?|events?)$")
 
 _TEXT_SUBS: list[tuple[re.Pattern, str]] = []
@@ -211,14 +216,21 @@ def _text_subs() -> list[tuple[re.Pattern, str]]:
     if not _TEXT_SUBS:
         root = re.escape(str(ROOT))
         tmp = re.escape(tempfile.gettempdir())
+        pys = sorted({sys.base_prefix, sys.prefix, sys.exec_prefix}, key=len, reverse=True)
         _TEXT_SUBS.extend([
             (re.compile(root), "<root>"),
+            *[(re.compile(re.escape(p) + r"(?=/)"), "<python>") for p in pys],
+            (re.compile(r"python\d+\.\d+"), "python<ver>"),
+            (re.compile(r"\[?\d{1,3}(?:\.\d{1,3}){3}\]?:\d+"), "<addr>"),
+            (re.compile(r"\[<num>\.<num>\]:\d+"), "<addr>"),  # (re-normalising a normalised file)
+            (re.compile(r"\(tracemalloc\): stopped [^\]\"]*?budget(?: \([^)]*\))?"), "(tracemalloc): stopped <budget>"),
+            (re.compile(r"\d{1,3}(?:,\d{3})+"), "<int>"),
             (re.compile(tmp + r"/[^\s'\":,)\]]*"), "<tmp>"),
             (re.compile(r"/(?:var/folders|private/tmp)/[^\s'\":,)\]]*"), "<tmp>"),
             (re.compile(r"0x[0-9a-fA-F]{6,}"), "<addr>"),
             (re.compile(r"\b(pid|pids|process|PID)\s+\d+"), r"\1 <pid>"),
             (re.compile(r"-?\d+(?:\.\d+)?\s?(?:[KMGT]i?B|bytes|B)\b"), "<bytes>"),
-            (re.compile(r"-?\d+(?:\.\d+)?\s?(?:ms|µs|us|ns|s|min)\b"), "<dur>"),
+            (re.compile(r"-?\d+(?:\.\d+)?\s?(?:ms|µs|us|ns|s|min|h|d|days?|hours?|minutes?)\b"), "<dur>"),
             (re.compile(r"-?\d+(?:\.\d+)?\s?%"), "<pct>"),
             (re.compile(r"-?\d+\.\d+(?:[eE][-+]?\d+)?"), "<num>"),
             (re.compile(r"-?\d+(?:\.\d+)?[eE][-+]?\d+"), "<num>"),
@@ -229,6 +241,8 @@ def _text_subs() -> list[tuple[re.Pattern, str]]:
 def norm_text(s: str) -> str:
     for pat, rep in _text_subs():
         s = pat.sub(rep, s)
+    if s.endswith("…") and "<addr>" in s:  # cut at a fixed width: a port's digits moved the cut
+        s = s[:s.index("<addr>") + len("<addr>")] + " …"
     return s
 
 
@@ -246,7 +260,9 @@ def _norm(v, key: str = "", metrics: bool = False):
     if isinstance(v, str):
         return norm_text(v)
     if isinstance(v, dict):
-        return {k: _norm(x, k, metrics) for k, x in v.items()}
+        drop = DROP_KEYS | (DROP_METRIC_KEYS if metrics else set())
+        return {k: ("<text>" if k in MASK_TEXT_KEYS else _norm(x, k, metrics)) for k, x in v.items()
+                if k not in drop}
     if isinstance(v, (list, tuple)):
         if metrics and any(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
             return "<list>"
