@@ -191,7 +191,14 @@ NORMALISED = """What normalise() masks (everything that differs between two runs
   samples that depend on timing) -> "<int>";
 - metrics: structure kept (dict keys), lists of numbers -> "<list>", other leaves by VOLATILE rules;
 - `artifacts`: keys kept, paths masked;
-- findings that are host load (cpu-oversubscribed with other_processes_cores) are dropped.
+- findings that are host load (cpu-oversubscribed with other_processes_cores) are dropped
+  (and status "findings" with nothing left becomes "ok");
+- timing-dependent parts: the memory probe's time-budgeted tracemalloc window (its notes and
+  the keys site_window / python_sites / skipped in metrics), non-growth reasons (not_growth),
+  thread stacks of timed-out runs (main_thread, other_threads: "<stack>"), rankings by measured
+  time (top_ops, python_hotspots: "<ranked>"), numbers with thousands separators, gloo ip:port;
+- a run killed at --timeout (status "timeout"): its metrics and skipped rules ("<timeout-run>"),
+  steps_done and "killed after N steps" (how far it got is timing).
 Kept exactly: codes, severities, skills, docs, fix texts (numbers masked), skipped rules and
 their reasons, evidence keys and their deterministic values (lines, steps, names, ints).
 """
@@ -205,6 +212,10 @@ VOLATILE_INT_KEYS = {
 DROP_KEYS = {"site_window"}
 DROP_METRIC_KEYS = {"python_sites", "skipped"}
 MASK_TEXT_KEYS = {"not_growth"}
+# lists whose content is where a timed-out script happened to be (thread stacks), or a ranking by
+# measured time (the profile's top ops and Python hotspots): "<stack>" / "<ranked>"
+STACK_KEYS = {"main_thread", "other_threads", "threads", "stack", "stacks"}
+RANKED_KEYS = {"top_ops", "top_kernels", "python_hotspots"}
 VOLATILE_KEY_RE = re.compile(
     r"(.*until.*|_bytes|_heap|_rss|_ns|_us|_ms|_s|_pid|pids?|_kib|_mib|_gib|bytes_.*|heap_.*|rss_.*|"
     r"time.*|.*_time|elapsed.*|duration.*|timestamp.*|mem.*|.*_per_step|samples?|events?)$")
@@ -261,8 +272,9 @@ def _norm(v, key: str = "", metrics: bool = False):
         return norm_text(v)
     if isinstance(v, dict):
         drop = DROP_KEYS | (DROP_METRIC_KEYS if metrics else set())
-        return {k: ("<text>" if k in MASK_TEXT_KEYS else _norm(x, k, metrics)) for k, x in v.items()
-                if k not in drop}
+        return {k: ("<text>" if k in MASK_TEXT_KEYS else "<stack>" if k in STACK_KEYS and isinstance(x, list)
+                    else "<ranked>" if k in RANKED_KEYS and isinstance(x, list) else _norm(x, k, metrics))
+                for k, x in v.items() if k not in drop}
     if isinstance(v, (list, tuple)):
         if metrics and any(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
             return "<list>"
@@ -290,6 +302,19 @@ def normalise(report: dict) -> dict:
             out[k] = {ak: "<path>" for ak in v} if isinstance(v, dict) else _norm(v, k)
         else:
             out[k] = _norm(v, k)
+    if report.get("status") == "timeout":
+        # killed at --timeout: how far it got (steps, whether the monitors reported) is timing
+        out["metrics"] = "<timeout-run>"
+        out["skipped"] = "<timeout-run>"
+        for f in out.get("findings", []):
+            ev = f.get("evidence")
+            if isinstance(ev, dict) and "steps_done" in ev:
+                ev["steps_done"] = "<int>"
+            for k in ("title", "fix"):
+                if isinstance(f.get(k), str):
+                    f[k] = re.sub(r"killed after \d+ steps", "killed after <n> steps", f[k])
+    if out.get("status") == "findings" and not out.get("findings"):
+        out["status"] = "ok"  # what it would say without the host-load finding dropped above
     return out
 
 
