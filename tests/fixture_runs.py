@@ -252,7 +252,7 @@ def _text_subs() -> list[tuple[re.Pattern, str]]:
 def norm_text(s: str) -> str:
     for pat, rep in _text_subs():
         s = pat.sub(rep, s)
-    if s.endswith("…") and "<addr>" in s:  # cut at a fixed width: a port's digits moved the cut
+    if "<addr>" in s:  # texts cut at a fixed width: a port's digits moved the cut
         s = s[:s.index("<addr>") + len("<addr>")] + " …"
     return s
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import ROOT
 from fixture_runs import run_fixture
 from torchdoctor.findings import Report, finding
 from torchdoctor.report.console import render_to_text
