@@ -186,9 +186,11 @@ NORMALISED = """What normalise() masks (everything that differs between two runs
 - every float anywhere (measured times, shares, bytes per step, losses) -> "<float>";
 - in text (titles, fixes, evidence strings): decimal numbers -> <num>, percentages -> <pct>,
   byte sizes ("1.2 MiB", "345 KiB") -> <bytes>, durations ("12 ms", "3 s") -> <dur>,
-  the checkout path -> <root>, temp dirs -> <tmp>, pids -> <pid>, memory addresses -> <addr>;
-- integer values under keys in VOLATILE_INT_KEYS (heap/RSS/byte counts, pids, counts of
-  samples that depend on timing) -> "<int>";
+  the checkout path -> <root>, the Python install -> <python>, pythonX.Y -> python<ver>, temp
+  dirs -> <tmp>, pids -> <pid>, memory addresses and ip:port -> <addr> (a text is cut right after
+  an <addr>: fixed-width cuts moved with the port's digits), thousands-separated numbers -> <int>;
+- integer values under keys in VOLATILE_INT_KEYS or matching VOLATILE_KEY_RE (heap/RSS/byte
+  counts, pids, *until*, counts of samples that depend on timing) -> "<int>";
 - metrics: structure kept (dict keys), lists of numbers -> "<list>", other leaves by VOLATILE rules;
 - `artifacts`: keys kept, paths masked;
 - findings that are host load (cpu-oversubscribed with other_processes_cores) are dropped
