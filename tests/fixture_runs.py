@@ -160,6 +160,33 @@ def launch(h: Header, timeout: float = 300, keep: bool = False) -> Run:
 
 
 _CACHE: dict[tuple, Run] = {}
+# fixtures this session will check end to end (set by conftest at collection); the first
+# run_fixture() call launches them all, JOBS at a time, before it returns
+PREFETCH: list[str] = []
+JOBS = int(os.environ.get("FIXTURE_JOBS", "2"))
+_prefetched = False
+
+
+def prefetch() -> None:
+    """Launch every fixture in PREFETCH (once per session), FIXTURE_JOBS at a time (default 2:
+    CI's two cores); failures are left for the test of that fixture to raise again."""
+    global _prefetched
+    if _prefetched:
+        return
+    _prefetched = True
+    todo = list(dict.fromkeys(PREFETCH))
+    if JOBS <= 1 or len(todo) < 2:
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(rel):
+        try:
+            run_fixture(rel)
+        except Exception:  # noqa: BLE001 - the test of that fixture re-raises it
+            pass
+
+    with ThreadPoolExecutor(JOBS) as pool:
+        list(pool.map(one, todo))
 
 
 def run_fixture(rel: str | Path, command: str | None = None) -> Run:
@@ -174,6 +201,7 @@ def run_fixture(rel: str | Path, command: str | None = None) -> Run:
     if command is not None:
         have = " ".join([*h.args, *(["--", *h.script_args] if h.script_args else [])])
         assert have == command, f"{h.rel}: header runs `{have}`, the test assumes `{command}`"
+    prefetch()
     key = (h.rel, tuple(h.args), tuple(h.script_args))
     if key not in _CACHE:
         _CACHE[key] = launch(h, keep=True)

@@ -10,26 +10,22 @@ GPU-only fixtures (`# requires: cuda` / `2 gpus`) are skipped without CUDA and h
 (they are checked on their code set only). The checkpoint fixtures' goldens are compared by one
 test that audits them all in one process (tests/golden/ckpt_driver.py).
 
-The runs are launched ahead, FIXTURE_JOBS at a time (default 2: CI's two cores), by the
-session fixture `prefetched` for the fixtures this session collected.
+The runs are launched ahead, FIXTURE_JOBS at a time (default 2: CI's two cores), at the
+session's first cached fixture run, for the fixtures this session collected (conftest.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from conftest import _has_cuda
 from fixture_runs import GOLDEN, dumps, headed_fixtures, normalise, run_fixture
 
 HERE = Path(__file__).resolve().parent
 HEADS = headed_fixtures()
-JOBS = int(os.environ.get("FIXTURE_JOBS", "2"))
 
 
 def _marks(h):
@@ -46,33 +42,8 @@ def _marks(h):
 PARAMS = [pytest.param(h, id=h.rel, marks=_marks(h)) for h in HEADS]
 
 
-@pytest.fixture(scope="session")
-def prefetched(request):
-    """Launch the collected fixtures' runs JOBS at a time before the first one is checked."""
-    wanted = []
-    for item in request.session.items:
-        cs = getattr(item, "callspec", None)
-        h = cs.params.get("h") if cs else None
-        if h is None or h.skip or any(m.name == "skip" for m in item.iter_markers()):
-            continue
-        if h.requires and not _has_cuda(h.gpus):
-            continue
-        wanted.append(h.rel)
-    if JOBS > 1 and len(wanted) > 1:
-        with ThreadPoolExecutor(JOBS) as pool:
-            list(pool.map(_quiet_run, dict.fromkeys(wanted)))
-    return True
-
-
-def _quiet_run(rel):
-    try:
-        run_fixture(rel)
-    except Exception:  # noqa: BLE001 - the test of that fixture re-raises it
-        pass
-
-
 @pytest.mark.parametrize("h", PARAMS)
-def test_fixture_raises_its_header_and_matches_its_golden(h, prefetched):
+def test_fixture_raises_its_header_and_matches_its_golden(h):
     run = run_fixture(h.rel)
     assert run.codes == h.expect, (
         f"{h.rel}: raised {sorted(run.codes)}, header says {sorted(h.expect)}; "
