@@ -9,11 +9,9 @@ not the same run (an unseeded script) is reported as not reproduced and names no
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from conftest import run_cli
+from fixture_runs import run_fixture
 from test_nan_fixtures import SCRIPTS, by_code, codes, judge
 
 from torchdoctor.evidence import Evidence
@@ -107,8 +105,8 @@ def test_losses_before_the_bad_step_decide_whether_the_replay_is_the_same_run():
 
 
 def test_cli_checkup_json_reports_the_layer_and_the_replay_cost():
-    p = run_cli("checkup", "--json", SCRIPTS / "nan/log_features.py")
-    r = json.loads(p.stdout)
+    p = run_fixture("nan/log_features.py", "checkup")  # the session's run (tests/test_fixtures.py)
+    r = p.report
     assert p.returncode == 1, p.stderr[-2000:]
     f = next(x for x in r["findings"] if x["code"] == "nonfinite-forward")
     assert f["evidence"]["module"] == "model.0" and f["evidence"]["op"] == "aten::log"
