@@ -31,6 +31,20 @@ def pytest_collection_modifyitems(config, items):
             has1 = _has_cuda(1) if has1 is None else has1
             if not has1:
                 item.add_marker(skip_gpu)
+    _plan_fixture_runs(items)
+
+
+def _plan_fixture_runs(items) -> None:
+    """The headed fixtures this session checks end to end (tests/test_fixtures.py): the first
+    cached fixture run of the session launches them all, two at a time (tests/fixture_runs.py)."""
+    import fixture_runs
+
+    for item in items:
+        cs = getattr(item, "callspec", None)
+        h = cs.params.get("h") if cs else None
+        if h is not None and hasattr(h, "rel") and not h.requires and not any(
+                m.name == "skip" for m in item.iter_markers()):  # GPU fixtures: one at a time
+            fixture_runs.PREFETCH.append(h.rel)
 
 
 def run_cli(*args, input=None, timeout=300, env=None, cwd=None):

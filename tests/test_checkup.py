@@ -7,15 +7,16 @@ import json
 import pytest
 
 from conftest import ROOT, run_cli
+from fixture_runs import run_fixture
 
 PERF = ROOT / "tests" / "fixtures" / "scripts" / "perf"
 pytestmark = pytest.mark.slow
 
 
-def checkup(script, *args, steps=30):
-    p = run_cli("checkup", "--json", "--steps", str(steps), script, *args, cwd=PERF, timeout=120)
-    assert p.stdout.strip(), p.stderr
-    return p, json.loads(p.stdout)
+def checkup(script, steps=30):
+    """The session's run of perf/SCRIPT under its header command (shared with tests/test_fixtures.py)."""
+    r = run_fixture(f"perf/{script}", f"checkup --steps {steps}")
+    return r, r.report
 
 
 def host_load(f) -> bool:
@@ -52,8 +53,8 @@ def test_slow_loader_is_dataloader_bound_with_file_line():
     assert found(r) == ["dataloader-bound"]
     ev = one(r, "dataloader-bound")["evidence"]
     assert ev["data_wait_share"] >= 0.5
-    assert ev["loop"] == "slow_loader.py:22"
-    assert "Jittered.__getitem__" in ev["slowest_stage"] and "slow_loader.py:13" in ev["slowest_stage"]
+    assert ev["loop"] == "slow_loader.py:24"
+    assert "Jittered.__getitem__" in ev["slowest_stage"] and "slow_loader.py:15" in ev["slowest_stage"]
     assert p.returncode == 1
 
 
@@ -61,7 +62,7 @@ def test_model_moved_in_loop_names_the_line():
     p, r = checkup("moved_in_loop.py")
     assert found(r) == ["model-moved-in-loop"]
     f = one(r, "model-moved-in-loop")
-    assert f["severity"] == "warning" and f["evidence"]["site"] == "moved_in_loop.py:15"
+    assert f["severity"] == "warning" and f["evidence"]["site"] == "moved_in_loop.py:17"
     assert run_cli("checkup", "--fail-on", "warning", "--steps", "10", "moved_in_loop.py",
                    cwd=PERF).returncode == 1
 
@@ -71,11 +72,6 @@ def test_cpu_oversubscribed():
     assert found(r) == ["cpu-oversubscribed"]
     f = next(f for f in r["findings"] if f["code"] == "cpu-oversubscribed")
     assert f["evidence"]["torch_threads"] == 4 * f["evidence"]["usable_cores"]
-
-
-def test_unseeded_run_is_info_only():
-    p, r = checkup("unseeded.py", steps=10)
-    assert found(r) == ["unseeded-run"] and one(r, "unseeded-run")["severity"] == "info"
 
 
 def test_console_report_has_step_table_and_footer():

@@ -9,11 +9,9 @@ not the same run (an unseeded script) is reported as not reproduced and names no
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from conftest import run_cli
+from fixture_runs import run_fixture
 from test_nan_fixtures import SCRIPTS, by_code, codes, judge
 
 from torchdoctor.evidence import Evidence
@@ -31,7 +29,7 @@ def test_checkup_replay_names_the_layer_the_op_and_the_line():
     assert e["step"] == 5 and e["module"] == "model.0" and e["module_class"] == "LogCompress"
     assert "output of model.0 (LogCompress)" in f.title
     assert e["op"] == "aten::log"
-    assert e["op_line"].endswith("log_features.py:19 in forward")  # `return torch.log(x)`
+    assert e["op_line"].endswith("log_features.py:21 in forward")  # `return torch.log(x)`
     assert "torch.log(x)" in e["op_code"]
     assert "replayed the script to step 5" in e["replay"]
     assert not any(x.code == "nonfinite-loss" for x in rep.findings)
@@ -53,7 +51,7 @@ def test_checkup_replay_names_a_division_by_a_zero_variance_row():
     assert codes(rep) == {"nonfinite-forward"}
     e = by_code(rep, "nonfinite-forward").evidence
     assert e["step"] == 6 and e["module"] == "model.0" and e["module_class"] == "Standardize"
-    assert e["op"] == "aten::div" and e["op_line"].endswith("forward_div.py:17 in forward")
+    assert e["op"] == "aten::div" and e["op_line"].endswith("forward_div.py:19 in forward")
 
 
 def test_checkup_replay_blames_the_loss_code_when_every_layer_was_finite():
@@ -107,12 +105,12 @@ def test_losses_before_the_bad_step_decide_whether_the_replay_is_the_same_run():
 
 
 def test_cli_checkup_json_reports_the_layer_and_the_replay_cost():
-    p = run_cli("checkup", "--json", SCRIPTS / "nan/log_features.py")
-    r = json.loads(p.stdout)
+    p = run_fixture("nan/log_features.py", "checkup")  # the session's run (tests/test_fixtures.py)
+    r = p.report
     assert p.returncode == 1, p.stderr[-2000:]
     f = next(x for x in r["findings"] if x["code"] == "nonfinite-forward")
     assert f["evidence"]["module"] == "model.0" and f["evidence"]["op"] == "aten::log"
-    assert f["evidence"]["op_line"].endswith("log_features.py:19 in forward")
+    assert f["evidence"]["op_line"].endswith("log_features.py:21 in forward")
     run = next(x for x in r["metrics"]["followups"] if x["by"] == "replay_forward_watch")
     assert run["probe"] == "nan" and run["seconds"] > 0
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import ROOT
+from fixture_runs import run_fixture
 from proc_helpers import Watched, kill_leftovers
 
 DIST = ROOT / "tests" / "fixtures" / "scripts" / "dist"
@@ -27,13 +28,12 @@ def _rank_pids(prefix: Path) -> list[int]:
 
 
 def test_a_rank_that_raises_is_script_crashed_on_that_rank_not_a_hang(tmp_path):
-    p = run_cli("dist", "--json", "--nproc-per-node", "2", "--timeout", "90", "rank_raises.py",
-                cwd=DIST, timeout=200)
-    r = json.loads(p.stdout)
+    p = run_fixture("dist/rank_raises.py", "dist --nproc-per-node 2 --timeout 90")  # the session's run
+    r = p.report
     codes = [f["code"] for f in r["findings"]]
     assert codes == ["script-crashed"], r["findings"]
     f = r["findings"][0]
-    assert f["title"].startswith("rank 1: the script raised ValueError at rank_raises.py:12")
+    assert f["title"].startswith("rank 1: the script raised ValueError at rank_raises.py:14")
     assert f["evidence"]["ranks"] == ["rank 1"]
     assert "rank 0" in f["evidence"]["other_rank_outcomes"]  # its error follows from rank 1's
     assert r["metrics"]["run"]["failed_rank"] == 1 and r["status"] == "crashed"

@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from conftest import ROOT, run_cli
+from fixture_runs import run_fixture
 
 DIST = ROOT / "tests" / "fixtures" / "scripts" / "dist"
 CPU = {"CUDA_VISIBLE_DEVICES": ""}
@@ -25,6 +26,13 @@ def dist_run(tmp_path: Path, script: str, *args: str, timeout: float = 60, env=N
                 script, *args, cwd=DIST, timeout=timeout + 60, env=env)
     assert p.stdout.strip(), p.stderr[-3000:]
     return p, json.loads(p.stdout)
+
+
+def cached(script: str, command: str) -> tuple[object, dict, Path]:
+    """The session's run of dist/SCRIPT under its header command (tests/test_fixtures.py shares
+    it); its --out folder (the rank dirs) is the run's tmp."""
+    r = run_fixture(f"dist/{script}", command)
+    return r, r.report, r.tmp
 
 
 def codes(report: dict, severities=("error", "warning")) -> list[str]:
@@ -51,8 +59,8 @@ def assert_no_rank_left(out: Path) -> None:
 
 # --------------------------------------------------------------------------- CPU / gloo (CI)
 @pytest.mark.slow
-def test_healthy_ddp_with_distributed_sampler_raises_no_warning(tmp_path):
-    p, r = dist_run(tmp_path, "healthy_ddp.py", env=CPU)
+def test_healthy_ddp_with_distributed_sampler_raises_no_warning():
+    p, r, tmp_path = cached("healthy_ddp.py", "dist --nproc-per-node 2 --timeout 60 --out {tmp}")
     assert p.returncode == 0, p.stderr[-3000:]
     assert codes(r) == [], r["findings"]
     assert r["command"] == "dist" and r["context"]["ranks"] == 2
@@ -68,30 +76,23 @@ def test_healthy_ddp_with_distributed_sampler_raises_no_warning(tmp_path):
 
 
 @pytest.mark.slow
-def test_missing_distributed_sampler(tmp_path):
-    _, r = dist_run(tmp_path, "missing_sampler.py", env=CPU)
+def test_missing_distributed_sampler():
+    _, r, _ = cached("missing_sampler.py", "dist --nproc-per-node 2 --timeout 60 --out {tmp}")
     assert codes(r) == ["missing-distributed-sampler"], r["findings"]
     f = only(r, "missing-distributed-sampler")
-    assert "missing_sampler.py:14" in f["title"] and f["evidence"]["sampler"] == "RandomSampler"
+    assert "missing_sampler.py:16" in f["title"] and f["evidence"]["sampler"] == "RandomSampler"
 
 
 @pytest.mark.slow
-def test_sampler_epoch_not_set(tmp_path):
-    _, r = dist_run(tmp_path, "epoch_not_set.py", env=CPU)
+def test_sampler_epoch_not_set():
+    _, r, _ = cached("epoch_not_set.py", "dist --nproc-per-node 2 --timeout 60 --out {tmp}")
     assert codes(r) == ["sampler-epoch-not-set"], r["findings"]
     assert only(r, "sampler-epoch-not-set")["evidence"]["sampler_epochs"] == [0, 0, 0]
 
 
 @pytest.mark.slow
-def test_peek_before_set_epoch_as_in_the_ddp_tutorial_is_silent(tmp_path):
-    p, r = dist_run(tmp_path, "peek_then_set_epoch.py", env=CPU)
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert codes(r) == [], r["findings"]
-
-
-@pytest.mark.slow
-def test_straggler_made_with_sleep_is_named(tmp_path):
-    _, r = dist_run(tmp_path, "straggler.py", "0.03", env=CPU)
+def test_straggler_made_with_sleep_is_named():
+    _, r, _ = cached("straggler.py", "dist --nproc-per-node 2 --timeout 60 --out {tmp} -- 0.03")
     assert codes(r) == ["rank-straggler"], r["findings"]
     f = only(r, "rank-straggler")
     assert f["evidence"]["rank"] == 1 and f["title"].startswith("rank 1 is a straggler")
@@ -99,28 +100,27 @@ def test_straggler_made_with_sleep_is_named(tmp_path):
 
 
 @pytest.mark.slow
-def test_hang_names_the_rank_that_skipped_and_the_line_and_leaves_no_process(tmp_path):
-    t0 = time.monotonic()
-    p, r = dist_run(tmp_path, "hang.py", timeout=12, env=CPU)
-    wall = time.monotonic() - t0
+def test_hang_names_the_rank_that_skipped_and_the_line_and_leaves_no_process():
+    p, r, tmp_path = cached("hang.py", "dist --nproc-per-node 2 --timeout 12 --out {tmp}")
+    wall = p.wall
     assert p.returncode == 1 and r["status"] == "timeout"
     assert codes(r) == ["collective-hang"], r["findings"]
     f = only(r, "collective-hang")
-    assert "rank 1 skipped all_reduce at hang.py:24 after 3 optimizer steps" in f["title"]
-    assert f["evidence"]["waiting"]["rank 0"] == "all_reduce at hang.py:24"
-    assert f["evidence"]["waiting"]["rank 1"] == "barrier at hang.py:27"
+    assert "rank 1 skipped all_reduce at hang.py:26 after 3 optimizer steps" in f["title"]
+    assert f["evidence"]["waiting"]["rank 0"] == "all_reduce at hang.py:26"
+    assert f["evidence"]["waiting"]["rank 1"] == "barrier at hang.py:29"
     assert wall < 12 + 30, wall
     assert (tmp_path / "run" / "rank1" / "stacks.txt").stat().st_size > 0
     assert_no_rank_left(tmp_path)
 
 
 @pytest.mark.slow
-def test_shape_mismatch_is_named_with_both_shapes(tmp_path):
-    p, r = dist_run(tmp_path, "mismatch.py", timeout=40, env=CPU)
+def test_shape_mismatch_is_named_with_both_shapes():
+    p, r, tmp_path = cached("mismatch.py", "dist --nproc-per-node 2 --timeout 40 --out {tmp}")
     assert p.returncode == 1
     assert codes(r) == ["collective-mismatch"], r["findings"]  # the abort/reset are its symptoms
     f = only(r, "collective-mismatch")
-    assert "all_reduce at mismatch.py:25" in f["title"]
+    assert "all_reduce at mismatch.py:27" in f["title"]
     assert f["evidence"]["shapes"] == {"rank 0": "[4] float32", "rank 1": "[8] float32"}
     assert_no_rank_left(tmp_path)
 
@@ -160,6 +160,6 @@ def test_nccl_hang_is_diagnosed_within_timeout_plus_30s_and_no_rank_survives(tmp
     assert p.returncode == 1 and r["status"] == "timeout"
     assert codes(r) == ["collective-hang"], r["findings"]
     f = only(r, "collective-hang")
-    assert "rank 1 skipped all_reduce at hang.py:24" in f["title"]
+    assert "rank 1 skipped all_reduce at hang.py:26" in f["title"]
     assert wall < 40 + 30, wall
     assert_no_rank_left(tmp_path)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from fixture_runs import run_fixture
+
 SCRIPTS = Path(__file__).resolve().parent / "fixtures" / "scripts" / "profile"
 PROFILE_CODES = {"host-sync-in-loop", "launch-bound", "pageable-h2d-copy", "fp32-compute-bound",
                  "slow-python-loop"}
@@ -34,7 +36,7 @@ def test_slow_python_loop_is_found_with_the_hot_function(cli, tmp_path):
         assert skipped[rule] in ("needs CUDA", "no GPU work in the profiled steps")
     m = rep["metrics"]["profile"]
     assert m["status"] == "ok" and m["steps"] == [7, 8, 9]
-    assert m["top_ops"] and m["python_hotspots"][0]["def"].endswith("cpu_slow_python.py:15")
+    assert m["top_ops"] and m["python_hotspots"][0]["def"].endswith("cpu_slow_python.py:17")
     trace = Path(rep["artifacts"]["trace"])
     assert trace == tmp_path.resolve() / "trace.json" and json.loads(trace.read_text())["traceEvents"]
     assert "profiler_start" not in p.stderr and "Profiler clears events" not in p.stderr
@@ -42,14 +44,8 @@ def test_slow_python_loop_is_found_with_the_hot_function(cli, tmp_path):
     assert "Profiler window: steps 7–9 recorded" in text and "Top ops by self CPU time" in text
 
 
-def test_healthy_cpu_script_raises_nothing_from_the_profile(cli):
-    p, rep = _profile(cli, "cpu_healthy.py")
-    assert {f["code"] for f in rep["findings"]} - NOISE == set()
-    assert p.returncode == 0
-
-
-def test_a_script_with_its_own_profiler_is_not_misread(cli):
-    p, rep = _profile(cli, "cpu_own_profiler.py")
+def test_a_script_with_its_own_profiler_is_not_misread():
+    rep = run_fixture("profile/cpu_own_profiler.py", "profile").report  # the session's run
     assert {f["code"] for f in rep["findings"]} - NOISE == set()
     assert rep["metrics"]["profile"]["steps"] == [7, 8, 9]
 

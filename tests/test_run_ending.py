@@ -4,22 +4,18 @@ written after SCRIPT are named as such."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import ROOT
+from fixture_runs import run_fixture
 from torchdoctor.findings import Report, finding
 from torchdoctor.report.console import render_to_text
-
-PROC = ROOT / "tests" / "fixtures" / "scripts" / "proc"
 
 
 @pytest.mark.slow
 def test_a_run_killed_at_the_timeout_after_ignoring_the_clean_stop_is_an_error(tmp_path):
-    p = run_cli("checkup", "--json", "--timeout", "12", "--steps", "0", "swallows_stop.py",
-                cwd=PROC, timeout=120)
-    r = json.loads(p.stdout)
+    p = run_fixture("proc/swallows_stop.py", "checkup --timeout 12 --steps 0")  # the session's run
+    r = p.report
     assert r["status"] == "timeout" and p.returncode == 1, (p.returncode, r["findings"])
     hung = [f for f in r["findings"] if f["code"] == "script-hung"]
     assert hung and "did not stop at a step boundary" in hung[0]["title"]
@@ -29,9 +25,7 @@ def test_a_run_killed_at_the_timeout_after_ignoring_the_clean_stop_is_an_error(t
 
 @pytest.mark.slow
 def test_torchdoctor_option_after_the_script_is_named():
-    p = run_cli("checkup", "--json", "argparse_train.py", "--epochs", "1", "--steps", "3",
-                cwd=PROC, timeout=120)
-    r = json.loads(p.stdout)
+    r = run_fixture("proc/argparse_train.py", "checkup -- --epochs 1 --steps 3").report  # the session's run
     f = [f for f in r["findings"] if f["code"] == "script-crashed"]
     assert f, r["findings"]
     assert "refused --steps" in f[0]["title"] and "before SCRIPT" in f[0]["title"]

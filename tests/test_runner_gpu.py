@@ -42,8 +42,8 @@ def test_gpu_dataloader_bound_with_file_line():
     p, r = checkup("gpu_slow_loader.py", steps=15)
     assert codes(r, "warning") == ["dataloader-bound"], r["findings"]
     ev = one(r, "dataloader-bound")["evidence"]
-    assert ev["loop"] == "gpu_slow_loader.py:24"
-    assert "gpu_slow_loader.py:12" in ev["slowest_stage"]
+    assert ev["loop"] == "gpu_slow_loader.py:27"
+    assert "gpu_slow_loader.py:15" in ev["slowest_stage"]
     assert ev["gpu_busy_at_most"] <= 0.75
 
 
@@ -53,7 +53,7 @@ def test_gpu_device_mismatch_names_the_cpu_tensor():
     ev = one(r, "device-mismatch")["evidence"]
     assert sorted(ev["devices"]) == ["cpu", "cuda:0"]
     assert any(s.startswith("self.class_weights: cpu") for s in ev["unregistered_tensors"])
-    assert ev["where"].startswith("gpu_device_mismatch.py:15")
+    assert ev["where"].startswith("gpu_device_mismatch.py:18")
 
 
 def test_gpu_oom_is_classified_with_numbers():
@@ -69,4 +69,4 @@ def test_gpu_model_moved_in_loop_is_a_warning():
     assert codes(r, "warning") == ["model-moved-in-loop"], r["findings"]
     f = one(r, "model-moved-in-loop")
     assert f["severity"] == "warning" and f["evidence"]["real_copies"] >= 10
-    assert f["evidence"]["site"] in ("gpu_moved.py:17", "gpu_moved.py:20")
+    assert f["evidence"]["site"] in ("gpu_moved.py:20", "gpu_moved.py:23")

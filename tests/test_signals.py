@@ -126,7 +126,7 @@ def test_subprocesses_left_by_a_finished_script_are_killed(tmp_path):
 
 def test_the_guard_is_not_a_child_of_the_script():
     """A script that reaps "any child" (os.wait) meets only its own children."""
-    from conftest import run_cli
+    from fixture_runs import run_fixture
 
-    p = run_cli("checkup", "--json", "wait_any_child.py", cwd=PROC, timeout=120)
+    p = run_fixture("proc/wait_any_child.py", "checkup")  # the session's run
     assert "waited for my child" in p.stderr and "no other child" in p.stderr, p.stderr[-2000:]

@@ -9,11 +9,10 @@ steps; runner/core.py, "Several optimizers").
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import ROOT
+from fixture_runs import run_fixture
 from test_nan_fixtures import run_inprocess
 
 SCRIPTS = ROOT / "tests" / "fixtures" / "scripts"
@@ -38,13 +37,12 @@ def test_gan_step_is_one_iteration_and_steps_counts_iterations(capsys):
 
 @pytest.mark.slow
 def test_gan_moving_its_models_every_iteration_is_found():
-    p = run_cli("checkup", "--json", "--steps", "20", str(SCRIPTS / "perf/gan_moved.py"),
-                timeout=180)
-    rep = json.loads(p.stdout)
+    p = run_fixture("perf/gan_moved.py", "checkup --steps 20")  # the session's run
+    rep = p.report
     codes = {f["code"] for f in rep["findings"]}
     assert "model-moved-in-loop" in codes, rep["findings"]
     f = next(f for f in rep["findings"] if f["code"] == "model-moved-in-loop")
-    assert f["evidence"]["site"].endswith("gan_moved.py:24"), f["evidence"]
+    assert f["evidence"]["site"].endswith("gan_moved.py:26"), f["evidence"]
     assert rep["metrics"]["steps"]["count"] == 20
     assert _iterations(p.stderr) == 20
 

@@ -1,0 +1,68 @@
+"""Every declared finding code has a sick fixture that raises it, or a stated reason why not.
+
+A code counts as covered when:
+- a fixture script's `# expect:` header names it (tests/test_fixtures.py checks that the fixture
+  really raises it: on CPU here, on the GPU box for `# requires: cuda` fixtures), or
+- a checkpoint fixture's golden (tests/golden/checkpoint/*.json, made from
+  tests/fixtures/checkpoint/builders.py EXPECTED and compared by tests/test_fixtures.py) raises it.
+Everything else must be in NO_SICK_FIXTURE with the reason and the test that covers it instead.
+"""
+
+from __future__ import annotations
+
+import json
+
+from fixture_runs import GOLDEN, headed_fixtures
+from torchdoctor.catalog import catalog
+
+NO_SICK_FIXTURE = {
+    # checkpoint codes raised only with options or on other inputs (their own test files)
+    "ckpt-model-mismatch": "needs --model MODULE:FACTORY: tests/test_checkpoint_model.py",
+    "ckpt-part-file": "one file of a multi-file layout: tests/test_checkpoint_parts.py",
+    # environment report (`env`): judged from a recorded machine, not a script
+    "gpu-memory-in-use": "env on a busy GPU host: tests/fixtures/env/h100_busy.json in tests/test_env.py",
+    "nccl-env-risky": "dist-env check of risky NCCL_* variables: tests/test_dist_env.py",
+    "nccl-unavailable": "dist-env on a GPU host whose torch lacks NCCL: tests/test_dist_env.py",
+    "tf32-disabled": "env of a GPU host (TF32 flags): tests/fixtures/env/h100.json in tests/test_env.py",
+    "torch-cpu-build-on-gpu-host": "env: a CPU torch on a host with GPUs: tests/test_env.py",
+    # `dist` self-test (no user script) and launch environment
+    "collective-selftest-failed": "dist self-test worker failing: tests/test_dist_selftest.py",
+    "allreduce-bandwidth-low": "dist self-test bandwidth on GPUs (NCCL): tests/test_dist_selftest.py",
+    "dist-env-inconsistent": "launch environment of the ranks: tests/test_dist_env.py",
+    # a bug of torchdoctor itself, by construction not raised by any healthy code path
+    "internal-error": "a crashing rule (planted by tests): tests/test_profile_rules.py, test_env.py, test_checkpoint_hostile.py",
+}
+
+
+def _covered() -> dict[str, list[str]]:
+    by: dict[str, list[str]] = {}
+    for h in headed_fixtures():
+        for e in h.expect:
+            by.setdefault(e.split("@")[0], []).append(h.rel)
+    for p in sorted((GOLDEN / "checkpoint").glob("*.json")):
+        for e in json.loads(p.read_text())["codes"]:
+            by.setdefault(e.split("@")[0], []).append(f"checkpoint/{p.stem}")
+    return by
+
+
+def test_every_code_has_a_sick_fixture_or_a_stated_reason():
+    codes = set(catalog())
+    covered = _covered()
+    missing = codes - set(covered) - set(NO_SICK_FIXTURE)
+    assert not missing, f"codes without a sick fixture (add one, or a reason to NO_SICK_FIXTURE): {sorted(missing)}"
+
+
+def test_no_sick_fixture_table_is_current():
+    codes = set(catalog())
+    covered = set(_covered())
+    assert set(NO_SICK_FIXTURE) <= codes, f"not declared: {sorted(set(NO_SICK_FIXTURE) - codes)}"
+    assert not set(NO_SICK_FIXTURE) & covered, f"now covered by a fixture: {sorted(set(NO_SICK_FIXTURE) & covered)}"
+
+
+def test_expect_headers_name_declared_codes_and_severities():
+    info = catalog()
+    for h in headed_fixtures():
+        for e in h.expect:
+            code, _, sev = e.partition("@")
+            assert code in info, f"{h.rel}: unknown code {code!r}"
+            assert sev in ("error", "warning", "info"), f"{h.rel}: {e!r} needs code@severity"
