@@ -259,6 +259,8 @@ def _text_subs() -> list[tuple[re.Pattern, str]]:
         tmp = re.escape(tempfile.gettempdir())
         pys = sorted({sys.base_prefix, sys.prefix, sys.exec_prefix}, key=len, reverse=True)
         _TEXT_SUBS.extend([
+            # torch's own files, wherever the environment is (a venv in the checkout or not)
+            (re.compile(r"[^\s'\"():]*/site-packages/"), "<site-packages>/"),
             (re.compile(root), "<root>"),
             *[(re.compile(re.escape(p) + r"(?=/)"), "<python>") for p in pys],
             (re.compile(r"python\d+\.\d+"), "python<ver>"),
