@@ -224,7 +224,8 @@ NORMALISED = """What normalise() masks (everything that differs between two runs
 - findings that are host load (cpu-oversubscribed with other_processes_cores) are dropped
   (and status "findings" with nothing left becomes "ok");
 - timing-dependent parts: the memory probe's time-budgeted tracemalloc window (its notes and
-  the keys site_window / python_sites / skipped in metrics), non-growth reasons (not_growth),
+  the keys site_window / python_sites / skipped / partial in metrics, trend points), the profile
+  window's Python call count, non-growth reasons (not_growth),
   thread stacks of timed-out runs (main_thread, other_threads: "<stack>"), rankings by measured
   time (top_ops, python_hotspots: "<ranked>"), numbers with thousands separators, gloo ip:port;
 - a run killed at --timeout (status "timeout"): its metrics and skipped rules ("<timeout-run>"),
@@ -236,11 +237,12 @@ their reasons, evidence keys and their deterministic values (lines, steps, names
 # integer fields whose value is measured (bytes, sample counts, pids, timings in ns/us)
 VOLATILE_INT_KEYS = {
     "baseline_heap", "heap", "rss", "pid", "pids", "bytes", "peak_bytes", "wall_ns", "dur_us",
+    "points",  # samples a trend was fitted on: the sampler's cadence is timing
 }
 # keys whose presence or text depends on timing: the memory probe's time-budgeted tracemalloc
 # window (site_window, python_sites, skipped in metrics) and a non-growth reason on noisy heaps
 DROP_KEYS = {"site_window"}
-DROP_METRIC_KEYS = {"python_sites", "skipped"}
+DROP_METRIC_KEYS = {"python_sites", "skipped", "partial"}  # partial: a window cut by its time budget
 MASK_TEXT_KEYS = {"not_growth"}
 # lists whose content is where a timed-out script happened to be (thread stacks), or a ranking by
 # measured time (the profile's top ops and Python hotspots): "<stack>" / "<ranked>"
@@ -268,6 +270,7 @@ def _text_subs() -> list[tuple[re.Pattern, str]]:
             (re.compile(r"\[<num>\.<num>\]:\d+"), "<addr>"),  # (re-normalising a normalised file)
             (re.compile(r"\(tracemalloc\): stopped [^\]\"]*?budget(?: \([^)]*\))?"), "(tracemalloc): stopped <budget>"),
             (re.compile(r"\d{1,3}(?:,\d{3})+"), "<int>"),
+            (re.compile(r"\b\d+ Python calls\b"), "<int> Python calls"),  # counted under a clock
             (re.compile(tmp + r"/[^\s'\":,)\]]*"), "<tmp>"),
             (re.compile(r"/(?:var/folders|private/tmp)/[^\s'\":,)\]]*"), "<tmp>"),
             (re.compile(r"0x[0-9a-fA-F]{6,}"), "<addr>"),
