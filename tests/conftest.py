@@ -31,7 +31,11 @@ def pytest_collection_modifyitems(config, items):
             has1 = _has_cuda(1) if has1 is None else has1
             if not has1:
                 item.add_marker(skip_gpu)
-    _plan_fixture_runs(items)
+
+
+def pytest_collection_finish(session):
+    # after every plugin's selection (-m, -k, deselect): plan only the tests that will run
+    _plan_fixture_runs(session.items)
 
 
 def _plan_fixture_runs(items) -> None:
