@@ -28,7 +28,9 @@ def backend(request, monkeypatch):
         def no_numpy():
             raise ImportError("numpy hidden by the test")
 
-        monkeypatch.setattr(scan_mod, "NumpyOps", no_numpy)
+        from torchdoctor.checkpoint import scan_ops
+
+        monkeypatch.setattr(scan_ops, "NumpyOps", no_numpy)
     return request.param
 
 
@@ -186,7 +188,7 @@ def test_hub_folder_with_both_weight_formats_reads_safetensors(tmp_path):
 def test_fast_finite_check_falls_back_on_overflow():
     import numpy as np
 
-    from torchdoctor.checkpoint.scan import NumpyOps
+    from torchdoctor.checkpoint.scan_ops import NumpyOps
 
     ops = NumpyOps()
     assert ops.bad(np.array([1, 2, np.nan], np.float32), "float32")
