@@ -337,7 +337,8 @@ class _NoWindow:
         return False
 
 
-def test_sampler_oom_context_on_the_cpu():
+def _crash_under_sampler(fail):
+    """(ctx, exc): the memory sampler after 2 steps, then ``fail()`` raising inside it."""
     from torchdoctor.instruments.memory_sampler import MemorySampler
 
     ctx = FakeCtx()
@@ -346,12 +347,17 @@ def test_sampler_oom_context_on_the_cpu():
     s.install(ctx)
     try:
         try:
-            torch.empty(2 ** 50, dtype=torch.uint8)
-        except RuntimeError as e:
+            fail()
+        except Exception as e:  # noqa: BLE001 - the crash under test
             s.on_crash(ctx, e)
             exc = e
     finally:
         s.uninstall(ctx)
+    return ctx, exc
+
+
+def test_sampler_oom_context_on_the_cpu():
+    ctx, exc = _crash_under_sampler(lambda: torch.empty(2 ** 50, dtype=torch.uint8))
     [c] = ctx.of("crash_context")
     assert c["for_code"] == "out-of-memory" and "fixes" not in c  # the child ranks nothing
     f = _judged_crash(ctx, exc)
@@ -375,20 +381,10 @@ def _judged_crash(ctx, exc):
 
 def test_sampler_context_of_another_crash_is_left_out_of_its_finding():
     """Measured at every crash; a crash that is not an out-of-memory gets none of it."""
-    from torchdoctor.instruments.memory_sampler import MemorySampler
+    def bad_label():
+        raise ValueError("bad label 7")
 
-    ctx = FakeCtx()
-    s = MemorySampler()
-    _loop([s], ctx, steps=2)
-    s.install(ctx)
-    try:
-        try:
-            raise ValueError("bad label 7")
-        except ValueError as e:
-            s.on_crash(ctx, e)
-            exc = e
-    finally:
-        s.uninstall(ctx)
+    ctx, exc = _crash_under_sampler(bad_label)
     assert ctx.of("crash_context")
     f = _judged_crash(ctx, exc)
     assert f.code == "script-crashed"
