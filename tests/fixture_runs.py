@@ -238,6 +238,7 @@ their reasons, evidence keys and their deterministic values (lines, steps, names
 VOLATILE_INT_KEYS = {
     "baseline_heap", "heap", "rss", "pid", "pids", "bytes", "peak_bytes", "wall_ns", "dur_us",
     "points",  # samples a trend was fitted on: the sampler's cadence is timing
+    "graph_nodes",  # a growing graph's size when the last sample was taken: timing
 }
 # keys whose presence or text depends on timing: the memory probe's time-budgeted tracemalloc
 # window (site_window, python_sites, skipped in metrics) and a non-growth reason on noisy heaps
@@ -271,6 +272,7 @@ def _text_subs() -> list[tuple[re.Pattern, str]]:
             (re.compile(r"\(tracemalloc\): stopped [^\]\"]*?budget(?: \([^)]*\))?"), "(tracemalloc): stopped <budget>"),
             (re.compile(r"\d{1,3}(?:,\d{3})+"), "<int>"),
             (re.compile(r"\b\d+ Python calls\b"), "<int> Python calls"),  # counted under a clock
+            (re.compile(r"\(\d+ now\)"), "(<int> now)"),  # a growing graph's size at the last sample
             (re.compile(tmp + r"/[^\s'\":,)\]]*"), "<tmp>"),
             (re.compile(r"/(?:var/folders|private/tmp)/[^\s'\":,)\]]*"), "<tmp>"),
             (re.compile(r"0x[0-9a-fA-F]{6,}"), "<addr>"),
