@@ -67,7 +67,7 @@ def launch(run_dir: str | os.PathLike, probe: str, argv: list[str], *, module: b
            quiet_patterns: list[str] | None = None, show_progress: bool | None = None,
            on_event: Callable[[dict], None] | None = None,
            env: dict[str, str] | None = None, ranks: Any = None,
-           needs: Iterable[str] | None = None) -> LaunchResult:
+           needs: Iterable[str] | None = None, echo: bool = True) -> LaunchResult:
     """Run ``argv`` (script + args, or module + args) under the harness; blocks until done.
 
     Writes ``meta.json`` first and the final ``result.json`` last (the child's result plus
@@ -76,6 +76,8 @@ def launch(run_dir: str | os.PathLike, probe: str, argv: list[str], *, module: b
     under torchrun, one run dir per rank; timeout, Ctrl-C and clean-up go to every rank.
     ``needs``: the evidence kinds to arm instruments for (the caller's
     ``torchdoctor.pipeline.registry.armed_needs(probe)``; none: the script runs unmeasured).
+    ``echo=False``: the script's output is not copied to our stderr (the trials layer's repeated
+    runs); its tail is still kept as evidence.
     """
     d = Path(run_dir)
     d.mkdir(parents=True, exist_ok=True)
@@ -113,8 +115,9 @@ def launch(run_dir: str | os.PathLike, probe: str, argv: list[str], *, module: b
         tracker = reap.Tracker(proc.pid, adopt_after=t0, marker=run_id)
         if ranks is not None:
             ranks.started(proc.pid)
-        pump = threading.Thread(target=_Pump(proc.stdout, quiet, tail, lock, progress).run,
-                                daemon=True, name="torchdoctor-output")
+        copier = _Pump(proc.stdout, quiet, tail, lock, progress)
+        copier.broken = not echo  # not copied, still read (the tail is kept)
+        pump = threading.Thread(target=copier.run, daemon=True, name="torchdoctor-output")
         pump.start()
         state = _Loop(proc, d, ranks, progress, tracker, timeout, t0)
         try:

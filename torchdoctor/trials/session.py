@@ -1,0 +1,167 @@
+"""Running trials: one script, many bounded runs under variations, one owner of their dirs.
+
+    with Trials("checkup", "train.py", ["--lr", "3e-4"], options=opts, budget_s=600) as trials:
+        base = trials.run(BASELINE, round=0)
+        tf32 = trials.run(Variation("tf32", "allow_tf32=True", options={"treatment": ...}))
+        base.median_ms(), tf32.losses(), tf32.failure()
+
+Each run has the same argv, module flag, steps and timeout as the command (``options`` as
+``run_probe`` takes them), the variation's child options and environment on top, and arms the
+probe's instruments plus :data:`TRIAL_NEEDS` plus the variation's needs. The script's output is
+not echoed (its tail is kept in the evidence). ``budget_s`` bounds the whole command: a run
+gets at most the time left, and :meth:`Trials.expired` says when no run should start.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torchdoctor.evidence import Evidence
+from torchdoctor.trials.spec import Variation
+
+TRIAL_NEEDS = frozenset({"loss_trace", "peak_memory"})
+MIN_RUN_S = 5.0  # a run is not started with less budget left than this
+
+
+@dataclass
+class TrialRun:
+    """One bounded run under one variation, as the comparisons read it."""
+
+    variation: Variation
+    round: int
+    evidence: Evidence
+    wall_s: float
+
+    def step_ms(self) -> list[float]:
+        """Wall time of each judged step (warm-up left out), in ms."""
+        from torchdoctor.pipeline.steps import judged_steps
+
+        return [float(s["wall_s"]) * 1e3 for s in judged_steps(self.evidence)]
+
+    def median_ms(self) -> float | None:
+        from torchdoctor.trials.compare import median
+
+        return median(self.step_ms())
+
+    def losses(self) -> list:
+        """Per-step losses in step order (None: no backward that step; "nan"/"inf" strings)."""
+        tr = self.evidence.last("loss_trace")
+        if not tr:
+            return []
+        by_step = dict(zip(tr.get("steps", []), tr.get("losses", [])))
+        n = max(by_step, default=0)
+        return [by_step.get(s) for s in range(1, n + 1)]
+
+    def peak_memory(self) -> tuple[int | None, str]:
+        """(bytes, what): the CUDA allocator peak summed over devices, else the host peak RSS."""
+        pk = self.evidence.last("peak_memory") or {}
+        cuda = pk.get("cuda") or {}
+        if cuda:
+            return int(sum(cuda.values())), "cuda-allocated"
+        rss = pk.get("host_rss")
+        return (int(rss) if rss is not None else None), "host-rss"
+
+    def failure(self) -> str | None:
+        """Why this run cannot be compared (crash, timeout, no step), or None."""
+        res = self.evidence.result or {}
+        outcome = res.get("outcome")
+        if outcome == "crash":
+            exc = res.get("exception") or {}
+            uf = exc.get("user_frame") or {}
+            where = f" at {uf.get('file')}:{uf.get('line')}" if uf else ""
+            msg = str(exc.get("message", "")).strip().splitlines()
+            return f"{exc.get('type', 'error')}: {msg[0] if msg else ''}{where}"[:500]
+        if outcome == "timeout":
+            return f"timed out after {res.get('timeout_s')} s"
+        if outcome in ("signal", "interrupted"):
+            return f"run ended by {res.get('signal') or res.get('interrupted_by') or outcome}"
+        if outcome == "exit" and res.get("exit_code") not in (0, None):
+            return f"the script exited with code {res.get('exit_code')}"
+        if not self.evidence.of("step"):
+            return "no training step was measured"
+        return None
+
+
+class Trials:
+    """Runs the script under variations; removes its temp dirs on close."""
+
+    def __init__(self, probe: str, target: str, script_args: list[str], *,
+                 options: dict[str, Any], budget_s: float | None = None):
+        from torchdoctor.pipeline.run import DEFAULT_TIMEOUT_S, check_target
+
+        self.probe = probe
+        self.module = bool(options.get("module"))
+        check_target(target, self.module)
+        self.argv = [target, *script_args]
+        self.opts = {k: v for k, v in options.items() if k not in ("module", "quiet")}
+        self.opts.setdefault("timeout", DEFAULT_TIMEOUT_S)
+        if self.opts.get("out"):
+            self.opts["out"] = str(Path(self.opts["out"]).resolve())
+        self.t0 = time.monotonic()
+        self.budget_s = budget_s
+        self.runs: list[TrialRun] = []
+        self._tmp: list[Path] = []
+        self._n = 0
+
+    # ---- budget ------------------------------------------------------------------------
+    def remaining_s(self) -> float | None:
+        if self.budget_s is None:
+            return None
+        return self.budget_s - (time.monotonic() - self.t0)
+
+    def expired(self) -> bool:
+        left = self.remaining_s()
+        return left is not None and left < MIN_RUN_S
+
+    # ---- runs --------------------------------------------------------------------------
+    def _dir(self, variation: Variation, round: int) -> Path:
+        self._n += 1
+        if self.opts.get("out"):
+            from torchdoctor.runner.outdir import fresh_subdir
+
+            return fresh_subdir(self.opts["out"], f"trial-{self._n:02d}-{variation.name}-{round}")
+        d = Path(tempfile.mkdtemp(prefix="torchdoctor-trial-"))
+        self._tmp.append(d)
+        return d
+
+    def run(self, variation: Variation, round: int = 0, *, probe: str | None = None,
+            steps: int | None = None) -> TrialRun:
+        """One bounded run of the script under ``variation`` (``probe``: whose instruments)."""
+        from torchdoctor.pipeline.registry import armed_needs
+        from torchdoctor.pipeline.run import QUIET_PATTERNS
+        from torchdoctor.runner.launch import launch
+
+        under = probe or self.probe
+        opts = {**self.opts, **variation.options, "trial": variation.name, "trial_round": round}
+        if steps is not None:
+            opts["steps"] = steps
+        timeout = float(opts["timeout"])
+        left = self.remaining_s()
+        if left is not None:
+            timeout = max(1.0, min(timeout, left))
+        d = self._dir(variation, round)
+        needs = armed_needs(under) | TRIAL_NEEDS | variation.needs
+        res = launch(d, under, self.argv, module=self.module, options=opts, timeout=timeout,
+                     quiet_patterns=QUIET_PATTERNS, show_progress=False, env=variation.env or None,
+                     needs=needs, echo=False)
+        run = TrialRun(variation, round, Evidence.load(d), res.wall_s)
+        self.runs.append(run)
+        return run
+
+    def close(self) -> None:
+        if not os.environ.get("TORCHDOCTOR_KEEP_RUN"):
+            for d in self._tmp:
+                shutil.rmtree(d, ignore_errors=True)
+        self._tmp.clear()
+
+    def __enter__(self) -> "Trials":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
