@@ -253,11 +253,11 @@ def test_fragmentation_after_oom_and_not_applicable_on_cpu():
 
 # ---- grad-in-eval ----------------------------------------------------------------------------
 
-def _ge(dropped, kept=0, in_eval=0):
+def _ge(dropped, kept=0, in_eval=0, mode="eval", outputs="dropped"):
     return {"kind": "grad_eval", "roots_hooked": 1, "graph_forwards": 20 + dropped,
             "backpropagated": 20, "dropped": dropped, "kept_alive": kept, "in_eval_mode": in_eval,
-            "examples": [{"module": "Net", "mode": "eval", "site": "train.py:33", "outputs": "dropped",
-                          "count": dropped, "first_step": 8, "last_step": 8}]}
+            "examples": [{"module": "Net", "mode": mode, "site": "train.py:33", "outputs": outputs,
+                          "count": dropped + kept, "first_step": 8, "last_step": 8}]}
 
 
 def test_grad_in_eval_fires_from_three_unbackpropagated_forwards():
@@ -267,6 +267,20 @@ def test_grad_in_eval_fires_from_three_unbackpropagated_forwards():
     assert grad_in_eval(Evidence.from_events([_ge(2)])) == []
     with pytest.raises(NotApplicable):
         grad_in_eval(Evidence.from_events([]))
+
+
+def test_graphs_discarded_at_once_by_a_training_model_are_info_not_a_warning():
+    # regression: a WGAN critic step `C(G(z).detach())` (G in train mode, its graph dropped at
+    # once) was a grad-in-eval warning whose fix spoke of evaluation loops
+    [f] = grad_in_eval(Evidence.from_events([_ge(30, mode="train")]))
+    assert f.severity == "info"
+    assert "discarded" in f.title and "train mode" in f.title
+    assert "no_grad" in f.fix and "train.py:33" in f.fix and "evaluation" not in f.fix
+    # graphs kept alive (outputs held for metrics) or an eval-mode model stay a warning
+    [kept] = grad_in_eval(Evidence.from_events([_ge(0, kept=30, mode="train", outputs="kept alive")]))
+    assert kept.severity == "warning"
+    [ev] = grad_in_eval(Evidence.from_events([_ge(30, in_eval=30)]))
+    assert ev.severity == "warning"
 
 
 # ---- activation-dominated -------------------------------------------------------------------

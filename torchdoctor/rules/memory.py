@@ -321,6 +321,16 @@ def grad_in_eval(ev: Evidence) -> list[Finding]:
                              f"when a graph-building forward follows another with no backward "
                              f"between, at step {g.get('exact_from_step')})")
     in_eval = int(g.get("in_eval_mode") or 0)
+    if _discarded_in_training(g, ex):
+        # e.g. a GAN critic step `C(G(z).detach())`: a training model's graph built and dropped
+        # at once. No memory is held past that line; the cost is the graph's bookkeeping and
+        # the activations saved during that forward: worth knowing, not a warning
+        title = (f"{never} forward passes of {mod} (train mode) built autograd graphs that were "
+                 f"discarded unused" + (f", at {where}" if where else ""))
+        fix = ("Where the output is only used detached (e.g. `G(z).detach()` in a critic step), "
+               "compute it under `with torch.no_grad():`" + (f" at {where}" if where else "")
+               + ": the forward then saves no activations for a backward that never comes")
+        return [finding("grad-in-eval", title, evid, fix=fix, severity="info")]
     mode = f" ({in_eval} with the model in eval mode)" if in_eval else ""
     title = (f"{never} forward passes of {mod} built autograd graphs that were never "
              f"backpropagated{mode}" + (f", at {where}" if where else ""))
@@ -328,6 +338,13 @@ def grad_in_eval(ev: Evidence) -> list[Finding]:
            "`torch.inference_mode()`)" + (f" around {where}" if where else "")
            + ": no graph is built and activations are freed as soon as they are used")
     return [finding("grad-in-eval", title, evid, fix=fix)]
+
+
+def _discarded_in_training(g: dict[str, Any], examples: list[dict[str, Any]]) -> bool:
+    """Every never-backpropagated graph came from a model in train mode and was freed
+    unused (none kept alive, none in eval mode): a detached use, not an evaluation loop."""
+    return bool(examples) and not g.get("kept_alive") and not g.get("in_eval_mode") and all(
+        e.get("mode") == "train" and e.get("outputs") == "dropped" for e in examples)
 
 
 # ---- activation-dominated ------------------------------------------------------------------
