@@ -122,7 +122,11 @@ class Core(StepClock, OptimizerCycle, ThreadFollow):
 
     # ------------------------------------------------------------------ dispatch, failures
     def _dispatch(self, callback: str, *args: Any) -> None:
-        """Call every armed instrument's ``callback``; one that raises is disabled."""
+        """Call every armed instrument's ``callback``; one that raises is disabled.
+
+        One Python call more per batch, backward and step than the loop inlined at each call
+        site: 0.3-0.9 us a call on the 2-core box under load (timeit, session 6), a few us a
+        step against steps of milliseconds: kept, for one failure path."""
         for name, fn in self.cb[callback]:
             try:
                 fn(*args)
