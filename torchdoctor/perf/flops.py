@@ -16,8 +16,8 @@ from typing import Any
 
 from torchdoctor.perf.peaks import lookup, peak_flops
 
-CPU_NO_MFU = ("CPU: no MFU; a CPU's peak depends on the cores the run may use, its vector units "
-              "(AVX2/AVX-512/AMX) and its clocks under load, and no vendor table gives it")
+CPU_NO_MFU = ("on a CPU the peak depends on the cores the run may use, the vector units "
+              "(AVX2/AVX-512/AMX) and the clocks under load; no vendor table gives it")
 
 
 def mfu(flops_by_dtype: dict[str, float], step_s: float, device: str, device_name: str | None
