@@ -240,3 +240,40 @@ def test_the_counted_step_avoids_the_warm_up_and_the_profiler_window(options, pr
     step, why = plan_step(options, profiled)
     assert step == want
     assert (why is None) == (want is not None)
+
+
+
+def test_a_ddp_step_is_counted_and_unchanged(tmp_path):
+    """DDP (gloo, one rank, in this process): its gradient all-reduce passes through the mode
+    uncounted; the rank's own matmuls are counted exactly and the parameters come out bitwise the same."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0, world_size=1)
+    try:
+        def run(count):
+            torch.manual_seed(0)
+            m = DDP(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)))
+            opt = torch.optim.SGD(m.parameters(), lr=0.1)
+            n = None
+            for s in range(1, 5):
+                c = make_counter(_Tally()) if s == count else None
+                if c is not None:
+                    c.__enter__()
+                loss = m(torch.randn(8, 16)).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                if c is not None:
+                    c.__exit__(None, None, None)
+                    n = c.get_total_flops()
+            return [p.detach().clone() for p in m.parameters()], n
+
+        a, _ = run(None)
+        b, n = run(3)
+    finally:
+        dist.destroy_process_group()
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert n == 2 * (2 * 8 * 16 * 32) + 3 * (2 * 8 * 32 * 4)
