@@ -12,22 +12,21 @@ from __future__ import annotations
 import importlib.util
 
 from torchdoctor.errors import DoctorError
-from torchdoctor.triage.symptoms import AG, CKPT, DBG, DIST, MEM, MOD, MP, PERF
-
-# skill -> the command that measures it first (docs/contract.md); a route may name another one
-# (a playbook variant: repro, compile), see command_of
-PROBE_COMMAND = {PERF: "profile", MEM: "memory", DBG: "nan", DIST: "dist", CKPT: "checkpoint-audit",
-                 MOD: "checkup", MP: "profile", AG: "gradcheck"}
+from torchdoctor.triage.playbooks import PLAYBOOKS, VARIANTS
 
 NEEDS_PROBES = "--run needs the script probes"
-# the commands a playbook variant routes to, besides PROBE_COMMAND's (triage/playbooks.py VARIANTS)
-ROUTE_COMMANDS = frozenset({"repro", "compile"})
 
 
 def command_of(probe: str) -> str:
     """The command of a route's probe line: "torchdoctor repro SCRIPT" -> "repro"."""
     words = probe.split()
     return words[1] if len(words) > 1 and words[0] == "torchdoctor" else words[0]
+
+
+# skill -> the command that measures it first (its playbook's probe, docs/contract.md), and the
+# commands of the playbook variants (repro, compile) a route may name instead
+PROBE_COMMAND = {pb.skill: command_of(pb.probe) for pb in PLAYBOOKS.values()}
+ROUTE_COMMANDS = frozenset(command_of(pb.probe) for pb in VARIANTS.values())
 
 
 def _command(skill_or_command: str) -> str:
