@@ -34,15 +34,18 @@ reported, never raised into the script.
 Event ``flops`` {status, counted_step, entered, flops, flops_by_dtype, other_device_flops, by_op, device,
 device_name, tf32, errors, reason}.
 
-**Reuse (``treat``, before/after).** Arm the need ``flops`` for a run (``Variation`` extra needs,
-or ``EXTRA_NEEDS`` for a probe) and the metrics provider ``flops``
-(``pipeline/flops_metrics.py``) puts ``metrics.flops`` in that run's report: flops_per_step,
-achieved_flops_per_s, dtype, peak_flops_per_s, mfu. A trial compares two reports' ``metrics.flops``.
-For a treated run where the counter cannot run (the ``compile`` trial), the FLOPs of the same
-model and batch are those of the baseline: ``pipeline.flops_metrics.flops_metrics_with(ev,
-counted=baseline_flops_event)`` divides them by the treated run's own step time, and says so
-(``source``). The dtype changes with ``bf16-autocast`` and ``tf32``: those trials must be counted,
-not borrowed.
+**Reuse (``treat``, before/after).** Arm the need ``flops`` for a run and read the metrics
+provider: with the trials layer (``torchdoctor/trials``) that is
+``Variation(..., needs=frozenset({"flops"}))`` for a trial (or ``"flops"`` added to the needs of
+every trial run, baseline included), then ``pipeline.flops_metrics.flops_metrics(trial_run.evidence)``
+per run: flops_per_step, achieved_flops_per_s, dtype, peak_flops_per_s, mfu (``metrics.flops``'s
+keys, docs/json.md). ``TrialRun.step_ms`` reads ``judged_steps``, which already leaves the counted
+step out, so the trial's step-time comparison is not disturbed. A probe arms it through
+``EXTRA_NEEDS`` (``profile`` does). For a treated run where the counter cannot run (the
+``compile`` trial: torch.compile in use), the FLOPs of the same model and batch are the
+baseline's: ``flops_metrics_with(treated.evidence, baseline_flops_event, source="baseline's count")``
+divides them by the treated run's own step time, and says so in ``source``. ``bf16-autocast`` and
+``tf32`` change the dtype (and so the peak): count those, never borrow.
 """
 
 from __future__ import annotations
