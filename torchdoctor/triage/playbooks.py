@@ -246,7 +246,7 @@ VARIANTS: dict[str, Playbook] = {
         ("Graph break in a loop or on `.item()`/`print`/data-dependent Python control flow: keep tensors "
          "on the device, move the Python decision out of `forward`, or compile a smaller region", BY_HAND),
         ("Recompiles on every step: a Python attribute or shape that changes; pass it as a tensor, "
-         "`torch._dynamo.mark_dynamic`, or `torch.compile(dynamic=True)`", BY_HAND),
+         "dynamo's `mark_dynamic` on that dimension, or `torch.compile(dynamic=True)`", BY_HAND),
         ("Compile time is paid per new shape: fixed shapes (pad the last batch), warm-up excluded from "
          "timing; judge the gain on the steady state", BY_HAND),
         ("Not compiling yet? Try `torch.compile` on your model in the child and measure it against the "
