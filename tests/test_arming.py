@@ -16,7 +16,7 @@ ARMED = {
     "run": ["dist_steps", "dist_collectives", "dist_sampler", "crashctx", "training_anomaly"],
     "checkup": ["data_source", "training_grads", "training_modes", "memory_sampler", "moved",
                 "nan_monitor", "cpu", "memory_grad_eval", "seeding"],
-    "profile": ["data_source", "moved", "cpu", "profiler_window"],
+    "profile": ["data_source", "moved", "cpu", "profiler_window", "flop_count"],  # + the yardstick
     "memory": ["memory_detail", "memory_sampler", "memory_grad_eval"],
     "nan": ["training_grads", "training_modes", "nan_monitor", "nan_capture"],
     "memory-sampler": ["memory_sampler"],

@@ -144,6 +144,9 @@ def test_run_profiles_a_script(cli, tmp_path):
     assert d["metrics"]["run"]["steps"] == 3  # the probe's option, given before SCRIPT
     route = d["metrics"]["route"]
     assert route["why"] and route["steps"] and route["probe"] == f"torchdoctor profile {script}"
+    assert route["after"] == f"torchdoctor treat {script}"  # offered after the measurement
+    flops = d["metrics"]["flops"]  # 3 steps: the profiler window takes them all; no figure, the reason
+    assert flops["status"] == "skipped" and "profiler window" in flops["reason"] and "mfu" not in flops
 
 
 def test_words_starting_with_a_dash_are_words(cli):

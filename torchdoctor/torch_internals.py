@@ -15,6 +15,8 @@ called, and belong to the file format, not to the running torch.
 | fused norms | ``torch._foreach_norm`` | nan monitor, gradient norms |
 | grad mode setter | ``torch._C._set_grad_enabled`` | nan monitor |
 | dispatch modes | ``torch.utils._python_dispatch.TorchDispatchMode`` | NaN replay, memory sites |
+| the innermost dispatch mode | ``torch.utils._python_dispatch._get_current_dispatch_mode`` | FLOP count (leaves only its own mode) |
+| graphs compiled by dynamo | ``torch._dynamo.utils.counters["stats"]["unique_graphs"]`` | FLOP count (no count under torch.compile) |
 | saved-tensor hooks on top | ``torch._C._autograd._top_saved_tensors_default_hooks`` | memory saved tensors |
 | CUDA allocator | ``torch._C._cuda_memoryStats``, ``_cuda_attach_out_of_memory_observer``, ``torch.cuda.memory._record_memory_history`` / ``_snapshot``, ``torch.cuda._lazy_call`` | :mod:`torchdoctor.memory.cuda` |
 | flight recorder | ``torch._C._distributed_c10d`` | dist collectives |
@@ -79,6 +81,29 @@ def dispatch_mode_base() -> Any:
 
 def dynamo_loaded() -> bool:
     return "torch._dynamo" in sys.modules
+
+
+def current_dispatch_mode() -> Any:
+    """The innermost active TorchDispatchMode of this thread, or None (None also where the
+    running torch lacks the accessor: callers then treat the stack as unknown)."""
+    try:
+        from torch.utils._python_dispatch import _get_current_dispatch_mode
+    except ImportError:
+        return None
+    return _get_current_dispatch_mode()
+
+
+def dynamo_graphs_compiled() -> int | None:
+    """Graphs dynamo has compiled in this process (0 when dynamo was never imported), or None
+    when the running torch keeps no such counter."""
+    if "torch._dynamo" not in sys.modules:
+        return 0
+    try:
+        from torch._dynamo.utils import counters
+
+        return int(counters["stats"].get("unique_graphs", 0))
+    except Exception:  # noqa: BLE001 - a torch without the counter: unknown
+        return None
 
 
 # ---- autograd saved tensors -------------------------------------------------------------------

@@ -38,6 +38,9 @@ EXTRA_NEEDS: dict[str, frozenset[str]] = {
     "nan": frozenset({"nan_capture"}),
     # bench/memory_overhead.py: the harness and the per-step memory sampler alone, no rule
     "memory-sampler": frozenset({"mem"}),
+    # the yardstick: FLOPs of one step for metrics.flops (pipeline/flops_metrics.py); no rule
+    # judges it yet, the report shows achieved FLOP/s and MFU
+    "profile": frozenset({"flops"}),
 }
 
 # The judged probes whose needs an armed probe serves (default: itself). "run" is armed for

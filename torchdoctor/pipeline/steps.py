@@ -24,11 +24,22 @@ WARMUP_STEPS = 1
 WARMUP_MIN_STEPS = 3
 
 
+def counted_steps(ev: Evidence) -> set[int]:
+    """Steps run under the FLOP counter (``instruments/flop_count.py``): slower by its cost."""
+    return {int(e["counted_step"]) for e in ev.of("flops")
+            if e.get("entered") and e.get("counted_step") is not None}
+
+
 def judged_steps(ev: Evidence) -> list[dict[str, Any]]:
-    """The step events the rules judge: all but the warm-up step(s) when there are enough."""
+    """The step events the rules judge: all but the warm-up step(s) when there are enough, and
+    but the step the FLOP counter ran in (when another step is left)."""
     steps = ev.of("step")
     if len(steps) >= WARMUP_MIN_STEPS:
-        return steps[WARMUP_STEPS:]
+        steps = steps[WARMUP_STEPS:]
+    counted = counted_steps(ev)
+    if counted:
+        plain = [s for s in steps if s.get("step") not in counted]
+        steps = plain or steps
     return steps
 
 
@@ -55,7 +66,7 @@ def step_summary(ev: Evidence) -> dict[str, Any] | None:
     out: dict[str, Any] = {
         "count": len(ev.of("step")),
         "judged": len(steps),
-        "warmup_skipped": len(ev.of("step")) - len(steps),
+        "warmup_skipped": WARMUP_STEPS if len(ev.of("step")) >= WARMUP_MIN_STEPS else 0,
         "source": steps[-1].get("source"),
         "median_step_ms": round(statistics.median(walls) * 1e3, 3),
         "mean_step_ms": round(total / len(steps) * 1e3, 3),
@@ -65,6 +76,10 @@ def step_summary(ev: Evidence) -> dict[str, Any] | None:
         "batches_per_step": round(sum(int(s.get("batches", 0)) for s in steps) / len(steps), 3),
         "backwards_per_step": round(sum(int(s.get("backwards", 0)) for s in steps) / len(steps), 3),
     }
+    left_out = sorted((counted_steps(ev) & {s.get("step") for s in ev.of("step")})
+                      - {s.get("step") for s in steps})
+    if left_out:  # the FLOP counter's step: not a plain step (docs/yardstick.md)
+        out["flop_count_step_skipped"] = left_out
     if overlap > 0.01 * total:
         out["phase_overlap_ms"] = round(overlap / len(steps) * 1e3, 3)
     dev = device_summary(ev)
@@ -78,6 +93,8 @@ def device_summary(ev: Evidence) -> dict[str, Any] | None:
     devs = ev.of("step_device")
     if len(devs) >= WARMUP_MIN_STEPS:
         devs = devs[WARMUP_STEPS:]
+    counted = counted_steps(ev)
+    devs = [d for d in devs if d.get("step") not in counted] or devs
     if not devs:
         return None
     out: dict[str, Any] = {"steps": len(devs)}

@@ -79,8 +79,10 @@ def bare_clock(ev: Evidence, w: dict[str, Any]) -> dict[str, Any]:
 
     Falls back to the profiled steps when the run had no other step (``source``: "profiled").
     """
+    from torchdoctor.pipeline.steps import counted_steps
+
     steps = ev.of("step")
-    skip = touched_steps(w)
+    skip = touched_steps(w) | counted_steps(ev)  # and the FLOP counter's step
     bare = [s for s in steps if s.get("step") != 1 and s.get("step") not in skip]
     source = "bare"
     if not bare:

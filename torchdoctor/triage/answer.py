@@ -37,9 +37,10 @@ class Route:
     steps: list[dict[str, str]]  # [{"text", "by"}]
     matched: list[Matched] = field(default_factory=list)
     order_why: list[str] = field(default_factory=list)
+    after: str | None = None  # the command offered once the probe has measured (e.g. treat)
 
     def to_dict(self) -> dict[str, object]:
-        return {
+        d = {
             "skill": self.skill,
             "why": self.why,
             "probe": self.probe,
@@ -47,6 +48,9 @@ class Route:
             "steps_detail": self.steps,
             "matched": [m.to_dict() for m in self.matched],
         }
+        if self.after:
+            d["after"] = self.after
+        return d
 
 
 @dataclass
@@ -97,6 +101,8 @@ class Answer:
         d = self.to_dict()
         first = dict(d["routes"][0])
         first["probe"] = self.sub(first["probe"])
+        if first.get("after"):
+            first["after"] = self.sub(first["after"])
         return {
             "query": self.query,
             **first,

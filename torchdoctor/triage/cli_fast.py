@@ -130,14 +130,16 @@ def run(argv: list[str]) -> int:
         _emit(answer, False, to_stderr=True)  # the clarifying question
         raise DoctorError("no route to run yet: answer the question above first",
                           hint="describe the symptom, e.g. torchdoctor ask \"training is slow\" --run train.py")
-    from torchdoctor.triage.handoff import run_probe_for_route, script_of
+    from torchdoctor.triage.handoff import command_of, run_probe_for_route, script_of
 
     first = answer.routes[0]
-    script = script_of(first.skill, a.run)
+    command = command_of(first.probe)  # the skill's probe, or the variant's (repro, compile)
+    script = script_of(command, a.run)
     answer.script = clean_arg(script) if script else None  # shown only; the probe gets a.run untouched
     # one document: the probe's own report (stdout, its exit code) carries the route in full as
-    # metrics["route"] (why, probe, playbook, the routes after it, the decisive line), drawn first
-    return run_probe_for_route(first.skill, a.run, a.as_json, route=answer.route_for_run())
+    # metrics["route"] (why, probe, playbook, the routes after it, the decisive line, the command
+    # to run after it), drawn first
+    return run_probe_for_route(command, a.run, a.as_json, route=answer.route_for_run())
 
 
 def _silence_stdout() -> None:

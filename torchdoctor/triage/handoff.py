@@ -1,7 +1,8 @@
 """`ask ... --run SCRIPT ARGS...`: run the probe of the first route on the user's script.
 
 The probe is run through its own command (``torchdoctor profile|memory|nan|dist|checkup|
-checkpoint-audit``), so its options, output and exit code are exactly the command's. Needs the
+checkpoint-audit|gradcheck|repro|compile``: the one the first route names), so its options, output
+and exit code are exactly the command's. Needs the
 script probes (``torchdoctor.pipeline.run``) and the probe's command; without them this exits 2 with a
 clear message.
 """
@@ -11,18 +12,30 @@ from __future__ import annotations
 import importlib.util
 
 from torchdoctor.errors import DoctorError
-from torchdoctor.triage.symptoms import AG, CKPT, DBG, DIST, MEM, MOD, MP, PERF
-
-# skill -> the command that measures it first (docs/contract.md; gradcheck is planned, not built)
-PROBE_COMMAND = {PERF: "profile", MEM: "memory", DBG: "nan", DIST: "dist", CKPT: "checkpoint-audit",
-                 MOD: "checkup", MP: "profile", AG: "checkup"}
+from torchdoctor.triage.playbooks import PLAYBOOKS, VARIANTS
 
 NEEDS_PROBES = "--run needs the script probes"
 
 
+def command_of(probe: str) -> str:
+    """The command of a route's probe line: "torchdoctor repro SCRIPT" -> "repro"."""
+    words = probe.split()
+    return words[1] if len(words) > 1 and words[0] == "torchdoctor" else words[0]
+
+
+# skill -> the command that measures it first (its playbook's probe, docs/contract.md), and the
+# commands of the playbook variants (repro, compile) a route may name instead
+PROBE_COMMAND = {pb.skill: command_of(pb.probe) for pb in PLAYBOOKS.values()}
+ROUTE_COMMANDS = frozenset(command_of(pb.probe) for pb in VARIANTS.values())
+
+
+def _command(skill_or_command: str) -> str:
+    return PROBE_COMMAND.get(skill_or_command, skill_or_command)
+
+
 def probe_argv(skill: str, script_argv: list[str], as_json: bool = False) -> list[str]:
-    """The torchdoctor command line that runs ``skill``'s probe on ``script_argv``."""
-    return [PROBE_COMMAND[skill], *(["--json"] if as_json else []), *script_argv]
+    """The torchdoctor command line that runs ``skill``'s probe (or a command) on ``script_argv``."""
+    return [_command(skill), *(["--json"] if as_json else []), *script_argv]
 
 
 def script_of(skill: str, script_argv: list[str]) -> str | None:
@@ -39,7 +52,9 @@ def script_of(skill: str, script_argv: list[str]) -> str | None:
 
         from torchdoctor.cli import app
 
-        cmd = typer.main.get_command(app).commands.get(PROBE_COMMAND.get(skill, ""))
+        commands = typer.main.get_command(app).commands
+        # a command not in this installation: the options every script probe shares (_script.py)
+        cmd = commands.get(_command(skill)) or commands.get("checkup")
         for p in getattr(cmd, "params", []):
             if p.param_type_name != "option":
                 continue
@@ -69,14 +84,18 @@ def _importable(name: str) -> bool:
 
 def run_probe_for_route(skill: str, script_argv: list[str], as_json: bool = False,
                         route: dict | None = None) -> int:
-    """Run the probe for ``skill`` on ``script_argv`` (SCRIPT ARGS... or PATH); returns its exit code."""
-    if skill not in PROBE_COMMAND:
+    """Run the probe for ``skill`` (a skill, or the command a route named) on ``script_argv`` (SCRIPT
+    ARGS... or PATH); returns its exit code."""
+    if skill not in PROBE_COMMAND and skill not in set(PROBE_COMMAND.values()) | ROUTE_COMMANDS:
         raise DoctorError(f"no probe for skill {skill!r}")
-    command = PROBE_COMMAND[skill]
+    command = _command(skill)
     module = f"torchdoctor.commands.{command.replace('-', '_')}"
-    if not _importable("torchdoctor.pipeline.run") or not _importable(module):
+    if not _importable("torchdoctor.pipeline.run"):
         raise DoctorError(NEEDS_PROBES, hint=f"run it yourself once they land: torchdoctor {command} "
                           + " ".join(script_argv))
+    if not _importable(module):
+        raise DoctorError(f"--run: `torchdoctor {command}` is not in this installation",
+                          hint=f"run it yourself once it lands: torchdoctor {command} " + " ".join(script_argv))
     from torchdoctor.cli import run_app
     from torchdoctor.commands._common import ATTACHED_METRICS
 

@@ -18,9 +18,9 @@ from torchdoctor.triage.answer import Answer, Decisive, Matched, Route
 from torchdoctor.triage.gate import required_literals
 from torchdoctor.triage.logscan import Hit, scan
 from torchdoctor.errortext.numbers import oom_notes
-from torchdoctor.triage.playbooks import PLAYBOOKS
+from torchdoctor.triage.playbooks import PLAYBOOKS, VARIANTS
 from torchdoctor.triage.refine import refine
-from torchdoctor.triage.symptoms import DBG, DIST, MP, SIGNALS
+from torchdoctor.triage.symptoms import DBG, DIST, ERROR_VARIANTS, MP, SIGNALS
 from torchdoctor.triage.text import correct_typos, normalize
 
 MAX_ROUTES = 3
@@ -306,8 +306,25 @@ def _routes(found: list[Matched], corrections: list[tuple[str, str]]) -> list[Ro
     routes = []
     for skill in ordered[:MAX_ROUTES]:
         pb = PLAYBOOKS[skill]
+        variant = variant_of(info[skill]["matched"])
+        if variant is not None and VARIANTS[variant].skill == skill:
+            pb = VARIANTS[variant]
         rules = before.get(skill, [])
         routes.append(Route(skill, _why(skill, info[skill]["matched"], corrections, rules), pb.probe,
                             [{"text": s.text, "by": s.by} for s in pb.steps], info[skill]["matched"],
-                            [p.why for p in rules]))
+                            [p.why for p in rules], after=pb.after))
     return routes
+
+
+def variant_of(matched: list[Matched]) -> str | None:
+    """The playbook variant of a route: that of its strongest signal (the first in the query on a
+    tie; a known error text's id in ``ERROR_VARIANTS``), if it has one ("torch.compile makes my model slower" -> compile; "save my training state
+    ... and reproducible across runs" -> the checkpoint route stays: saving came first)."""
+    by_label = {s.label: s for s in SIGNALS}
+    ranked = sorted(matched, key=lambda m: (-m.weight, m.pos))
+    if not ranked:
+        return None
+    if ranked[0].kind == "error":  # a known error text: its row says (errortext ids)
+        return ERROR_VARIANTS.get(ranked[0].id or "")
+    sig = by_label.get(ranked[0].label)
+    return sig.variant if sig is not None else None

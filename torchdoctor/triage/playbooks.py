@@ -6,6 +6,11 @@ baseline answers missed: the memory workflow and its fixes in order, DDP launch 
 init, sampler/seeds/eval pitfalls and bucket sizes, profiling before guessing, locating the first
 non-finite value, and complete checkpoints with RNG state and determinism flags.
 ``SCRIPT`` and ``PATH`` are placeholders for the user's training script and checkpoint file.
+
+``VARIANTS``: a skill's playbook for one particular question, chosen by the signal that routed
+(``symptoms.Signal.variant``): reproducibility -> ``repro``, torch.compile -> ``compile``. ``after``:
+the command offered once the probe has measured (``treat``, which applies the fixes in the child
+and measures them before/after), shown by ``ask --run`` under the probe's report.
 """
 
 from __future__ import annotations
@@ -32,10 +37,11 @@ class Playbook:
     probe: str  # the command to run next
     summary: str  # what this skill is about, one line
     steps: tuple[Step, ...]
+    after: str | None = None  # the command to offer once the probe has measured (e.g. treat)
 
 
-def _pb(skill: str, probe: str, summary: str, *steps: tuple[str, str]) -> Playbook:
-    return Playbook(skill, probe, summary, tuple(Step(t, by) for t, by in steps))
+def _pb(skill: str, probe: str, summary: str, *steps: tuple[str, str], after: str | None = None) -> Playbook:
+    return Playbook(skill, probe, summary, tuple(Step(t, by) for t, by in steps), after)
 
 
 PROBE_MEM = "torchdoctor memory SCRIPT"
@@ -44,6 +50,10 @@ PROBE_NAN = "torchdoctor nan SCRIPT"
 PROBE_DIST = "torchdoctor dist [SCRIPT]"
 PROBE_CKPT = "torchdoctor checkpoint-audit PATH"
 PROBE_CHECKUP = "torchdoctor checkup SCRIPT"
+PROBE_TREAT = "torchdoctor treat SCRIPT"
+PROBE_REPRO = "torchdoctor repro SCRIPT"
+PROBE_COMPILE = "torchdoctor compile SCRIPT"
+PROBE_GRADCHECK = "torchdoctor gradcheck SCRIPT"
 
 PLAYBOOKS: dict[str, Playbook] = {p.skill: p for p in (
     _pb(MEM, PROBE_MEM, "tensor lifetimes, memory budget, OOM and leaks",
@@ -126,8 +136,11 @@ PLAYBOOKS: dict[str, Playbook] = {p.skill: p for p in (
          BY_HAND),
         ("Time correctly when you measure yourself: CUDA is asynchronous, so synchronise (or use CUDA "
          "events) before reading a clock; warm up before timing", BY_HAND),
-        ("Verify: profile again and compare steps per second", PROBE_PERF),
-        ),
+        ("Verify the cure on your script before editing it: each fix that applies (DataLoader workers, "
+         "pinned memory, TF32, bf16 autocast, channels-last, fused optimizer, torch.compile, ...) is applied "
+         "in the child and measured against the unchanged run: speed-up beyond the noise, memory, loss kept, "
+         "and the line to change", PROBE_TREAT),
+        after=PROBE_TREAT),
     _pb(MP, PROBE_PERF, "AMP, fp16/bf16, gradient scaling, TF32",
         ("Measure first. Speed: is the step compute-bound in float32 at all? If it waits on data, syncs "
          "or kernel launches, mixed precision will not help. Numerics: where the first non-finite value "
@@ -142,9 +155,11 @@ PLAYBOOKS: dict[str, Playbook] = {p.skill: p for p in (
          BY_HAND),
         ("Ops unsafe in fp16: `BCELoss` -> `BCEWithLogitsLoss`; custom Functions need "
          "`torch.amp.custom_fwd`/`custom_bwd`", BY_HAND),
-        ("Verify numerics, then speed: watch for the first non-finite value with AMP on, compare the loss "
-         "curve with fp32 over a few hundred steps, profile again", PROBE_NAN),
-        ),
+        ("Measure the gain and check the numerics on your script: bf16 autocast and TF32 applied in the child, "
+         "step time and the loss curve compared with the unchanged run", PROBE_TREAT),
+        ("Verify numerics over a longer run: watch for the first non-finite value with AMP on, compare the "
+         "loss curve with fp32 over a few hundred steps", PROBE_NAN),
+        after=PROBE_TREAT),
     _pb(DBG, PROBE_NAN, "NaN/Inf, divergence and training bugs, located systematically",
         ("Locate before fixing: for a crash, the decisive error line and the frame of your code; for "
          "NaN/Inf or divergence, watch every module output and gradient: the probe names the first module "
@@ -178,26 +193,66 @@ PLAYBOOKS: dict[str, Playbook] = {p.skill: p for p in (
          "workers (`generator=`, `worker_init_fn`); `torch.use_deterministic_algorithms(True)`, "
          "`torch.backends.cudnn.benchmark = False`, `CUBLAS_WORKSPACE_CONFIG=:4096:8` for CUDA "
          "determinism (slower: only when you need bit-exact runs)", BY_HAND),
-        ("Verify: resume from a checkpoint and compare the next steps' losses with an uninterrupted run; "
-         "audit the checkpoint again", PROBE_CKPT),
+        ("Verify exact resume: restore the state saved at a step, replay the next steps and compare them "
+         "with the uninterrupted run; names the state whose absence makes them differ",
+         "torchdoctor repro --resume-check SCRIPT"),
         ),
-    _pb(AG, PROBE_CHECKUP, "torch.autograd.Function: custom forward/backward, verified",
-        ("Measure the model as it is: a bounded run reports parameters that never get a gradient, "
-         "non-finite gradients and in-place modification errors with the forward line", PROBE_CHECKUP),
+    _pb(AG, PROBE_GRADCHECK, "torch.autograd.Function: custom forward/backward, verified",
+        ("Check every custom Function on the inputs it really sees: a few steps of the script, real calls "
+         "captured, each checked with `torch.autograd.gradcheck` in float64 on copies; names the Function, "
+         "the input whose gradient is wrong and the backward's line; also `ctx` misuse (in-place input "
+         "without `mark_dirty`, tensors kept on `ctx` instead of `save_for_backward`)", PROBE_GRADCHECK),
         ("Write `class F(torch.autograd.Function)` with `@staticmethod forward(ctx, ...)` and "
          "`backward(ctx, *grad_outputs)`; `ctx.save_for_backward(...)` for tensors, plain attributes for "
          "the rest; return one gradient per forward input (None where not differentiable); call `F.apply`",
          BY_HAND),
         ("Use `ctx.needs_input_grad` to skip unneeded work, `ctx.mark_non_differentiable` for integer "
          "outputs, `ctx.mark_dirty` if forward modifies an input in place", BY_HAND),
-        ("Check the gradient numerically: `torch.autograd.gradcheck(F.apply, inputs)` with float64 inputs "
-         "(and `gradgradcheck` for double backward); a gradcheck probe is planned in torchdoctor, not "
-         "built yet", BY_HAND),
+        ("A straight-through or surrogate gradient is not a bug: gradcheck's numerical Jacobian of a "
+         "piecewise-constant forward is zero; such Functions are noted, not flagged", PROBE_GRADCHECK),
         ("Under AMP decorate with `torch.amp.custom_fwd(device_type=\"cuda\")` / `custom_bwd`; prefer "
          "composing existing ops (autograd derives the backward) unless memory or speed needs more, then "
          "profile", PROBE_PERF),
+        ("The rest of the model: a bounded run reports parameters that never get a gradient, non-finite "
+         "gradients and in-place modification errors with the forward line", PROBE_CHECKUP),
         ),
 )}
+
+
+# Variants of a skill's playbook, chosen by the signal that routed (``symptoms.Signal.variant``):
+# the same skill, a probe that measures that particular question.
+VARIANTS: dict[str, Playbook] = {
+    "repro": _pb(CKPT, PROBE_REPRO, "same script, same seed, different runs: measured, not guessed",
+        ("Measure: run the script twice in fresh processes (same argv and environment, bounded), compare "
+         "losses, parameters and gradients step by step; the first divergent step and what diverged first, "
+         "then the cause: which random generator was not seeded (Python, NumPy, torch, CUDA, DataLoader "
+         "workers) and where it was drawn, or which op is nondeterministic", PROBE_REPRO),
+        ("Seed every generator the script draws from: `torch.manual_seed`, `numpy.random.seed` (or a "
+         "`numpy.random.default_rng(seed)` passed around), `random.seed`; DataLoader `generator=` and "
+         "`worker_init_fn`", BY_HAND),
+        ("A nondeterministic op (CUDA atomics in `index_add_`, `scatter_add_`, cuDNN autotuning): "
+         "`torch.use_deterministic_algorithms(True)` with `CUBLAS_WORKSPACE_CONFIG=:4096:8` and "
+         "`torch.backends.cudnn.benchmark = False`, at the step-time cost the probe measures", BY_HAND),
+        ("Exact resume: restore the state saved at a step, replay the next steps and compare with the "
+         "uninterrupted run; names the state whose absence makes them differ (optimizer, scheduler, "
+         "GradScaler, RNG, data position)", "torchdoctor repro --resume-check SCRIPT"),
+        ("Audit a checkpoint file for what it holds and lacks", PROBE_CKPT),
+        ),
+    "compile": _pb(PERF, PROBE_COMPILE, "torch.compile: graph breaks, recompiles, eager fallbacks, its real gain",
+        ("Measure what dynamo does with your script, without editing it: graph breaks by your file:line "
+         "and reason, recompiles and the guard that failed, a recompile limit that sent a function back to "
+         "eager, compile time apart from the steady-state step, and the speed-up over an eager run",
+         PROBE_COMPILE),
+        ("Graph break in a loop or on `.item()`/`print`/data-dependent Python control flow: keep tensors "
+         "on the device, move the Python decision out of `forward`, or compile a smaller region", BY_HAND),
+        ("Recompiles on every step: a Python attribute or shape that changes; pass it as a tensor, "
+         "dynamo's `mark_dynamic` on that dimension, or `torch.compile(dynamic=True)`", BY_HAND),
+        ("Compile time is paid per new shape: fixed shapes (pad the last batch), warm-up excluded from "
+         "timing; judge the gain on the steady state", BY_HAND),
+        ("Not compiling yet? Try `torch.compile` on your model in the child and measure it against the "
+         "eager run before changing the script", PROBE_TREAT),
+        ),
+}
 
 
 def playbook(skill: str) -> Playbook:

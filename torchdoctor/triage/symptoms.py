@@ -10,6 +10,10 @@ Each ``Signal`` is a regex over normalised text (lower case, typos fixed; see ``
   ("activation checkpointing" is memory, not checkpointing; "pin_memory" is data loading).
 - ``prefer``: skills that take the signal over when they are present too ("hangs" alone is
   debugging; with DDP it is distributed; with a DataLoader it is performance).
+- ``variant``: the playbook variant (``playbooks.VARIANTS``, named by its command) that serves this
+  signal better than the skill's default probe: torch.compile symptoms -> ``compile``, reproducibility
+  and seeds -> ``repro``. A route takes the variant of its strongest signal that has one, unless a
+  stronger signal of the same route has none.
 
 Patterns are tried in the order listed. Labels are the routing table's words and show in the why.
 """
@@ -44,10 +48,18 @@ class Signal:
     pattern: str
     consume: bool = False
     prefer: tuple[str, ...] = ()
+    variant: str | None = None
 
 
-def S(skill, kind, weight, label, pattern, consume=False, prefer=()):  # noqa: N802 - table shorthand
-    return Signal(skill, kind, weight, label, pattern, consume, tuple(prefer))
+def S(skill, kind, weight, label, pattern, consume=False, prefer=(), variant=None):  # noqa: N802 - table shorthand
+    return Signal(skill, kind, weight, label, pattern, consume, tuple(prefer), variant)
+
+
+COMPILE, REPRO = "compile", "repro"  # playbook variants (playbooks.VARIANTS)
+# known error texts (errortext table ids) whose route is a playbook variant
+ERROR_VARIANTS = {"recompile-limit": COMPILE, "graph-break": COMPILE, "dynamo-unsupported": COMPILE,
+                  "backend-compiler-failed": COMPILE, "inductor-error": COMPILE,
+                  "cudagraph-skipped": COMPILE, "deterministic-cublas": REPRO, "nondeterministic-op": REPRO}
 
 
 # "N GPUs" with N > 1 (a single GPU is not distributed)
@@ -141,6 +153,12 @@ SIGNALS: tuple[Signal, ...] = (
       r"load|busy)\b|\butil\b|\bbarely\s+(?:used|utili[sz]ed|busy|working)\b|\bunder-?utili[sz]\w*"),
     S(PERF, SYMPTOM, 3, "CPU/GPU/data bound", r"\b(?:cpu|gpu|io|i/o|data|input|compute|launch|memory|"
       r"bandwidth)[\s-]+bound\b"),
+    S(PERF, SYMPTOM, 3, "torch.compile slow / not faster",
+      r"\bcompil\w*\b[^.?!\n]{0,40}\b(?:slow\w*|not\s+(?:any\s+)?faster|no\s+faster|(?:no|tiny|small|little)\s+"
+      r"speed-?ups?|takes?\s+(?:forever|ages|too\s+long|minutes|so\s+long))\b|\b(?:slow|long)\s+compil\w*|"
+      r"\btakes?\s+(?:forever|ages|too\s+long|minutes)\s+to\s+compil\w*|\b(?:not\s+(?:any\s+)?faster|no\s+"
+      r"speed-?up|slower)\b[^.?!\n]{0,40}\b(?:with|after|under|using)\s+(?:torch\.)?compil\w*",
+      consume=True, variant=COMPILE),
     S(PERF, SYMPTOM, 2, "training too slow", r"\bslow\w*\b|\bsluggish\b|\btakes?\s+(?:forever|ages|too\s+long|"
       r"so\s+long|hours|days)|\btoo\s+long\b|\bforever\b|\b(?:epoch|step|iteration|batch)e?s?\s+takes?\b"),
     S(PERF, SYMPTOM, 2, "speed up training", r"\bspeed\s*(?:it\s+|this\s+|things\s+)?up\b|\bspeed-?ups?\b|"
@@ -149,7 +167,8 @@ SIGNALS: tuple[Signal, ...] = (
       r"\bwhere\s+(?:the\s+|my\s+)?time\s+(?:goes|is\s+spent|is\s+going)\b|\bwhat'?s\s+slowing\b|"
       r"\bspends?\s+(?:its\s+|the\s+|most\s+(?:of\s+)?(?:its\s+|the\s+)?)?time\b|\btime\s+is\s+spent\b"),
     S(PERF, TOPIC, 2, "torch.compile", r"\btorch\.compile\b|\bgraph\s+breaks?\b|\brecompil\w*\b|\bdynamo\b|"
-      r"\binductor\b|\bcuda\s*graphs?\b|\bcompil(?:e|ed|ing)\s+(?:my\s+|the\s+)?model\b"),
+      r"\binductor\b|\bcompil(?:e|ed|ing)\s+(?:my\s+|the\s+)?model\b", variant=COMPILE),
+    S(PERF, TOPIC, 2, "CUDA graphs", r"\bcuda\s*graphs?\b"),
     S(PERF, CONTEXT, 1, "data loading", r"\bdata\s*loader\w*|\bdataloader\w*|\bdata\s+loading\b|"
       r"\bdata\s+pipeline\b|\bworkers\b"),
     S(PERF, CONTEXT, 1, "performance", r"\bperformance\b|\bspeed\b|\bfast\b"),
@@ -192,8 +211,8 @@ SIGNALS: tuple[Signal, ...] = (
       r"change)\b[^.?!\n]{0,30}\b(?:between|across|each|every|from)\s+(?:runs?|run\s+to\s+run|time|restarts?)\b|"
       r"\bsame\s+seed\b|\bdifferent\s+results\b[^.?!\n]{0,20}\bruns?\b|\b(?:two|2|both|separate|repeated|"
       r"identical)\s+runs\b[^.?!\n]{0,60}\b(?:differ\w*|different)\b|\bsame\s+(?:config\w*|settings|code|"
-      r"hyperparameters|script)\b[^.?!\n]{0,60}\b(?:differ\w*|different)\b"),
-    S(CKPT, TOPIC, 2, "seeds / RNG state", r"\bseeds?\b|\bseeding\b|\bmanual_seed\b|\brng\b|\brandom\s+state\b"),
+      r"hyperparameters|script)\b[^.?!\n]{0,60}\b(?:differ\w*|different)\b", variant=REPRO),
+    S(CKPT, TOPIC, 2, "seeds / RNG state", r"\bseeds?\b|\bseeding\b|\bmanual_seed\b|\brng\b|\brandom\s+state\b", variant=REPRO),
     S(CKPT, TOPIC, 2, "load pretrained weights", r"\bpretrained\s+(?:weights|model|checkpoint)\b|"
       r"\bload(?:ing|s|ed)?\b[^.?!\n]{0,30}\b(?:weights|checkpoint|pretrained|saved\s+model)\b"),
     # ---- module design ------------------------------------------------------------------------

@@ -26,4 +26,8 @@ def route_section(report):
     if route.get("why"):
         t.append(f"\n  why: {visible(route['why'])}", style="dim")
     t.append(f"\n  measuring now: {visible(route.get('probe', ''))}", style="dim")
+    if route.get("after"):
+        t.append("\n  then: ", style="bold")
+        t.append(visible(route["after"]), style="bold cyan")
+        t.append("  (applies each fix that fits in the child and measures it against this run)", style="dim")
     return t

@@ -1,0 +1,168 @@
+"""The yardstick's judgment-free side: the peak table (exact device names, sources in the docs),
+the MFU arithmetic, and metrics.flops from synthetic evidence (the counted step left out of the
+step statistics, atypical steps, absent figures with their reason)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from torchdoctor.evidence import Evidence
+from torchdoctor.perf.flops import CPU_NO_MFU, mfu
+from torchdoctor.perf.peaks import PEAKS, lookup, peak_flops
+from torchdoctor.pipeline.flops_metrics import flops_metrics, flops_metrics_with
+from torchdoctor.pipeline.steps import judged_steps, step_summary
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+@pytest.mark.parametrize("name, key", [
+    ("NVIDIA H100 80GB HBM3", "h100-sxm"),
+    ("NVIDIA H100 PCIe", "h100-pcie"),
+    ("NVIDIA H100 NVL", "h100-nvl"),
+    ("NVIDIA H200", "h200-sxm"),
+    ("NVIDIA H200 NVL", "h200-nvl"),
+    ("NVIDIA A100-SXM4-80GB", "a100"),
+    ("NVIDIA A100-SXM4-40GB", "a100"),
+    ("NVIDIA A100 80GB PCIe", "a100"),
+    ("NVIDIA A100-PCIE-40GB", "a100"),
+    ("NVIDIA L4", "l4"),
+    ("NVIDIA L40S", "l40s"),
+    ("NVIDIA A10", "a10"),
+    ("Tesla T4", "t4"),
+    ("Tesla V100-SXM2-32GB", "v100-sxm2"),
+    # near misses: no line rather than a wrong one
+    ("NVIDIA A10G", None),  # AWS's variant: no NVIDIA data sheet
+    ("NVIDIA L40", None),
+    ("NVIDIA H100", None),  # which one? SXM and PCIe differ by 30%
+    ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", None),  # a MIG slice has a fraction of the SMs
+    ("NVIDIA GeForce RTX 4090", None),
+    ("", None),
+    (None, None),
+])
+def test_the_device_name_must_match_exactly(name, key):
+    got = lookup(name)
+    assert (got.key if got else None) == key
+
+
+def test_peaks_are_dense_and_ordered():
+    for p in PEAKS:
+        t = p.tflops
+        assert t["fp32"] > 0
+        for low, high in (("fp32", "tf32"), ("tf32", "bf16"), ("bf16", "fp8")):
+            if low in t and high in t:
+                assert t[high] > t[low], (p.key, low, high)
+    h = lookup("NVIDIA H100 80GB HBM3").tflops
+    assert h["bf16"] == 989.5 and h["tf32"] == 494.5  # half the sheet's "with sparsity" 1979 / 989
+
+
+def test_every_peak_and_its_source_is_in_the_docs():
+    page = (DOCS / "yardstick.md").read_text()
+    for p in PEAKS:
+        row = next((ln for ln in page.splitlines() if ln.startswith(f"| `{p.key}`")), None)
+        assert row, f"docs/yardstick.md has no row for {p.key}"
+        for d, v in p.tflops.items():
+            assert re.search(rf"\b{d}\b[^|]*\b{re.escape(f'{v:g}')}\b", row) or f"{v:g}" in row, (p.key, d, v)
+        assert "data sheet" in row.lower(), p.key
+
+
+def test_mfu_single_dtype_mixed_dtypes_and_the_reasons_it_is_absent():
+    m = mfu({"bf16": 989.5e12 * 0.01}, 0.02, "cuda", "NVIDIA H100 80GB HBM3")
+    assert m["mfu"] == pytest.approx(0.5) and m["dtype"] == "bf16"
+    # 1 PFLOP of bf16 (1.0106 s at peak) and 0.067 PFLOP of fp32 (1 s at peak) in 4.0212 s: 50%
+    m = mfu({"bf16": 1e15, "fp32": 67e12}, 2 * (1e15 / 989.5e12 + 1.0), "cuda", "NVIDIA H100 80GB HBM3")
+    assert m["mfu"] == pytest.approx(0.5) and m["dtype"] == "bf16"
+    m = mfu({"fp32": 1e9}, 0.01, "cpu", None)
+    assert "mfu" not in m and m["mfu_reason"] == CPU_NO_MFU and m["achieved_flops_per_s"] == pytest.approx(1e11)
+    assert "A10G" in mfu({"bf16": 1e12}, 1.0, "cuda", "NVIDIA A10G")["mfu_reason"]
+    assert "no bf16 peak" in mfu({"bf16": 1e12}, 1.0, "cuda", "Tesla T4")["mfu_reason"]
+    assert peak_flops("NVIDIA H100 PCIe", "fp8") == (1513e12, None)
+
+
+def _steps(n, wall=0.01, slow=None, batches=1):
+    out = []
+    for s in range(1, n + 1):
+        w = 0.5 if s == 1 else (wall * 7 if s == slow else wall)
+        out.append({"kind": "step", "step": s, "wall_s": w, "batches": batches, "backwards": 1,
+                    "data_s": 0.0, "forward_s": w / 3, "backward_s": w / 3, "optimizer_s": w / 3,
+                    "other_s": 0.0})
+    return out
+
+
+def _flops(step=2, **kw):
+    ev = {"kind": "flops", "status": "ok", "counted_step": step, "entered": True, "flops": 8_000_000,
+          "flops_by_dtype": {"fp32": 8_000_000}, "by_op": {"mm": 8_000_000}, "device": "cpu",
+          "device_name": None, "errors": []}
+    ev.update(kw)
+    return ev
+
+
+def test_the_counted_step_is_left_out_of_the_step_statistics():
+    """Step 2 ran under the counter (7x slower): not in the judged steps, nor the mean."""
+    ev = Evidence.from_events(_steps(10, slow=2) + [_flops()])
+    assert [s["step"] for s in judged_steps(ev)] == [3, 4, 5, 6, 7, 8, 9, 10]
+    summ = step_summary(ev)
+    assert summ["mean_step_ms"] == pytest.approx(10.0) and summ["flop_count_step_skipped"] == [2]
+    m = flops_metrics(ev)
+    assert m["status"] == "ok" and m["step_ms"] == pytest.approx(10.0) and m["steps_timed"] == 8
+    assert m["achieved_flops_per_s"] == pytest.approx(8e8) and m["counter_cost"] == pytest.approx(7.0)
+    assert m["flops_per_step"] == 8_000_000 and m["dtype"] == "fp32" and "mfu" not in m
+
+
+def test_the_profilers_steps_are_not_timed_either():
+    w = {"kind": "profile_window", "status": "ok", "first_step": 7, "warmup": 1, "active": 3,
+         "budget": {"py_calls_per_step": 100}, "steps": [7, 8, 9]}
+    events = _steps(14, slow=2)
+    for e in events:
+        if 5 <= e["step"] <= 10:
+            e["wall_s"] = 0.05
+    m = flops_metrics(Evidence.from_events(events + [w, _flops()]))
+    assert m["steps_timed"] == 6 and m["step_ms"] == pytest.approx(10.0)  # 3, 4, 11..14
+
+
+def test_a_gpu_step_gets_its_mfu():
+    ev = Evidence.from_events(_steps(6) + [_flops(flops=int(4.947e12), flops_by_dtype={"tf32": int(4.947e12)},
+                                                  device="cuda", device_name="NVIDIA H100 80GB HBM3")])
+    m = flops_metrics(ev)
+    assert m["mfu"] == pytest.approx(1.0, rel=1e-3) and m["dtype"] == "tf32"
+    assert m["peak_flops_per_s"] == pytest.approx(494.5e12) and "h100-sxm" in m["peak_source"]
+
+
+def test_no_figure_is_guessed():
+    ev = Evidence.from_events(_steps(6) + [{"kind": "flops", "status": "skipped", "counted_step": 2,
+                                            "entered": False, "reason": "torch.compile is in use: ..."}])
+    m = flops_metrics(ev)
+    assert m == {"status": "skipped", "counted_step": 2, "reason": "torch.compile is in use: ..."}
+    assert [s["step"] for s in judged_steps(ev)][0] == 2  # never entered: step 2 is a plain step
+    # a counted step that took two batches (an evaluation pass in it?) is not one step's FLOPs
+    ev = _steps(6)
+    ev[1]["batches"] = 2
+    m = flops_metrics(Evidence.from_events(ev + [_flops()]))
+    assert m["status"] == "atypical" and "2 batches" in m["reason"] and "flops_per_step" not in m
+    assert flops_metrics(Evidence.from_events(_steps(6))) is None  # not armed: no section at all
+
+
+def test_a_treated_run_can_borrow_the_baselines_count():
+    """treat's compile trial: the counter cannot run there; the same model's FLOPs, the treated
+    run's own step time, and the source says so."""
+    treated = Evidence.from_events(_steps(6, wall=0.005))
+    m = flops_metrics_with(treated, _flops(), source="baseline run's count (step 2)")
+    assert m["achieved_flops_per_s"] == pytest.approx(1.6e9) and m["source"].startswith("baseline")
+    assert "counter_cost" not in m
+
+
+def test_the_console_line():
+    from rich.console import Console
+
+    from torchdoctor.report.sections.flops import flops_line
+
+    con = Console(width=200, record=True)
+    ev = Evidence.from_events(_steps(6) + [_flops(flops=int(9.895e12), flops_by_dtype={"bf16": int(9.895e12)},
+                                                  device="cuda", device_name="NVIDIA H100 80GB HBM3")])
+    con.print(flops_line(flops_metrics(ev)))
+    out = con.export_text()
+    assert "9.89 TFLOP per step (step 2, bf16) in a 10 ms median step = 990 TFLOP/s; MFU 100.0% of 990 TFLOP/s peak (NVIDIA H100 80GB HBM3)" in out
+    con.print(flops_line({"status": "skipped", "reason": "torch.compile is in use"}))
+    assert "not measured (skipped): torch.compile is in use" in con.export_text()
