@@ -38,6 +38,19 @@ RDZV_ERRORS = ("RendezvousTimeoutError", "RendezvousClosedError", "RendezvousCon
 
 
 # ---------------------------------------------------------------- every node
+def preload() -> None:
+    """Import torch.distributed (the gather store) in a thread while the ranks run (≈ 2-4 s)."""
+    import threading
+
+    def _imp() -> None:
+        try:
+            import torch.distributed  # noqa: F401
+        except Exception:  # noqa: BLE001 - the gather reports it when it needs the store
+            pass
+
+    threading.Thread(target=_imp, name="torchdoctor-preload", daemon=True).start()
+
+
 def run_node(probe: str, target: str, run_dir: Path, nproc: int, node: Any) -> Report:
     from torchdoctor.distributed import gather
     from torchdoctor.distributed.merge import merged_evidence, rank_labels
@@ -182,10 +195,13 @@ def job_report(probe: str, target: str, node: Any, per: dict[int, Evidence],
                                                                     "steps", "stopped_by_launcher")}
                             for e in sorted(results, key=lambda e: e["rank"])],
                   "steps": min((int(e.get("steps") or 0) for e in results), default=0)}
+    if not results:  # no rank started anywhere (a rendezvous that never completed)
+        job_result.update(outcome="not_started", exit_code=None)
     world = len(node_of)
     merged = Evidence(meta={"probe": probe, "world_size": world, "options": {}}, events=events,
                       result=job_result)
-    report = assemble(probe, target, per, rank_reports, merged, world, ranks=sorted(node_of))
+    report = assemble(probe, target, per, rank_reports, merged, world, ranks=sorted(node_of),
+                      cross_rank=bool(node_of))
     _judge_nodes(report, got, node, info, wait, merged)
     _name_nodes(report, node_of, got)
     report.metrics["nodes"] = _nodes_metric(got, node_of, report, node.nnodes)
