@@ -221,3 +221,51 @@ def test_another_node_prints_its_own_section_and_where_the_job_report_is(tmp_pat
     rep = node_section("dist", "train.py", spec, {}, {}, Evidence(), own, {"sent": True})
     assert rep.metrics["node"]["job_report"] == "printed by node 0 (node01)"
     assert rep.metrics["node"]["sent"] is True
+
+
+# ------------------------------------------------------------------ self-test across nodes
+NCCL_LOG = """\
+node01:1:1 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>
+node01:1:1 [0] NCCL INFO Using network Socket
+node01:1:9 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read
+node01:1:9 [0] NCCL INFO Channel 00/0 : 1[1] -> 2[0] [send] via NET/Socket/0
+"""
+
+
+def test_nccl_transport_lines_are_read(tmp_path):
+    from torchdoctor.distributed.selftest_nodes import transport_words, transports
+
+    (tmp_path / "mlx5_0").mkdir()
+    t = transports(NCCL_LOG, ib_dir=str(tmp_path))
+    assert t == {"network": "Socket", "paths": {"P2P/CUMEM/read": 1, "NET/Socket/0": 1},
+                 "ib_devices": ["mlx5_0"]}
+    assert transport_words(t) == "P2P inside a node, TCP sockets between nodes"
+    assert transports("", ib_dir=str(tmp_path / "none"))["network"] is None
+
+
+def selftest_view(**st):
+    from torchdoctor.distributed.evidence import SelftestEvidence
+
+    rep = Report(command="dist")
+    base = {"status": "ok", "backend": "nccl", "nnodes": 2, "world_size": 2, "ranks": [],
+            "checks": [], "sweep": []}
+    judge("dist-selftest", SelftestEvidence({**base, **st}, {}), rep)
+    return [f for f in rep.findings if f.code == "inter-node-sockets"]
+
+
+def test_sockets_between_nodes_with_an_ib_device_is_a_warning():
+    [f] = selftest_view(transport={"network": "Socket", "paths": {}, "ib_devices": ["mlx5_0"]},
+                        nodes={"inter_busbw_gbs": 1.2})
+    assert f.severity == "warning" and "mlx5_0" in f.title and "1.2 GB/s" in f.title
+    assert selftest_view(transport={"network": "IB", "paths": {}, "ib_devices": ["mlx5_0"]}) == []
+    assert selftest_view(transport={"network": "Socket", "paths": {}, "ib_devices": []}) == []
+
+
+def test_node_bandwidth_inside_and_between_nodes():
+    from torchdoctor.distributed.selftest_nodes import node_bandwidth
+
+    rows = [{"node_sweep": {"bytes": 1 << 30, "nodes": 2, "ranks_per_node": 2,
+                            "intra_rep_s": [0.004, 0.004], "inter_rep_s": [0.05]}} for _ in range(4)]
+    nb = node_bandwidth(rows)
+    assert nb["intra_busbw_gbs"] == round((1 << 30) / 0.004 / 1e9, 3)  # 2 ranks: busbw = algbw
+    assert nb["inter_busbw_gbs"] == round((1 << 30) / 0.05 / 1e9, 3)

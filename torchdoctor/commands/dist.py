@@ -133,5 +133,6 @@ def register(app: typer.Typer) -> None:
         if timeout is not None and timeout <= 0:
             raise DoctorError(f"--timeout must be positive, not {timeout:g}")
         opts = DistOptions(nproc=nproc_per_node, backend=b, selftest=selftest, timeout_s=timeout,
-                           sizes=parse_sizes(sizes) if sizes is not None else None, out_dir=out)
+                           sizes=parse_sizes(sizes) if sizes is not None else None, out_dir=out,
+                           node=node)
         emit(run_dist(opts), as_json, fail_on, out)
