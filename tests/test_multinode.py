@@ -184,6 +184,16 @@ def test_job_report_lists_the_nodes_and_names_the_slow_node():
     assert f.title.startswith("rank 0 (node 1) is a straggler"), f.title
     assert f.evidence["nodes"] == {"rank 0": "node 1 (host1)"}
     assert {r["rank"]: r["node"] for r in rep.metrics["ranks"]["per_rank"]} == {0: 1, 1: 0}
+    assert f.evidence["attributed_to"].startswith("node 1 (its only rank)")
+
+
+@pytest.mark.parametrize("mate_lag,words", [(0.03, "node 1: all its 2 ranks"), (0.0, "rank 2 alone")])
+def test_a_straggler_is_attributed_to_its_node_or_to_itself(mate_lag, words):
+    n0 = summary(0, [0, 1], steps(0, 12) + steps(1, 12))
+    n1 = summary(1, [2, 3], steps(2, 12, lag=0.04) + steps(3, 12, lag=mate_lag))
+    rep = job_report("dist", "train.py", SPEC, {}, {0: n0, 1: n1}, {}, 30.0)
+    [f] = [f for f in rep.findings if f.code == "rank-straggler"]
+    assert f.evidence["attributed_to"].startswith(words), f.evidence
 
 
 def test_job_report_of_a_healthy_pair_has_no_finding():

@@ -42,15 +42,18 @@ def free_port_pair() -> int:
 
 
 def agent(node_rank: int, port: int, out: Path, *, env=None, timeout=60, rdzv_timeout=20,
-          nnodes=2, steps=12) -> subprocess.Popen:
+          nnodes=2, steps=12, gpu: bool = False, script: list[str] | None = None) -> subprocess.Popen:
+    """One node's torchdoctor. ``gpu``: this node sees GPU ``node_rank`` only (two GPUs of one
+    host as two nodes); else no GPU (gloo)."""
     e = dict(os.environ)
     e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
-    e.update({"CUDA_VISIBLE_DEVICES": "", "COLUMNS": "120"})
+    e.update({"CUDA_VISIBLE_DEVICES": str(node_rank) if gpu else "", "COLUMNS": "120"})
     e.update(env or {})
+    run = ["--steps", str(steps), SCRIPT] if script is None else script
     cmd = [sys.executable, "-m", "torchdoctor", "dist", "--json", "--nproc-per-node", "1",
            "--nnodes", str(nnodes), "--node-rank", str(node_rank), "--rdzv-endpoint",
            f"127.0.0.1:{port}", "--rdzv-id", f"t{port}", "--rdzv-timeout", str(rdzv_timeout),
-           "--timeout", str(timeout), "--steps", str(steps), "--out", str(out / f"n{node_rank}"), SCRIPT]
+           "--timeout", str(timeout), "--out", str(out / f"n{node_rank}"), *run]
     return subprocess.Popen(cmd, cwd=HERE, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
 
@@ -64,6 +67,7 @@ def finish(p: subprocess.Popen, limit: float = 150) -> tuple[int, dict, str]:
 def job(tmp_path: Path, env1=None, **kw) -> tuple[tuple, tuple]:
     port = free_port_pair()
     a0 = agent(0, port, tmp_path, **kw)
+    time.sleep(0.5)  # node 0 first, as a launcher would: it hosts the rendezvous store
     a1 = agent(1, port, tmp_path, env=env1, **kw)
     r0, r1 = finish(a0), finish(a1)
     assert_nothing_left(tmp_path)
@@ -135,3 +139,28 @@ def test_a_node_that_never_starts_is_one_finding_at_the_rendezvous_timeout(tmp_p
     assert rc == 1 and took < 40, took
     assert r["metrics"]["nodes"][1] == {"node_rank": 1, "reported": False}
     assert_nothing_left(tmp_path)
+
+
+# --------------------------------------------------------------------------- GPUs (device box)
+@pytest.mark.multigpu
+def test_two_gpus_as_two_nodes_over_nccl(tmp_path):
+    """Each "node" sees one GPU (CUDA_VISIBLE_DEVICES): one job over NCCL, one job report."""
+    (rc0, r0, err0), (rc1, r1, err1) = job(tmp_path, gpu=True, timeout=120)
+    assert rc0 == 0 and rc1 == 0, (err0[-3000:], err1[-3000:])
+    assert serious(r0) == [], r0["findings"]
+    nodes = r0["metrics"]["nodes"]
+    assert len(nodes) == 2 and all(n["gpu"] and n["median_step_ms"] > 0 for n in nodes), nodes
+    assert r0["metrics"]["ranks"]["lag_basis"] == "device"
+
+
+@pytest.mark.multigpu
+def test_selftest_across_two_gpu_nodes_measures_between_nodes_and_names_the_transport(tmp_path):
+    (rc0, r0, err0), (rc1, r1, err1) = job(tmp_path, gpu=True, timeout=180,
+                                           script=["--sizes", "1M,64M,256M"])
+    assert rc0 == 0 and rc1 == 0, (err0[-3000:], err1[-3000:])
+    st = r0["metrics"]["dist"]["selftest"]
+    assert st["status"] == "ok" and st["world_size"] == 2 and st["ranks_reported"] == 2
+    assert st["nodes"]["inter_busbw_gbs"] > 0
+    t = st["transport"]
+    assert t["network"] in ("IB", "Socket") or t["paths"], t
+    print("transport:", json.dumps(t), "inter-node busbw:", st["nodes"]["inter_busbw_gbs"], "GB/s")

@@ -59,12 +59,23 @@ def run_node(probe: str, target: str, run_dir: Path, nproc: int, node: Any) -> R
     per, merged = merged_evidence(run_dir, nproc, rank_labels(run_dir, nproc))
     reports = judge_ranks(probe, per)
     own = node_summary(node, per, reports, merged)
-    wait = RDZV_FAILED_WAIT_S if own["rendezvous"] == "failed" else GATHER_WAIT_S
+    wait = RDZV_FAILED_WAIT_S if own["rendezvous"] == "failed" else gather_wait()
     if node.node_rank == 0:
         got, info = gather.collect(node.host, node.gather_port(), node.rdzv_id, node.nnodes, own, wait)
         return job_report(probe, target, node, per, got, info, wait)
     sent = gather.send(node.host, node.gather_port(), node.rdzv_id, node.node_rank, own, wait)
     return node_section(probe, target, node, per, reports, merged, own, sent)
+
+
+def gather_wait() -> float:
+    """GATHER_WAIT_S, or ``TORCHDOCTOR_GATHER_WAIT_S`` (seconds > 0) when set."""
+    import os
+
+    try:
+        v = float(os.environ.get("TORCHDOCTOR_GATHER_WAIT_S") or GATHER_WAIT_S)
+    except ValueError:
+        v = GATHER_WAIT_S
+    return v if v > 0 else GATHER_WAIT_S
 
 
 def rendezvous_error(merged: Evidence) -> str | None:
@@ -204,6 +215,7 @@ def job_report(probe: str, target: str, node: Any, per: dict[int, Evidence],
                       cross_rank=bool(node_of))
     _judge_nodes(report, got, node, info, wait, merged)
     _name_nodes(report, node_of, got)
+    _attribute_straggler(report, node_of)
     report.metrics["nodes"] = _nodes_metric(got, node_of, report, node.nnodes)
     report.metrics["job"] = {"nnodes": node.nnodes, "reported": sorted(got), "gather": info,
                              "rdzv_endpoint": node.rdzv_endpoint, "source": node.source}
@@ -276,6 +288,27 @@ def _name_nodes(report: Report, node_of: dict[int, int], got: dict[int, dict[str
             f = Finding(f.code, f.skill, f.severity, title, ev, f.fix, f.docs)
         out.append(f)
     report.findings = out
+
+
+def _attribute_straggler(report: Report, node_of: dict[int, int]) -> None:
+    """A straggler rank: its whole node slow (every rank of it) or that rank alone?"""
+    rows = {row["rank"]: row for row in (report.metrics.get("ranks") or {}).get("per_rank") or []}
+    for f in report.findings:
+        r = f.evidence.get("rank")
+        if f.code != "rank-straggler" or r not in node_of:
+            continue
+        k = node_of[r]
+        mates = [q for q, n in sorted(node_of.items()) if n == k and q != r]
+        mine = (rows.get(r) or {}).get("own_excess_ms") or 0.0
+        if not mates:
+            f.evidence["attributed_to"] = (f"node {k} (its only rank): a slow rank and a slow node "
+                                           f"look the same with one rank per node")
+            continue
+        slow = [q for q in mates if ((rows.get(q) or {}).get("own_excess_ms") or 0.0) >= 0.5 * mine]
+        f.evidence["attributed_to"] = (
+            f"node {k}: all its {len(mates) + 1} ranks do more own work per step (a node-wide cause: "
+            f"host, storage, network, CPU or GPU clocks)" if len(slow) == len(mates) else
+            f"rank {r} alone: the other ranks of node {k} ({', '.join(map(str, mates))}) are not slower")
 
 
 def _nodes_metric(got: dict[int, dict[str, Any]], node_of: dict[int, int], report: Report,
