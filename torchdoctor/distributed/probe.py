@@ -141,8 +141,9 @@ def run_dist(opts: DistOptions) -> Report:
         out = Path(tmp)
     try:
         timeout = opts.timeout_s or (180.0 if backend == "nccl" else 60.0)
+        extra = {"node": opts.node} if opts.node is not None else {}
         st = selftest.run_selftest(nproc, out, backend=backend, sizes=opts.sizes, timeout_s=timeout,
-                                   node=opts.node)
+                                   **extra)
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
