@@ -279,3 +279,14 @@ def test_node_bandwidth_inside_and_between_nodes():
     nb = node_bandwidth(rows)
     assert nb["intra_busbw_gbs"] == round((1 << 30) / 0.004 / 1e9, 3)  # 2 ranks: busbw = algbw
     assert nb["inter_busbw_gbs"] == round((1 << 30) / 0.05 / 1e9, 3)
+
+
+def test_unfit_multi_node_options_exit_2_before_anything_starts(tmp_path):
+    from conftest import run_cli
+
+    script = tmp_path / "train.py"
+    script.write_text("print('never run')\n")
+    p = run_cli("checkup", "--nnodes", "2", "--rdzv-endpoint", "h:1", str(script))
+    assert p.returncode == 2 and "--node-rank" in p.stderr and "never run" not in p.stdout + p.stderr
+    p = run_cli("dist", "--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "h:1", "--max-restarts", "2")
+    assert p.returncode == 2 and "--max-restarts must be 0" in p.stderr

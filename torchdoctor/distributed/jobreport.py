@@ -245,6 +245,11 @@ def _judge_nodes(report: Report, got: dict[int, dict[str, Any]], node: Any, info
     apply_rules("nodes", Evidence(meta=meta, events=evs), view)
     if any(f.code in ("node-lost", "node-never-joined") for f in view.findings):
         _fold_symptoms(report, view)
+    stuck = sorted({f.code for f in report.findings if f.code in ("collective-hang", "collective-mismatch")})
+    for f in view.findings:
+        if f.code == "node-env-mismatch" and stuck:  # settings that differ make collectives disagree
+            f.evidence["also_in_this_report"] = (f"{', '.join(stuck)}: a setting that differs between "
+                                                 f"nodes is a likely cause")
     report.findings.extend(view.findings)
     report.skipped.extend(view.skipped)
 
