@@ -59,6 +59,8 @@ def test_resolve_from_slurm_and_from_options():
     assert spec.torchrun_args() == ["--nnodes=2", "--node-rank=1", "--rdzv-backend=c10d",
                                     "--rdzv-endpoint=10.0.0.1:29400", "--rdzv-id=job7",
                                     "--rdzv-conf=join_timeout=12"]
+    static = resolve(2, 1, "h:29400", "static", None, 7.5, None, env={})
+    assert static.torchrun_args()[-2:] == ["--rdzv-id=torchdoctor", "--rdzv-conf=timeout=8"]
     assert spec.gather_port({}) == 29401 and spec.gather_port({"TORCHDOCTOR_GATHER_PORT": "5000"}) == 5000
     assert resolve(None, None, None, None, None, None, None, env={}) is None  # one node
 

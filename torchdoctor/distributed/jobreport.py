@@ -34,7 +34,7 @@ SHIPPED = ("step", "dist_step", "step_device", "dist_init", "dist_loader", "dist
            "collective", "fr_entries", "rank_result", "rank_stacks", "device", "env")
 CLOCK_FIELDS = {"dist_step": ("bwd_at", "end_at"), "collective": ("t",)}
 RDZV_ERRORS = ("RendezvousTimeoutError", "RendezvousClosedError", "RendezvousConnectionError",
-               "RendezvousError")
+               "RendezvousError", "DistStoreError")
 
 
 # ---------------------------------------------------------------- every node

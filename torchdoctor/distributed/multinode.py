@@ -64,6 +64,8 @@ class NodeSpec:
                 f"--rdzv-id={self.rdzv_id}"]
         if self.rdzv_backend == "c10d":
             args.append(f"--rdzv-conf=join_timeout={self.rdzv_timeout:g}")
+        else:  # static: the store's wait for every node, whole seconds
+            args.append(f"--rdzv-conf=timeout={max(1, int(round(self.rdzv_timeout)))}")
         return args
 
     def to_dict(self) -> dict[str, Any]:
