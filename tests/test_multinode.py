@@ -292,3 +292,15 @@ def test_unfit_multi_node_options_exit_2_before_anything_starts(tmp_path):
     assert p.returncode == 2 and "--node-rank" in p.stderr and "never run" not in p.stdout + p.stderr
     p = run_cli("dist", "--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "h:1", "--max-restarts", "2")
     assert p.returncode == 2 and "--max-restarts must be 0" in p.stderr
+
+
+def test_console_says_bandwidth_inside_and_between_nodes_and_the_transport():
+    from torchdoctor.report.console import render_to_text
+
+    rep = Report(command="dist")
+    rep.metrics["dist"] = {"selftest": {"nnodes": 2, "node_rank": 0, "nodes": {
+        "bytes": 1 << 30, "intra_busbw_gbs": 300.0, "inter_busbw_gbs": 2.5},
+        "transport": {"network": "Socket", "paths": {"P2P/CUMEM": 4, "NET/Socket/0": 2}, "ib_devices": []}}}
+    text = " ".join(render_to_text(rep, 200).split())
+    assert "inside a node 300 GB/s bus bandwidth; between nodes 2.5 GB/s" in text
+    assert "NCCL transport: P2P inside a node, TCP sockets between nodes." in text

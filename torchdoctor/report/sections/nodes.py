@@ -32,7 +32,7 @@ def nodes(report):
         return t
     me = report.metrics.get("node")
     if not me:
-        return None
+        return _selftest_nodes(report)
     where = visible(me.get("job_report") or "node 0")
     line = (f"This is node {me.get('node_rank')} of {me.get('nnodes')} "
             f"(host {visible(me.get('hostname') or '?')}, ranks {', '.join(map(str, me.get('ranks') or [])) or 'none'}): "
@@ -41,3 +41,23 @@ def nodes(report):
     line += ("this node's summary was sent there." if me.get("sent")
              else f"this node's summary could not be sent ({visible(me.get('send_error') or '?')}).")
     return safe_text(line, style="cyan")
+
+
+def _selftest_nodes(report):
+    """The self-test across nodes: bus bandwidth inside vs between nodes, NCCL's transport."""
+    st = (report.metrics.get("dist") or {}).get("selftest") or {}
+    nb = st.get("nodes")
+    if not st.get("nnodes") or not isinstance(nb, dict):
+        return None
+    from torchdoctor.distributed.selftest_nodes import transport_words
+
+    size = nb.get("bytes")
+    bits = [f"Across {st.get('nnodes')} nodes (this is node {st.get('node_rank')}), all-reduce of "
+            f"{size} bytes:"]
+    for key, label in (("intra", "inside a node"), ("inter", "between nodes")):
+        v = nb.get(f"{key}_busbw_gbs")
+        if isinstance(v, (int, float)):
+            bits.append(f"{label} {v:.3g} GB/s bus bandwidth;")
+    words = transport_words(st.get("transport") or {})
+    bits.append(f"NCCL transport: {words}." if words else "NCCL transport: not reported (gloo, or NCCL_DEBUG set).")
+    return safe_text(" ".join(bits), style="cyan")
