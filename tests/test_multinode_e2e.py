@@ -42,7 +42,8 @@ def free_port_pair() -> int:
 
 
 def agent(node_rank: int, port: int, out: Path, *, env=None, timeout=60, rdzv_timeout=20,
-          nnodes=2, steps=12, gpu: bool = False, script: list[str] | None = None) -> subprocess.Popen:
+          nnodes=2, steps=12, gpu: bool = False, script: list[str] | None = None,
+          slurm: bool = False) -> subprocess.Popen:
     """One node's torchdoctor. ``gpu``: this node sees GPU ``node_rank`` only (two GPUs of one
     host as two nodes); else no GPU (gloo)."""
     e = dict(os.environ)
@@ -50,10 +51,16 @@ def agent(node_rank: int, port: int, out: Path, *, env=None, timeout=60, rdzv_ti
     e.update({"CUDA_VISIBLE_DEVICES": str(node_rank) if gpu else "", "COLUMNS": "120"})
     e.update(env or {})
     run = ["--steps", str(steps), SCRIPT] if script is None else script
-    cmd = [sys.executable, "-m", "torchdoctor", "dist", "--json", "--nproc-per-node", "1",
-           "--nnodes", str(nnodes), "--node-rank", str(node_rank), "--rdzv-endpoint",
-           f"127.0.0.1:{port}", "--rdzv-id", f"t{port}", "--rdzv-timeout", str(rdzv_timeout),
-           "--timeout", str(timeout), "--out", str(out / f"n{node_rank}"), *run]
+    where = ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--rdzv-endpoint",
+             f"127.0.0.1:{port}", "--rdzv-id", f"t{port}"]
+    if slurm:  # the same, from the variables srun sets (one task per node)
+        where = []
+        e.update(SLURM_JOB_ID=f"{port}", SLURM_STEP_ID="0", SLURM_PROCID=str(node_rank),
+                 SLURM_NNODES=str(nnodes), SLURM_NODEID=str(node_rank), SLURM_NTASKS=str(nnodes),
+                 SLURM_JOB_NODELIST="localhost,nohost[2-9]", MASTER_PORT=str(port))
+    cmd = [sys.executable, "-m", "torchdoctor", "dist", "--json", "--nproc-per-node", "1", *where,
+           "--rdzv-timeout", str(rdzv_timeout), "--timeout", str(timeout),
+           "--out", str(out / f"n{node_rank}"), *run]
     return subprocess.Popen(cmd, cwd=HERE, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
 
@@ -131,14 +138,17 @@ def test_a_debug_variable_on_one_node_is_a_mismatch_with_both_values(tmp_path):
 
 @pytest.mark.slow
 def test_a_node_that_never_starts_is_one_finding_at_the_rendezvous_timeout(tmp_path):
+    """Started as srun would (SLURM_* only, no --nnodes): node 1 of 2 never comes."""
     port = free_port_pair()
     t0 = time.monotonic()
-    rc, r, err = finish(agent(0, port, tmp_path, rdzv_timeout=4))
+    rc, r, err = finish(agent(0, port, tmp_path, rdzv_timeout=4, slurm=True))
     took = time.monotonic() - t0
     assert [(f["code"], f["severity"]) for f in r["findings"]] == [("node-never-joined", "error")]
     assert r["findings"][0]["evidence"]["missing_nodes"] == [1]
     assert rc == 1 and took < 40, took
     assert r["metrics"]["nodes"][1] == {"node_rank": 1, "reported": False}
+    assert r["metrics"]["job"]["source"] == "slurm"
+    assert r["metrics"]["job"]["rdzv_endpoint"] == f"localhost:{port}"
     assert_nothing_left(tmp_path)
 
 
