@@ -56,11 +56,13 @@ def test_resolve_from_slurm_and_from_options():
     assert (spec.nnodes, spec.node_rank, spec.rdzv_endpoint, spec.rdzv_id, spec.source) == \
         (4, 2, "gpu07:29500", "4242", "slurm")
     spec = resolve(2, 1, "10.0.0.1:29400", None, "job7", 12, 0, env={})
-    assert spec.torchrun_args() == ["--nnodes=2", "--node-rank=1", "--rdzv-backend=c10d",
+    assert spec.torchrun_args() == ["--nnodes=2", "--rdzv-backend=c10d",
                                     "--rdzv-endpoint=10.0.0.1:29400", "--rdzv-id=job7",
                                     "--rdzv-conf=join_timeout=12"]
     static = resolve(2, 1, "h:29400", "static", None, 7.5, None, env={})
-    assert static.torchrun_args()[-2:] == ["--rdzv-id=torchdoctor", "--rdzv-conf=timeout=8"]
+    assert static.torchrun_args() == ["--nnodes=2", "--node-rank=1", "--rdzv-backend=static",
+                                      "--rdzv-endpoint=h:29400", "--rdzv-id=torchdoctor",
+                                      "--rdzv-conf=timeout=8"]
     assert spec.gather_port({}) == 29401 and spec.gather_port({"TORCHDOCTOR_GATHER_PORT": "5000"}) == 5000
     assert resolve(None, None, None, None, None, None, None, env={}) is None  # one node
 

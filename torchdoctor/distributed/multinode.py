@@ -58,8 +58,10 @@ class NodeSpec:
         return self.port + 1
 
     def torchrun_args(self) -> list[str]:
-        """What replaces ``--standalone`` on torchrun's command line."""
-        args = [f"--nnodes={self.nnodes}", f"--node-rank={self.node_rank}",
+        """What replaces ``--standalone`` on torchrun's command line. ``--node-rank`` only for
+        the static backend: c10d numbers the nodes itself (torchrun warns that it ignores it)."""
+        args = [f"--nnodes={self.nnodes}",
+                *([f"--node-rank={self.node_rank}"] if self.rdzv_backend == "static" else []),
                 f"--rdzv-backend={self.rdzv_backend}", f"--rdzv-endpoint={self.rdzv_endpoint}",
                 f"--rdzv-id={self.rdzv_id}"]
         if self.rdzv_backend == "c10d":
