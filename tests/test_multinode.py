@@ -306,3 +306,31 @@ def test_console_says_bandwidth_inside_and_between_nodes_and_the_transport():
     text = " ".join(render_to_text(rep, 200).split())
     assert "inside a node 300 GB/s bus bandwidth; between nodes 2.5 GB/s" in text
     assert "NCCL transport: P2P inside a node, TCP sockets between nodes." in text
+
+
+# ------------------------------------------------------------------ the gather store itself
+def test_node_summaries_travel_through_the_gather_store():
+    """Node 1 sends before node 0's store is up (it retries); node 0 gets it, and garbage is refused."""
+    import socket
+    import threading
+
+    from torchdoctor.distributed import gather
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sent = {}
+    t = threading.Thread(target=lambda: sent.update(gather.send("127.0.0.1", port, "j", 1, {"hello": "\x1b[2J"}, 20)))
+    t.start()
+    got, info = gather.collect("127.0.0.1", port, "j", 2, {"me": 0}, 20)
+    t.join(30)
+    assert sent == {"sent": True} and got == {0: {"me": 0}, 1: {"hello": "\x1b[2J"}}
+    assert info["waited_s"] < 20
+    assert gather.decode(b"[1, 2]") is None and gather.decode(b"\xff{") is None
+    # a port already taken: said in the result, not raised
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        got, info = gather.collect("127.0.0.1", busy, "j", 2, {"me": 0}, 1)
+    assert got == {0: {"me": 0}} and "could not open the gather store" in info["error"]
