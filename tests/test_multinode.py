@@ -214,7 +214,15 @@ def test_gathered_data_is_untrusted():
                      {"code": "script-crashed", "severity": "catastrophic", "title": evil},
                      "not a finding", {"code": 5}]}, "zz": 3})
     n1["facts"]["env"] = {"NCCL_ALGO": evil}
+    n1["facts"]["torch"] = {"not": "a version"}
+    n1.update(output_tail=5, result=[1], clock="soon", rendezvous={"x": 1})
     rep = job_report("dist", "train.py", SPEC, {}, {0: summary(0, [0], steps(0, 12)), 1: n1}, {}, 30.0)
+    weird = job_report("dist", "train.py", SPEC, {}, {0: summary(0, [0], steps(0, 12)), 1: {
+        "facts": [], "ranks": {}, "rank_reports": {"1": {"findings": {"a": 1}, "skipped": "x"}},
+        "events": "x", "output_tail": None}}, {}, 30.0)
+    assert [f.code for f in weird.findings if f.code == "internal-error"] == []
+    mism = [f for f in rep.findings if f.code == "node-env-mismatch"]
+    assert mism and "NCCL_ALGO" in mism[0].evidence["differences"]
     crashed = [f for f in rep.findings if f.code == "script-crashed"]
     assert crashed and crashed[0].severity == "error"  # the catalogue's severity, not the sender's
     assert rep.metrics["nodes"][1]["ranks"] == [1]

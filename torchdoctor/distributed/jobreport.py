@@ -156,6 +156,25 @@ def _as_finding(d: Any) -> Finding | None:
                    evidence=ev, fix=str(d.get("fix", ""))[:4000], docs=info.docs if info else "")
 
 
+def _list(v: Any) -> list:
+    return v if isinstance(v, list) else []
+
+
+def _clean(s: dict[str, Any]) -> dict[str, Any]:
+    """Another node's summary with the shapes the report relies on (anything else dropped)."""
+    facts = s.get("facts") if isinstance(s.get("facts"), dict) else {}
+    env = facts.get("env") if isinstance(facts.get("env"), dict) else {}
+    facts = {k: str(v)[:300] for k, v in facts.items()
+             if isinstance(k, str) and k != "env" and isinstance(v, (str, int, float)) and not isinstance(v, bool)}
+    facts["env"] = {k: str(v)[:300] for k, v in list(env.items())[:500] if isinstance(k, str)}
+    return {**s, "facts": facts, "output_tail": [x for x in _list(s.get("output_tail")) if isinstance(x, str)],
+            "result": s.get("result") if isinstance(s.get("result"), dict) else {},
+            "rank_reports": s.get("rank_reports") if isinstance(s.get("rank_reports"), dict) else {},
+            "events": _list(s.get("events")),
+            "rendezvous": s.get("rendezvous") if s.get("rendezvous") in ("ok", "failed", "unknown") else "unknown",
+            "rendezvous_error": str(s["rendezvous_error"])[:300] if s.get("rendezvous_error") else None}
+
+
 def _rank_reports(probe: str, s: dict[str, Any], ranks: set[int]) -> dict[int, Report]:
     out: dict[int, Report] = {}
     rr = s.get("rank_reports") if isinstance(s.get("rank_reports"), dict) else {}
@@ -163,9 +182,9 @@ def _rank_reports(probe: str, s: dict[str, Any], ranks: set[int]) -> dict[int, R
         if not (str(key).isdigit() and int(key) in ranks and isinstance(rep, dict)):
             continue
         r = Report(command=probe)
-        r.findings = [f for f in map(_as_finding, (rep.get("findings") or [])[:200]) if f]
+        r.findings = [f for f in map(_as_finding, _list(rep.get("findings"))[:200]) if f]
         r.skipped = [Skipped(str(x.get("rule", ""))[:100], str(x.get("reason", ""))[:500])
-                     for x in (rep.get("skipped") or [])[:200] if isinstance(x, dict)]
+                     for x in _list(rep.get("skipped"))[:200] if isinstance(x, dict)]
         out[int(key)] = r
     return out
 
@@ -180,7 +199,9 @@ def job_report(probe: str, target: str, node: Any, per: dict[int, Evidence],
     from torchdoctor.distributed.ranked import assemble
     from torchdoctor.distributed.torchrun import merged_outcome
 
-    clock0 = float(got[0].get("clock") or 0.0)
+    got = {k: (s if k == 0 else _clean(s)) for k, s in got.items()}  # node 0's own is ours
+    c0 = got[0].get("clock")
+    clock0 = float(c0) if isinstance(c0, (int, float)) else 0.0
     events: list[dict[str, Any]] = []
     rank_reports: dict[int, Report] = {}
     node_of: dict[int, int] = {}
