@@ -218,8 +218,9 @@ def test_gathered_data_is_untrusted():
     n1.update(output_tail=5, result=[1], clock="soon", rendezvous={"x": 1})
     rep = job_report("dist", "train.py", SPEC, {}, {0: summary(0, [0], steps(0, 12)), 1: n1}, {}, 30.0)
     weird = job_report("dist", "train.py", SPEC, {}, {0: summary(0, [0], steps(0, 12)), 1: {
-        "facts": [], "ranks": {}, "rank_reports": {"1": {"findings": {"a": 1}, "skipped": "x"}},
-        "events": "x", "output_tail": None}}, {}, 30.0)
+        "facts": [], "ranks": [1], "rank_reports": {"1": {"findings": {"a": 1}, "skipped": "x"}},
+        "events": [{**e, "wall_s": "slow", "bwd_at": [1]} for e in steps(1, 12)], "output_tail": None}},
+        {}, 30.0)
     assert [f.code for f in weird.findings if f.code == "internal-error"] == []
     mism = [f for f in rep.findings if f.code == "node-env-mismatch"]
     assert mism and "NCCL_ALGO" in mism[0].evidence["differences"]

@@ -156,6 +156,16 @@ def _as_finding(d: Any) -> Finding | None:
                    evidence=ev, fix=str(d.get("fix", ""))[:4000], docs=info.docs if info else "")
 
 
+NUMERIC = ("step", "wall_s", "backward_s", "data_s", "forward_s", "optimizer_s", "other_s", "bwd_at",
+           "end_at", "coll_s", "span_ms", "backward_ms", "t", "seq", "steps", "exit_code")
+
+
+def _numbers_ok(e: dict[str, Any]) -> bool:
+    """The fields the per-rank tables compute with are numbers (or absent/None)."""
+    return all(e.get(k) is None or (isinstance(e[k], (int, float)) and not isinstance(e[k], bool))
+               for k in NUMERIC)
+
+
 def _list(v: Any) -> list:
     return v if isinstance(v, list) else []
 
@@ -211,7 +221,8 @@ def job_report(probe: str, target: str, node: Any, per: dict[int, Evidence],
         rank_reports.update(_rank_reports(probe, s, set(ranks)))
         shift = float(s.get("clock") or 0.0) - clock0 if isinstance(s.get("clock"), (int, float)) else 0.0
         for e in (s.get("events") if isinstance(s.get("events"), list) else [])[:200_000]:
-            if not (isinstance(e, dict) and e.get("kind") in SHIPPED and e.get("rank") in ranks):
+            if not (isinstance(e, dict) and e.get("kind") in SHIPPED and e.get("rank") in ranks
+                    and _numbers_ok(e)):
                 continue
             for f in CLOCK_FIELDS.get(e["kind"], ()):
                 if isinstance(e.get(f), (int, float)):
