@@ -329,5 +329,5 @@ def test_selftest_and_launch_rules_stay_out_of_the_script_probe():
 
     ours = {r.name for p in ("dist-env", "dist-selftest") for r in rules_for(p)}
     assert ours == {"dist-launch-env", "dist-nccl-backend", "dist-nccl-env", "collective-selftest",
-                    "allreduce-bandwidth-low"}
+                    "allreduce-bandwidth-low", "inter-node-sockets"}
     assert ours.isdisjoint(r.name for p in ("dist", "run", "ranks") for r in rules_for(p))

@@ -29,6 +29,11 @@ NO_SICK_FIXTURE = {
     "collective-selftest-failed": "dist self-test worker failing: tests/test_dist_selftest.py",
     "allreduce-bandwidth-low": "dist self-test bandwidth on GPUs (NCCL): tests/test_dist_selftest.py",
     "dist-env-inconsistent": "launch environment of the ranks: tests/test_dist_env.py",
+    # multi-node jobs: two torchdoctor agents, which a fixture header (one command) cannot start
+    "node-env-mismatch": "two simulated nodes, one with TORCH_DISTRIBUTED_DEBUG: tests/test_multinode_e2e.py",
+    "node-never-joined": "a node that never starts: tests/test_multinode_e2e.py",
+    "node-lost": "a node that sends no report: tests/test_multinode.py (synthetic)",
+    "inter-node-sockets": "NCCL transport lines of a multi-node self-test: tests/test_multinode.py",
     # a bug of torchdoctor itself, by construction not raised by any healthy code path
     "internal-error": "a crashing rule (planted by tests): tests/test_profile_rules.py, test_env.py, test_checkpoint_hostile.py",
 }

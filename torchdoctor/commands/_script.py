@@ -23,6 +23,7 @@ from typing import Annotated, Any, Callable, Optional
 import typer
 
 from torchdoctor.commands._common import FailOnOpt, JsonOpt, emit, eprint, guarded
+from torchdoctor.commands._nodeopts import node_params, resolve_node
 from torchdoctor.errors import DoctorError
 
 DEFAULT_STEPS = 50
@@ -66,6 +67,7 @@ def _params(extra: list[ExtraOption], steps_default: int, timeout_default: float
         P("nproc_per_node", kw, default=None, annotation=Annotated[Optional[int], typer.Option(
             "--nproc-per-node", metavar="N", min=1, show_default=False,
             help="Run SCRIPT on N local ranks through torchrun; one report merged across ranks.")]),
+        *node_params(),
     ]
     for e in extra:
         params.append(P(e.key, kw, default=e.default, annotation=Annotated[
@@ -93,6 +95,9 @@ def script_command(app: typer.Typer, name: str, help: str, probe: str | None = N
         steps, timeout = kw.pop("steps"), kw.pop("timeout")
         as_json, out, fail_on = kw.pop("json_out"), kw.pop("out"), kw.pop("fail_on")
         nproc = kw.pop("nproc_per_node")
+        node = resolve_node(kw)  # --nnodes & co., or SLURM_*: one agent per node (exit 2 if unfit)
+        if node is not None and nproc is None:
+            nproc = 1  # torchrun's own default
         args = list(ctx.args)
         if module:
             target = module
@@ -118,7 +123,11 @@ def script_command(app: typer.Typer, name: str, help: str, probe: str | None = N
         if nproc is not None:
             options["nproc_per_node"] = nproc  # torchrun, one run dir per rank (torchdoctor.distributed)
         bound = f"up to {steps} steps, " if steps else ""
+        if node is not None:
+            options["node"] = node.to_dict()
         bound = f"{nproc} ranks, {bound}" if nproc is not None else bound
+        if node is not None:
+            bound = f"node {node.node_rank} of {node.nnodes}, {bound}"
         from torchdoctor.pipeline.run import check_target, run_probe
 
         check_target(target, bool(module))  # bad input: one line, before any banner

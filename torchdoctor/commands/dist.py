@@ -14,8 +14,10 @@ from typing import Annotated, Optional
 import typer
 
 from torchdoctor.commands._common import FailOnOpt, JsonOpt, emit, eprint, guarded
+from torchdoctor.commands._nodeopts import node_params
 from torchdoctor.errors import DoctorError
 
+_N = {p.name: p.annotation for p in node_params()}  # --nnodes & co. (torchrun's rendezvous options)
 SCRIPT_STEPS = 50
 SCRIPT_TIMEOUT_S = 300.0
 
@@ -32,7 +34,8 @@ def default_nproc() -> int:
 
 
 def run_script(target: str, args: list[str], module: bool, nproc: int | None, steps: int,
-               timeout: float | None, out: str | None, as_json: bool, fail_on: str) -> None:
+               timeout: float | None, out: str | None, as_json: bool, fail_on: str,
+               node=None) -> None:
     """``torchdoctor dist SCRIPT``: the script probe ``dist`` under torchrun, merged report."""
     from torchdoctor.commands._common import check_fail_on
     from torchdoctor.pipeline.run import run_probe
@@ -47,10 +50,13 @@ def run_script(target: str, args: list[str], module: bool, nproc: int | None, st
     timeout = timeout or SCRIPT_TIMEOUT_S
     n = nproc or default_nproc()
     bound = f"up to {steps} steps, " if steps else ""
+    where = f" of node {node.node_rank} (of {node.nnodes})" if node is not None else ""
     eprint(f"torchdoctor dist: running {'-m ' if module else ''}{target}"
-           f"{' ' + ' '.join(args) if args else ''} on {n} ranks ({bound}timeout {timeout:g} s)")
-    report = run_probe("dist", target, args, {"steps": steps, "timeout": timeout, "out": out,
-                                              "module": module, "nproc_per_node": n})
+           f"{' ' + ' '.join(args) if args else ''} on {n} ranks{where} ({bound}timeout {timeout:g} s)")
+    options = {"steps": steps, "timeout": timeout, "out": out, "module": module, "nproc_per_node": n}
+    if node is not None:
+        options["node"] = node.to_dict()
+    report = run_probe("dist", target, args, options)
     emit(report, as_json, fail_on, out)
 
 
@@ -93,10 +99,21 @@ def register(app: typer.Typer) -> None:
                                                    show_default=False)] = None,
         as_json: JsonOpt = False,
         fail_on: FailOnOpt = "error",
+        nnodes: _N["nnodes"] = None,
+        node_rank: _N["node_rank"] = None,
+        rdzv_endpoint: _N["rdzv_endpoint"] = None,
+        rdzv_backend: _N["rdzv_backend"] = None,
+        rdzv_id: _N["rdzv_id"] = None,
+        rdzv_timeout: _N["rdzv_timeout"] = None,
+        max_restarts: _N["max_restarts"] = None,
     ) -> None:
         from torchdoctor.commands._common import check_fail_on, prepare_out
+        from torchdoctor.commands._nodeopts import resolve_node
 
         check_fail_on(fail_on)  # bad usage: exit 2 before a self-test or a run, not after
+        node = resolve_node(dict(nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
+                                 rdzv_backend=rdzv_backend, rdzv_id=rdzv_id,
+                                 rdzv_timeout=rdzv_timeout, max_restarts=max_restarts))
         out = prepare_out(out)
         if script is not None or module is not None:
             if backend.strip().lower() != "auto" or sizes is not None or not selftest:
@@ -106,7 +123,7 @@ def register(app: typer.Typer) -> None:
             if module is not None and script is not None:
                 extra = [script] + extra
             run_script(module or script, extra, module is not None, nproc_per_node, steps, timeout,
-                       out, as_json, fail_on)
+                       out, as_json, fail_on, node)
             return
         from torchdoctor.distributed.probe import DistOptions, parse_sizes, run_dist
 
@@ -116,5 +133,6 @@ def register(app: typer.Typer) -> None:
         if timeout is not None and timeout <= 0:
             raise DoctorError(f"--timeout must be positive, not {timeout:g}")
         opts = DistOptions(nproc=nproc_per_node, backend=b, selftest=selftest, timeout_s=timeout,
-                           sizes=parse_sizes(sizes) if sizes is not None else None, out_dir=out)
+                           sizes=parse_sizes(sizes) if sizes is not None else None, out_dir=out,
+                           node=node)
         emit(run_dist(opts), as_json, fail_on, out)

@@ -61,22 +61,42 @@ def read_fr(d: Path) -> dict[str, Any] | None:
     return {"entries": entries, "version": data.get("version")}
 
 
-def merged_evidence(run_dir: str | Path, nproc: int) -> tuple[dict[int, Evidence], Evidence]:
-    """({rank: that rank's Evidence}, the cross-rank Evidence) of a ranked run dir."""
+def rank_labels(run_dir: str | Path, nproc: int) -> dict[int, int]:
+    """One node of a multi-node job: {local rank: global rank} of the ranks that started (each
+    rank wrote its global rank in its meta.json; torchrun's rendezvous chose it)."""
+    out: dict[int, int] = {}
+    for r in range(nproc):
+        meta = read_json(rank_dir(run_dir, r) / META) or {}
+        if isinstance(meta.get("rank"), int):
+            out[r] = meta["rank"]
+    return out
+
+
+def merged_evidence(run_dir: str | Path, nproc: int, labels: dict[int, int] | None = None
+                    ) -> tuple[dict[int, Evidence], Evidence]:
+    """({rank: that rank's Evidence}, the cross-rank Evidence) of a ranked run dir.
+
+    ``labels`` (a node of a multi-node job): {local rank: global rank}; the dirs are by local
+    rank, the events are labelled by global rank, and a local rank that never started (no
+    global rank known) is left to the node's own result.
+    """
     from torchdoctor.runner.stacks import read_stacks
 
     top = Path(run_dir)
     per: dict[int, Evidence] = {}
     events: list[dict[str, Any]] = []
-    for r in range(nproc):
-        d = rank_dir(top, r)
+    for local in range(nproc):
+        d = rank_dir(top, local)
+        r = labels.get(local) if labels is not None else local
+        if r is None:
+            continue
         if not d.is_dir():
             events.append({"kind": "rank_result", "rank": r, "outcome": "not_started"})
             continue
         ev = Evidence.load(d)
         per[r] = ev
         events.extend({**e, "rank": r} for e in ev.events)
-        events.append({"kind": "rank_result", "rank": r, **ev.result})
+        events.append({"kind": "rank_result", **ev.result, "rank": r})
         if (d / STACKS).exists():
             st = read_stacks(d / STACKS)
             if st.get("threads") or st.get("fatal"):

@@ -12,6 +12,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 from torchdoctor.errors import DoctorError
@@ -33,6 +34,7 @@ class DistOptions:
     timeout_s: float | None = None  # None: 180 s on GPUs, 60 s on CPU
     sizes: list[int] | None = None  # bytes; None: selftest defaults
     out_dir: str | None = None
+    node: Any = None  # multinode.NodeSpec: this node's part of a multi-node self-test
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -113,6 +115,9 @@ def run_dist(opts: DistOptions) -> Report:
     topo = topology.gather_topology()
     report = Report(command="dist", context=default_context())
     report.target = f"local node, {nproc} rank(s), {backend}"
+    if opts.node is not None:
+        report.target = (f"node {opts.node.node_rank} of {opts.node.nnodes}, {nproc} rank(s) each, "
+                         f"{backend}")
     judge("dist-env", LaunchEvidence(env, facts, topo), report)
     dist_metrics: dict = {"torch": facts.get("torch"), "backends": facts.get("backends"),
                           "nccl_version": facts.get("nccl_version"),
@@ -136,7 +141,9 @@ def run_dist(opts: DistOptions) -> Report:
         out = Path(tmp)
     try:
         timeout = opts.timeout_s or (180.0 if backend == "nccl" else 60.0)
-        st = selftest.run_selftest(nproc, out, backend=backend, sizes=opts.sizes, timeout_s=timeout)
+        extra = {"node": opts.node} if opts.node is not None else {}
+        st = selftest.run_selftest(nproc, out, backend=backend, sizes=opts.sizes, timeout_s=timeout,
+                                   **extra)
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -149,6 +156,8 @@ def run_dist(opts: DistOptions) -> Report:
                if d.get("pci") else None for d in devs]
         used = topology.select_gpus(topo, [d.get("uuid") for d in devs], bus, nproc)
     capacity = topology.link_capacity(topo, used)
+    if opts.node is not None and opts.node.nnodes > 1:
+        capacity = {}  # the job-wide sweep crosses the network: not judged against local links
     judge("dist-selftest", SelftestEvidence(st, capacity), report)
     if st.get("status") == "interrupted":
         report.run_status = "interrupted"

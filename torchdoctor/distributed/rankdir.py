@@ -4,6 +4,8 @@ Layout under the run dir ``D`` of a ranked run (``--nproc-per-node N``)::
 
     D/meta.json              written by the parent (probe, argv, options with nproc_per_node)
     D/result.json            the parent's merged result (torchrun's exit, timeout, tail)
+(one node of a multi-node job: ``rank{L}`` by local rank L, the global rank in its meta.json)
+
     D/rank{R}/meta.json      copy for rank R (options.out -> OUT/rank{R}, options.rank = R)
     D/rank{R}/pid            the rank's pid, written first (the parent signals and kills by it)
     D/rank{R}/events.jsonl   the rank's evidence (same contract as a single run)
@@ -26,6 +28,7 @@ from typing import Any
 from torchdoctor.distributed.procs import die_with_parent
 
 RANKED_ENV = "TORCHDOCTOR_RANKED"  # set by the parent for every rank launched through torchrun
+NODE_ENV = "TORCHDOCTOR_NODE_RANK"  # and, in a multi-node job, the user's node rank
 PID = "pid"
 COLLECTIVES = "collectives.jsonl"
 COLLECTIVES_OLD = "collectives.1.jsonl"  # the previous chunk after a rotation
@@ -48,7 +51,9 @@ def enter_rank_dir(run_dir: str | os.PathLike, meta: dict[str, Any]) -> tuple[Pa
     from torchdoctor.runner.rundir import META, write_json
 
     rank = int(os.environ["RANK"])
-    d = rank_dir(run_dir, rank)
+    # one node of a multi-node job: its dirs by local rank (the global ranks are torchrun's)
+    node = os.environ.get(NODE_ENV)
+    d = rank_dir(run_dir, int(os.environ.get("LOCAL_RANK", "0")) if node else rank)
     d.mkdir(parents=True, exist_ok=True)
     (d / PID).write_text(str(os.getpid()))
     options = dict(meta.get("options") or {})
@@ -57,6 +62,9 @@ def enter_rank_dir(run_dir: str | os.PathLike, meta: dict[str, Any]) -> tuple[Pa
     if options.get("out"):  # artifacts of rank R go to OUT/rank{R}: ranks never overwrite each other
         options["out"] = str(Path(options["out"]) / f"rank{rank}")
     meta = {**meta, "options": options, "rank": rank}
+    if node:
+        meta.update(node_rank=int(node), local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+                    group_rank=int(os.environ.get("GROUP_RANK", "0") or 0))
     write_json(d / META, meta)
     die_with_parent()
     return d, meta

@@ -29,18 +29,28 @@ SYMPTOM_CODES = ("script-hung", "killed-by-signal", "script-crashed")
 
 def run_ranked(probe: str, target: str, argv: list[str], *, module: bool, opts: dict[str, Any],
                timeout: float | None, show: bool | None) -> Report:
+    from torchdoctor.distributed.multinode import NodeSpec
     from torchdoctor.distributed.torchrun import RankSet, quiet_patterns
     from torchdoctor.pipeline.registry import armed_needs
     from torchdoctor.pipeline.run import QUIET_PATTERNS, _run_dir
     from torchdoctor.runner.launch import launch
 
     n = int(opts["nproc_per_node"])
+    node = NodeSpec.from_dict(opts.get("node"))  # one node of a multi-node job, or None
     run_dir, is_tmp = _run_dir(opts.get("out"))  # fresh: no rank dir of an earlier run
+    if node is not None:  # the gather store needs torch here: import it while the ranks run
+        from torchdoctor.distributed.jobreport import preload
+
+        preload()
     try:
         launch(run_dir, probe, argv, module=module, options=opts, timeout=timeout,
                quiet_patterns=QUIET_PATTERNS + quiet_patterns(dict(os.environ)), show_progress=show,
-               ranks=RankSet(run_dir, n), needs=armed_needs(probe))
+               ranks=RankSet(run_dir, n, node=node), needs=armed_needs(probe))
         label = " ".join(["-m", target] if module else [target])
+        if node is not None:
+            from torchdoctor.distributed.jobreport import run_node
+
+            return run_node(probe, label, run_dir, n, node)
         return judge(probe, label, run_dir, n)
     finally:
         if is_tmp and not os.environ.get("TORCHDOCTOR_KEEP_RUN"):
@@ -50,29 +60,44 @@ def run_ranked(probe: str, target: str, argv: list[str], *, module: bool, opts: 
 def judge(probe: str, target: str, run_dir: str | Path, nproc: int) -> Report:
     """The merged report of a ranked run dir (pure apart from reading the files)."""
     from torchdoctor.distributed.merge import merged_evidence
-    from torchdoctor.distributed.stragglers import rank_summary
-    from torchdoctor.judge import judge as apply_rules
-    from torchdoctor.pipeline.judging import add_metrics, context_of, judge_run, run_status
 
     per, merged = merged_evidence(run_dir, nproc)
+    return assemble(probe, target, per, judge_ranks(probe, per), merged, nproc)
+
+
+def judge_ranks(probe: str, per: dict[int, Evidence]) -> dict[int, Report]:
+    """Each rank judged as a single run (no relaunch: follow-ups listed as skipped)."""
+    from torchdoctor.pipeline.judging import judge_run
+
+    return {r: judge_run(probe, ev, metrics=False) for r, ev in sorted(per.items())}
+
+
+def assemble(probe: str, target: str, per: dict[int, Evidence], rank_reports: dict[int, Report],
+             merged: Evidence, nproc: int, *, cross_rank: bool = True,
+             ranks: list[int] | None = None) -> Report:
+    """One report from the ranks' own reports and the cross-rank Evidence: merged findings,
+    cross-rank rules (unless ``cross_rank`` is False), metrics of the first rank in ``per``,
+    per-rank rows (``ranks``: the rank labels, default 0..nproc-1)."""
+    from torchdoctor.distributed.stragglers import rank_summary
+    from torchdoctor.judge import judge as apply_rules
+    from torchdoctor.pipeline.judging import add_metrics, context_of, run_status
+
     report = Report(command=probe, target=target)
     first = per[min(per)] if per else Evidence()
     report.context = {**context_of(first), "ranks": nproc}
-    # each rank judged as a single run (no relaunch: follow-ups listed as skipped); metrics
-    # are rank 0's, below
-    rank_reports = {r: judge_run(probe, ev, metrics=False) for r, ev in sorted(per.items())}
     cross = Report(command=probe)
-    apply_rules("ranks", merged, cross)
+    if cross_rank:
+        apply_rules("ranks", merged, cross)
     merge_findings(report, rank_reports, cross, merged, nproc)
     if per:
         scratch = Report(command=probe)
-        add_metrics(first, scratch)  # rank 0's families (steps, memory, profile, nan...)
+        add_metrics(first, scratch)  # the first rank's families (steps, memory, profile, nan...)
         report.metrics.update(scratch.metrics)
         report.findings.extend(f for f in scratch.findings if f.code == "internal-error")
-    ranks = rank_summary(merged.events, nproc)
-    if ranks:
-        report.metrics["ranks"] = ranks
-    first_run = report.metrics.get("run", {})  # rank 0's own: keep only its start-up time
+    summary = rank_summary(merged.events, nproc, ranks)
+    if summary:
+        report.metrics["ranks"] = summary
+    first_run = report.metrics.get("run", {})  # the first rank's own: keep only its start-up time
     report.metrics["run"] = {**{k: v for k, v in first_run.items() if k == "time_to_first_step_s"},
                              **_run_metrics(merged)}
     for r, ev in sorted(per.items()):

@@ -53,8 +53,9 @@ def child_env(base: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def torchrun_cmd(nproc: int, out_dir: Path, backend: str, sizes: list[int], pg_timeout: float,
-                 watchdog: float, warmup: int, reps: int) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                 watchdog: float, warmup: int, reps: int, node=None) -> list[str]:
+    where = node.torchrun_args() if node is not None else ["--standalone"]
+    return [sys.executable, "-m", "torch.distributed.run", *where,
             f"--nproc-per-node={nproc}", "--max-restarts=0", "--monitor-interval=0.1",
             "-m", "torchdoctor.distributed.selftest_worker", "--out", str(out_dir),
             "--backend", backend, "--sizes", ",".join(map(str, sizes)),
@@ -126,8 +127,11 @@ def group_alive(pgid: int) -> bool:
 
 def run_selftest(nproc: int, out_dir: str | Path, backend: str = "auto", sizes: list[int] | None = None,
                  timeout_s: float = 180.0, warmup: int | None = None, reps: int | None = None,
-                 env: dict[str, str] | None = None) -> dict:
+                 env: dict[str, str] | None = None, node=None) -> dict:
     """Run the self-test on ``nproc`` local ranks; returns :func:`merge`'s dict.
+
+    ``node`` (a :class:`~torchdoctor.distributed.multinode.NodeSpec`): this node's part of a
+    multi-node self-test (:mod:`torchdoctor.distributed.selftest_nodes`).
 
     ``backend`` is "nccl", "gloo" or "auto" (nccl when CUDA is available in the workers).
     ``sizes`` are all-reduce sizes in bytes (default GPU_SIZES for nccl, CPU_SIZES for gloo).
@@ -145,7 +149,14 @@ def run_selftest(nproc: int, out_dir: str | Path, backend: str = "auto", sizes: 
     pg_timeout = max(5.0, timeout_s - 10.0)
     watchdog = max(3.0, timeout_s - 5.0)
     cmd = lifeline.bound_command(
-        torchrun_cmd(nproc, out, backend, sizes, pg_timeout, watchdog, warmup, reps))
+        torchrun_cmd(nproc, out, backend, sizes, pg_timeout, watchdog, warmup, reps, node))
+    run_env = child_env(env)
+    if node is not None:
+        from torchdoctor.distributed.rankdir import NODE_ENV
+
+        run_env[NODE_ENV] = str(node.node_rank)
+        if backend == "nccl" and "NCCL_DEBUG" not in run_env:  # the transport NCCL chose
+            run_env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET")
     log_path = out / "torchrun.log"
     t0 = time.perf_counter()
     timed_out = False
@@ -154,7 +165,7 @@ def run_selftest(nproc: int, out_dir: str | Path, backend: str = "auto", sizes: 
     with open(log_path, "w") as log, signals.catching() as pending:
         reap.become_subreaper()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**child_env(env), reap.RUN_ID_ENV: run_id},
+                                env={**run_env, reap.RUN_ID_ENV: run_id},
                                 start_new_session=True)
         tracker = reap.Tracker(proc.pid, adopt_after=time.monotonic(), marker=run_id)
         rc, timed_out, interrupted = _wait(proc, tracker, pending, timeout_s)
@@ -171,7 +182,20 @@ def run_selftest(nproc: int, out_dir: str | Path, backend: str = "auto", sizes: 
         gone = not tracker.kill_all() and gone
         reap.become_subreaper(False)
     wall = time.perf_counter() - t0
-    merged = merge(read_ranks(out), nproc=nproc, backend=backend, sizes=sizes)
+    ranks = read_ranks(out)
+    if node is not None:
+        from torchdoctor.distributed import selftest_nodes as sn
+
+        job = sn.read_job(out)  # every rank of the job, shared in-band at the end
+        if job:
+            mine = {r.get("rank") for r in ranks}
+            ranks = sorted(ranks + [r for r in job if r.get("rank") not in mine],
+                           key=lambda r: r.get("rank", 0))
+    merged = merge(ranks, nproc=nproc, backend=backend, sizes=sizes)
+    if node is not None:
+        merged["nodes"] = sn.node_bandwidth(ranks)
+        merged["transport"] = sn.transports(tail(log_path, 200_000))
+        merged["node_rank"], merged["nnodes"] = node.node_rank, node.nnodes
     merged.update(returncode=rc, timed_out=timed_out, timeout_s=timeout_s, wall_s=round(wall, 3),
                   processes_left=not gone, log=str(log_path), log_tail=tail(log_path))
     if interrupted:

@@ -31,6 +31,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from torchdoctor.distributed.procs import die_with_parent
+from torchdoctor.distributed.rankdir import NODE_ENV
 
 CHECK_NUMEL = (1 << 16) + 3  # odd on purpose: catches padding/chunking bugs
 
@@ -261,6 +262,14 @@ def main(argv: list[str] | None = None) -> int:
         run_checks(dist, torch, rec, rank, world, device)
         sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
         run_sweep(dist, torch, rec, sizes, device, args.warmup, args.reps)
+        if os.environ.get(NODE_ENV):  # a multi-node job: inside vs between nodes, then share
+            from torchdoctor.distributed.selftest_nodes import node_sweep, share_records
+
+            nb = max(sizes) if sizes else 1 << 20
+            node_sweep(dist, torch, rec, device, nb, args.warmup, args.reps,
+                       iters_for(nb, device.type == "cuda"))
+            rec.update(phase="done", wall_s=time.perf_counter() - t_start)
+            share_records(dist, rec, out)
         rec.update(phase="done", wall_s=time.perf_counter() - t_start)
         dist.destroy_process_group()
         return 0

@@ -128,14 +128,16 @@ def step_medians(steps: list[dict[str, Any]]) -> dict[str, Any] | None:
     return out
 
 
-def rank_summary(events: list[dict[str, Any]], world: int) -> dict[str, Any] | None:
-    """metrics['ranks']: per-rank step medians (ms) and arrival lags; None without steps."""
+def rank_summary(events: list[dict[str, Any]], world: int,
+                 ranks: list[int] | None = None) -> dict[str, Any] | None:
+    """metrics['ranks']: per-rank step medians (ms) and arrival lags; None without steps.
+    ``ranks``: the rank labels (default 0..world-1; one node of a multi-node job has others)."""
     steps = per_rank_steps(events)
     if not steps:
         return None
     lags = device_table(events, world) or lag_table(events, world)
     rows = []
-    for r in range(world):
+    for r in (ranks if ranks is not None else range(world)):
         m = step_medians(steps.get(r, []))
         row: dict[str, Any] = {"rank": r, "steps": len(steps.get(r, []))}
         if m:

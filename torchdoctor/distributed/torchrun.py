@@ -51,7 +51,7 @@ def quiet_patterns(env: dict[str, str]) -> list[str]:
     """Lines to drop from the ranks' output: torchrun's banner, and the deprecation warning of
     the flight-recorder variable unless the user set it."""
     return QUIET_PATTERNS + ([] if "TORCH_NCCL_TRACE_BUFFER_SIZE" in env else [FR_DEPRECATION])
-_FAIL_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
+_FAIL_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)(?:\s*\(local_rank\s*:\s*(\d+)\))?")
 _FAIL_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 
 
@@ -62,11 +62,12 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def parse_failures(lines: list[str]) -> dict[int, dict[str, Any]]:
+def parse_failures(lines: list[str], local: bool = False) -> dict[int, dict[str, Any]]:
     """torchrun's failure summary -> {rank: {"exitcode": int, "root_cause": bool}}.
 
     The summary lists ``rank : R (local_rank: L)`` then ``exitcode : -15 (pid: P)``; the
     block after ``Root Cause (first observed failure):`` names the rank that failed first.
+    ``local``: key by the local rank L (a node of a multi-node job knows its ranks by L).
     """
     out: dict[int, dict[str, Any]] = {}
     root = False
@@ -76,7 +77,7 @@ def parse_failures(lines: list[str]) -> dict[int, dict[str, Any]]:
             root = True
         m = _FAIL_RANK.match(line)
         if m:
-            rank = int(m.group(1))
+            rank = int(m.group(2)) if local and m.group(2) is not None else int(m.group(1))
             continue
         m = _FAIL_EXIT.match(line)
         if m and rank is not None:
@@ -128,9 +129,11 @@ def merged_outcome(ranks: list[dict[str, Any]], timed_out: bool) -> dict[str, An
 class RankSet:
     """The ranks of one launch (see the module docstring)."""
 
-    def __init__(self, run_dir: str | os.PathLike, nproc: int):
+    def __init__(self, run_dir: str | os.PathLike, nproc: int, node: Any = None):
         self.run_dir = Path(run_dir)
         self.nproc = int(nproc)
+        # a multi-node launch (distributed/multinode.py NodeSpec): rank dirs by local rank
+        self.node = node
         self.torchrun_pid: int | None = None
         self.dump_requested_at: float | None = None
         self.alive_at_request: set[int] = set()
@@ -138,7 +141,8 @@ class RankSet:
     # ------------------------------------------------------------------ launch
     def command(self, boot: list[str]) -> list[str]:
         """torchrun running ``boot`` (the harness command line, python first) on every rank."""
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+        where = self.node.torchrun_args() if self.node is not None else ["--standalone"]
+        return [sys.executable, "-m", "torch.distributed.run", *where,
                 f"--nproc-per-node={self.nproc}", "--max-restarts=0", "--monitor-interval=0.1",
                 "--no-python", *boot]
 
@@ -151,6 +155,10 @@ class RankSet:
         for k, v in FR_ENV.items():
             env.setdefault(k, v)
         env[RANKED_ENV] = "1"
+        if self.node is not None:
+            from torchdoctor.distributed.multinode import NODE_ENV
+
+            env[NODE_ENV] = str(self.node.node_rank)
         return env
 
     def started(self, pid: int) -> None:
@@ -254,7 +262,7 @@ class RankSet:
         """
         timed_out = top.get("outcome") == "timeout"
         interrupted = bool(top.get("interrupted"))
-        failures = parse_failures(top.get("output_tail") or [])
+        failures = parse_failures(top.get("output_tail") or [], local=self.node is not None)
         roots = {r for r, f in failures.items() if f.get("root_cause")}
         ranks: list[dict[str, Any]] = []
         for r in range(self.nproc):
@@ -267,7 +275,9 @@ class RankSet:
             elif res.get("outcome") in ("exit", "stopped") and timed_out and r in self.alive_at_request:
                 res = {**res, "outcome": "timeout", "timeout_s": top.get("timeout_s"),
                        "child_outcome": res.get("outcome")}
-            res["rank"] = r
+            res["rank"] = self.label(r)
+            if self.node is not None:
+                res["local_rank"] = r
             if res.get("steps") is None:  # killed before it could say: count its step events
                 res["steps"] = _count_steps(d / EVENTS)
             if d.is_dir():
@@ -280,10 +290,18 @@ class RankSet:
             merged["interrupted"] = True
         merged["launcher_returncode"] = top.get("returncode")
         merged["ranks"] = [{k: v for k, v in res.items() if k in (
-            "rank", "outcome", "exit_code", "signal", "steps", "stopped_by_launcher", "reason")}
+            "rank", "local_rank", "outcome", "exit_code", "signal", "steps", "stopped_by_launcher",
+            "reason")}
             for res in ranks]
         merged["steps"] = min((int(res.get("steps") or 0) for res in ranks), default=0)
         return merged
+
+    def label(self, r: int) -> int | None:
+        """The global rank of local rank ``r`` (one node of a multi-node job: the rank says)."""
+        if self.node is None:
+            return r
+        meta = read_json(rank_dir(self.run_dir, r) / "meta.json") or {}
+        return meta["rank"] if isinstance(meta.get("rank"), int) else None  # never started
 
     def note_alive(self) -> None:
         """Remember which ranks were still running when the dumps were asked for (timeout, Ctrl-C)."""
