@@ -130,6 +130,25 @@ def test_a_gpu_step_gets_its_mfu():
     assert m["peak_flops_per_s"] == pytest.approx(494.5e12) and "h100-sxm" in m["peak_source"]
 
 
+def test_a_gpu_step_is_timed_by_the_device_when_the_host_runs_ahead():
+    # regression (H200, bf16 fixture): the host returned from each step in 1.8 ms while the GPU
+    # took ~18 ms: timed by the host, the MFU came out 6.8
+    events = _steps(8)  # host: 10 ms a step
+    events += [{"kind": "step_device", "step": s, "device": 0, "span_ms": 40.0 if s != 2 else 300.0}
+               for s in range(1, 9)]
+    ev = Evidence.from_events(events + [_flops(flops=int(19.78e12), flops_by_dtype={"bf16": int(19.78e12)},
+                                               device="cuda", device_name="NVIDIA H100 80GB HBM3")])
+    m = flops_metrics(ev)
+    assert m["step_ms"] == pytest.approx(40.0) and m["step_time_basis"].startswith("device")
+    assert m["mfu"] == pytest.approx(19.78e12 / 0.04 / 989.5e12, rel=1e-3)
+    # the host's time where the device span is shorter (a host-bound step) or missing
+    events2 = _steps(8) + [{"kind": "step_device", "step": s, "device": 0, "span_ms": 2.0}
+                           for s in range(1, 9)]
+    m2 = flops_metrics(Evidence.from_events(events2 + [_flops(device="cuda",
+                                                              device_name="NVIDIA H100 80GB HBM3")]))
+    assert m2["step_ms"] == pytest.approx(10.0)
+
+
 def test_no_figure_is_guessed():
     ev = Evidence.from_events(_steps(6) + [{"kind": "flops", "status": "skipped", "counted_step": 2,
                                             "entered": False, "reason": "torch.compile is in use: ..."}])

@@ -13,7 +13,10 @@ run, without the steps the profiler window touched. Keys (docs/json.md):
     flops_per_step    FLOPs of that step (matmuls, convolutions, attention; forward + backward)
     flops_by_dtype    the same per dtype class (fp32 / tf32 / bf16 / fp16 / fp8)
     top_ops           the ops that did them (FLOPs)
-    step_ms           the median plain step time, and ``steps_timed`` how many steps it is over
+    step_ms           the median plain step time, and ``steps_timed`` how many steps it is over;
+                      on CUDA each step's time is the longer of its host wall time and its device
+                      span (CUDA events between step ends): the host runs ahead of the GPU, so its
+                      time alone undercounts a GPU-bound step (``step_time_basis`` says which)
     achieved_flops_per_s   flops_per_step / step time
     dtype             the dtype class with most FLOPs
     device, device_name    where they ran ("cuda" / "cpu"; the GPU's name)
@@ -60,6 +63,15 @@ def _typical(ev: Evidence, step: int, plain: list[dict[str, Any]]) -> str | None
     return None
 
 
+def _step_times(ev: Evidence, plain: list[dict[str, Any]], device: str) -> list[float]:
+    """Seconds per plain step: the host wall, or on CUDA the longer of it and the device span."""
+    span = {}
+    if device.startswith("cuda"):
+        span = {d.get("step"): float(d["span_ms"]) / 1e3 for d in ev.of("step_device")
+                if d.get("span_ms") is not None}
+    return [max(float(s["wall_s"]), span.get(s.get("step"), 0.0)) for s in plain]
+
+
 def flops_metrics_with(ev: Evidence, counted: dict[str, Any], source: str | None = None
                        ) -> dict[str, Any]:
     """The metrics of run ``ev`` with the FLOP count ``counted`` (a ``flops`` event: this run's,
@@ -80,12 +92,15 @@ def flops_metrics_with(ev: Evidence, counted: dict[str, Any], source: str | None
     if not plain:
         out.update(status="skipped", reason="no plain step was timed")
         return out
-    walls = [float(s["wall_s"]) for s in plain]
+    walls = _step_times(ev, plain, str(counted.get("device")))
     step_s = statistics.median(walls)
     by_dtype = {k: int(v) for k, v in (counted.get("flops_by_dtype") or {}).items() if v}
     total = int(counted.get("flops") or 0)
     out.update(flops_per_step=total, flops_by_dtype=by_dtype, top_ops=counted.get("by_op") or {},
                step_ms=round(step_s * 1e3, 4), steps_timed=len(walls),
+               step_time_basis=("device span or host wall, the longer, per step"
+                                if str(counted.get("device")).startswith("cuda")
+                                and ev.of("step_device") else "host wall"),
                device=counted.get("device"), device_name=counted.get("device_name"))
     if counted.get("other_device_flops"):
         out["other_device_flops"] = counted["other_device_flops"]
