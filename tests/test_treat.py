@@ -1,0 +1,221 @@
+"""treat on numbers and on data: verdicts, the loss check, the plan, the catalogue, fixes (no run)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from torchdoctor.treat.catalogue import BF16, BY_NAME, CATALOGUE, EXACT, REORDER, TF32, parse_try
+from torchdoctor.treat.plan import combination, plan
+from torchdoctor.treat.verdict import (LOSS_FLOOR, MEM_BLOWUP, NONREPRO_FACTOR, SINGLE_ROUND_NOISE, band_of,
+                                       loss_check, verdict)
+
+
+# ---- verdicts on synthetic numbers ------------------------------------------------------------
+def V(**kw):
+    base = dict(intent="speed", speedup=1.0, band=0.05, loss_ok=True)
+    base.update(kw)
+    return verdict(**base)
+
+
+def test_faster_beyond_the_band_with_the_loss_kept_is_adopted():
+    assert V(speedup=1.8)[0] == "adopt"
+    assert V(speedup=1.04)[0] == "noise"  # inside ±5 %
+    assert V(speedup=1.06, band=0.05)[0] == "adopt"
+
+
+def test_slower_beyond_the_band_is_rejected():
+    v, why = V(speedup=0.8)
+    assert v == "reject" and "slower" in why
+    assert V(speedup=0.96)[0] == "noise"
+
+
+def test_a_loss_drift_rejects_even_a_fast_trial():
+    v, why = V(speedup=3.0, loss_ok=False, max_rel_diff=0.2, allowed=0.02)
+    assert v == "reject" and "0.2" in why and "0.02" in why
+
+
+def test_a_failure_wins_over_everything_and_names_the_error():
+    v, why = V(speedup=3.0, failure="RuntimeError: boom at train.py:3")
+    assert (v, why) == ("failed", "RuntimeError: boom at train.py:3")
+
+
+def test_a_memory_blow_up_rejects_a_speed_trial():
+    v, why = V(speedup=2.0, peak_before=100.0, peak_after=100.0 * (1 + MEM_BLOWUP) + 1)
+    assert v == "reject" and "peak memory" in why
+    assert V(speedup=2.0, peak_before=100.0, peak_after=110.0)[0] == "adopt"
+
+
+def test_a_memory_trial_is_adopted_for_memory_saved_or_an_oom_avoided():
+    assert V(intent="memory", peak_before=100.0, peak_after=80.0)[0] == "adopt"
+    assert V(intent="memory", peak_before=100.0, peak_after=99.0)[0] == "noise"
+    assert V(intent="memory", baseline_oom=True, speedup=None)[0] == "adopt"
+    assert V(intent="memory", peak_before=100.0, peak_after=80.0, speedup=0.5)[0] == "reject"
+
+
+def test_one_round_widens_the_noise_band():
+    assert band_of(0.01, 0.0, 2, 2, 0.02) == 0.02
+    assert band_of(0.30, 0.01, 2, 2, 0.02) == 0.30
+    assert band_of(None, None, 1, 2, 0.02) == SINGLE_ROUND_NOISE
+
+
+# ---- the loss check -----------------------------------------------------------------------------
+def test_a_reproducible_script_is_held_to_the_treatment_tolerance():
+    base = [[1.0, 0.9, 0.8], [1.0, 0.9, 0.8]]
+    ok = loss_check(base, [[1.0, 0.9, 0.800001]], EXACT)
+    assert ok["ok"] is True and ok["reproducible"] is True and ok["baseline_drift"] == 0.0
+    bad = loss_check(base, [[1.0, 0.9, 0.81]], EXACT)
+    assert bad["ok"] is False and bad["max_rel_diff"] == pytest.approx(0.01 / 0.81)
+
+
+def test_a_nonreproducible_baseline_widens_the_allowance_and_says_so():
+    base = [[1.0, 0.9, 0.8], [1.0, 0.9, 0.808]]  # the script's own rounds differ by 1 %
+    got = loss_check(base, [[1.0, 0.9, 0.815]], EXACT)
+    assert got["reproducible"] is False
+    assert got["allowed"] == pytest.approx(NONREPRO_FACTOR * 0.008 / 0.808)
+    assert got["ok"] is True and "not reproducible" in got["note"]
+
+
+def test_a_nonfinite_treated_loss_fails_the_check():
+    got = loss_check([[1.0, 0.9], [1.0, 0.9]], [[1.0, "nan"]], BF16)
+    assert got["ok"] is False and "non-finite loss at step 2" in got["note"]
+
+
+def test_a_loss_near_zero_is_judged_against_the_loss_scale():
+    base = [[2.0, 1e-7], [2.0, 1e-7]]
+    got = loss_check(base, [[2.0, 3e-7]], REORDER)  # 2e-7 apart on a scale of 2: kept
+    assert got["ok"] is True and got["max_rel_diff"] == pytest.approx(2e-7 / (LOSS_FLOOR * 2.0))
+
+
+def test_no_loss_on_one_side_is_not_compared():
+    assert loss_check([[1.0]], [], EXACT)["ok"] is None
+
+
+# ---- the catalogue and --try --------------------------------------------------------------------
+def test_the_catalogue_names_the_issue_lists():
+    assert [t.name for t in CATALOGUE] == [
+        "dataloader-workers", "pin-memory", "tf32", "bf16-autocast", "channels-last",
+        "fused-optimizer", "cudnn-benchmark", "expandable-segments", "compile", "set-to-none"]
+    assert BY_NAME["tf32"].tolerance == TF32 and BY_NAME["bf16-autocast"].tolerance == BF16
+    assert TF32 < BF16 and EXACT < TF32
+
+
+def test_every_treatment_has_an_applier_in_its_family_module():
+    import importlib
+
+    for t in CATALOGUE:
+        mod = importlib.import_module(f"torchdoctor.treat.{t.family}")
+        assert mod.APPLIERS[t.name].name == t.name
+
+
+def test_try_parses_names_and_values_and_refuses_unknowns():
+    assert parse_try("tf32") == ("tf32", None)
+    assert parse_try("dataloader-workers=4") == ("dataloader-workers", "4")
+    assert parse_try("compile=eager") == ("compile", "eager")
+    with pytest.raises(ValueError, match="did you mean tf32"):
+        parse_try("tf23")
+    with pytest.raises(ValueError, match="takes no value"):
+        parse_try("tf32=1")
+    with pytest.raises(ValueError, match="number of workers"):
+        parse_try("dataloader-workers=lots")
+
+
+def test_docs_treat_page_lists_every_treatment_and_tolerance():
+    text = (Path(__file__).resolve().parents[1] / "docs" / "treat.md").read_text()
+    for t in CATALOGUE:
+        assert f"`{t.name}`" in text, t.name
+    for name, value in (("EXACT", EXACT), ("TF32", TF32), ("BF16", BF16)):
+        assert f"`{name}` = {value:g}" in text, name
+
+
+# ---- the plan -----------------------------------------------------------------------------------
+SURVEY = {"cpus": 2, "loaders": [{"site": "t.py:9", "num_workers": 0, "pin_memory": False,
+                                  "iterable": False}],
+          "optimizers": [{"cls": "Adam", "module": "torch.optim.adam", "fused": None}],
+          "zero_grad_false": [], "models": [{"cls": "Net", "has_conv": True, "dtypes": ["float32"],
+                                            "autocast": False, "channels_last": False,
+                                            "compiled": False, "shapes_vary": False}],
+          "flags": {"float32_matmul_precision": "highest", "cudnn_benchmark": False},
+          "device": {"cuda": True, "bf16": True}, "alloc_conf": ""}
+
+
+def _names(p):
+    return [t.name for t in p.trials], dict(p.skipped)
+
+
+def test_on_cpu_a_loader_bound_script_gets_only_the_workers_trial():
+    tried, skipped = _names(plan(SURVEY, {"dataloader-bound"}, on_cuda=False))
+    assert tried == ["dataloader-workers"]
+    assert skipped["tf32"] == "no CUDA" and skipped["pin-memory"] == "no CUDA"
+    assert skipped["bf16-autocast"].startswith("no CUDA (`--try bf16-autocast` runs it on CPU)")
+    assert "default since torch 2.0" in skipped["set-to-none"]
+
+
+def test_on_cuda_the_gpu_treatments_are_chosen_and_compile_not_when_data_bound():
+    tried, skipped = _names(plan(SURVEY, {"dataloader-bound"}, on_cuda=True))
+    assert tried == ["dataloader-workers", "pin-memory", "tf32", "bf16-autocast", "channels-last",
+                     "fused-optimizer", "cudnn-benchmark"]
+    assert "data-bound" in skipped["compile"]
+    assert skipped["expandable-segments"] == "no memory-fragmentation or out-of-memory"
+    tried, _ = _names(plan(SURVEY, {"memory-fragmentation"}, on_cuda=True))
+    assert "expandable-segments" in tried and "compile" in tried and "dataloader-workers" not in tried
+
+
+def test_try_replaces_the_choice_but_never_runs_an_impossible_trial():
+    p = plan(SURVEY, set(), on_cuda=False, forced=[("tf32", None), ("fused-optimizer", None)])
+    assert _names(p) == (["fused-optimizer"], {"tf32": "no CUDA"})
+    s = {**SURVEY, "models": [{**SURVEY["models"][0], "autocast": True}]}
+    _, skipped = _names(plan(s, set(), on_cuda=True, forced=[("bf16-autocast", None)]))
+    assert skipped == {"bf16-autocast": "the script already runs its forward under autocast"}
+
+
+def test_a_failed_baseline_skips_every_trial_but_the_oom_cure():
+    p = plan(SURVEY, {"out-of-memory"}, on_cuda=True, baseline_failure="OutOfMemoryError: x",
+             baseline_oom=True)
+    assert [t.name for t in p.trials] == ["expandable-segments"]
+    assert all(r.startswith("the baseline did not train") for _, r in p.skipped)
+
+
+def test_workers_already_enough_is_skipped_with_the_count():
+    s = {**SURVEY, "loaders": [{**SURVEY["loaders"][0], "num_workers": 4}]}
+    _, skipped = _names(plan(s, {"dataloader-bound"}, on_cuda=False))
+    assert skipped["dataloader-workers"] == "num_workers already >= 2 (of 2 CPUs)"
+
+
+def test_the_combination_keeps_the_fastest_of_a_group():
+    adopted = [{"name": "tf32", "speedup": 1.6}, {"name": "bf16-autocast", "speedup": 2.1},
+               {"name": "fused-optimizer", "speedup": 1.1}]
+    assert [a["name"] for a in combination(adopted)] == ["bf16-autocast", "fused-optimizer"]
+    assert combination([{"name": "tf32", "speedup": 1.6}]) == []
+
+
+# ---- fixes and confirmed findings ---------------------------------------------------------------
+def test_the_import_torch_line_is_found_by_reading_the_script(tmp_path):
+    from torchdoctor.treat.fixes import import_torch_line
+
+    p = tmp_path / "t.py"
+    p.write_text('"""doc"""\nimport os\n\nimport torch.nn as nn\n')
+    assert import_torch_line(p) == 4
+    p.write_text("x = (\n")
+    assert import_torch_line(p) is None
+
+
+def test_an_adopted_trial_puts_its_ratio_in_the_finding_it_confirms():
+    from torchdoctor.findings import Report, finding
+    from torchdoctor.treat.confirm import confirm_findings
+
+    r = Report(command="treat")
+    r.add(finding("dataloader-bound", "waits", {"data_wait_share": 0.9}))
+    r.add(finding("memory-fragmentation", "frag", {}))
+    confirm_findings(r, [{"name": "dataloader-workers", "verdict": "adopt", "speedup": 1.8},
+                         {"name": "expandable-segments", "verdict": "noise",
+                          "peak_memory_before": 10, "peak_memory_after": 9}])
+    assert r.findings[0].evidence["treat"] == {"dataloader-workers": 1.8}
+    assert "treat" not in r.findings[1].evidence
+
+
+def test_verdicts_are_the_documented_five():
+    from torchdoctor.treat.verdict import VERDICTS
+
+    assert VERDICTS == ("adopt", "noise", "reject", "failed", "skipped")
