@@ -4,7 +4,8 @@ Every treatment of the catalogue gets one line: planned (with why) or skipped (w
 reason). A treatment is *possible* when the script has what it changes (a map-style DataLoader
 with fewer workers, an Adam/AdamW/SGD not fused, a Conv2d model, a zero_grad(set_to_none=False)
 call, CUDA for the CUDA-only ones); it is *chosen* by itself when the evidence points at it
-(dataloader-bound → dataloader-workers; memory-fragmentation or out-of-memory →
+(dataloader-bound → dataloader-workers; memory-fragmentation, out-of-memory, or a baseline whose
+CUDA allocator reserved ≥ FRAG_RATIO × its live peak (and ≥ FRAG_MIN_BYTES more) →
 expandable-segments; CUDA → the GPU treatments). ``--try`` replaces the choice: exactly the
 named treatments are tried, on CPU too where they have a CPU meaning — but never an impossible
 one (tf32 on CPU: "no CUDA").
@@ -18,6 +19,11 @@ from typing import Any, Iterable
 from torchdoctor.treat.catalogue import BY_NAME, CATALOGUE, Treatment
 
 MEMORY_CODES = ("memory-fragmentation", "out-of-memory")
+# the baseline's CUDA allocator reserved this much more than its peak of live tensors: the
+# caching allocator's segments were fragmented (memory-fragmentation needs the memory probe's
+# instruments; the baseline's peaks are measured in every treat run)
+FRAG_RATIO = 1.3
+FRAG_MIN_BYTES = 256 * 2**20
 FUSABLE = ("Adam", "AdamW", "SGD")
 
 
@@ -103,13 +109,21 @@ def _possible(t: Treatment, value: str | None, s: dict[str, Any], on_cuda: bool)
     return None
 
 
-def _chosen(t: Treatment, codes: set[str], on_cuda: bool) -> str | None:
+def fragmented(peaks: dict[str, Any] | None) -> str | None:
+    """Why the baseline's CUDA peaks say fragmentation (reserved >> allocated), or None."""
+    a, r = (peaks or {}).get("allocated"), (peaks or {}).get("reserved")
+    if not a or not r or r < FRAG_RATIO * a or r - a < FRAG_MIN_BYTES:
+        return None
+    return f"the allocator reserved {r / a:.1f}x its peak of live tensors ({(r - a) / 2**20:.0f} MiB more)"
+
+
+def _chosen(t: Treatment, codes: set[str], on_cuda: bool, peaks: dict[str, Any] | None = None) -> str | None:
     """Why the evidence points at ``t`` (it is tried by itself), or None."""
     if t.name == "dataloader-workers":
         return "dataloader-bound" if "dataloader-bound" in codes else None
     if t.name == "expandable-segments":
         hit = [c for c in MEMORY_CODES if c in codes]
-        return hit[0] if hit else None
+        return hit[0] if hit else fragmented(peaks)
     if t.name == "set-to-none":
         return "zero_grad(set_to_none=False) in the script"
     if not on_cuda:
@@ -125,7 +139,8 @@ def _chosen(t: Treatment, codes: set[str], on_cuda: bool) -> str | None:
 
 def plan(survey: dict[str, Any] | None, codes: Iterable[str], *, on_cuda: bool,
          forced: list[tuple[str, str | None]] | None = None, baseline_failure: str | None = None,
-         baseline_oom: bool = False) -> Plan:
+         baseline_oom: bool = False, peaks: dict[str, Any] | None = None) -> Plan:
+    """``peaks``: the baseline's CUDA ``{"allocated", "reserved"}`` peak bytes (or None)."""
     s = survey or {}
     codes = set(codes)
     out = Plan()
@@ -147,7 +162,7 @@ def plan(survey: dict[str, Any] | None, codes: Iterable[str], *, on_cuda: bool,
         if t.device == "auto-cuda" and not on_cuda:
             out.skipped.append((t.name, f"no CUDA (`--try {t.name}` runs it on CPU)"))
             continue
-        why = _chosen(t, codes, on_cuda)
+        why = _chosen(t, codes, on_cuda, peaks)
         if why is None:
             out.skipped.append((t.name, _not_chosen(t)))
             continue
@@ -159,7 +174,7 @@ def _not_chosen(t: Treatment) -> str:
     if t.name == "dataloader-workers":
         return "the loop does not wait for data (no dataloader-bound)"
     if t.name == "expandable-segments":
-        return "no memory-fragmentation or out-of-memory"
+        return "no memory-fragmentation or out-of-memory, reserved memory close to the live peak"
     if t.name == "compile":
         return "the step is data-bound: compiling the model would not shorten the wait"
     return "nothing points at it"

@@ -124,8 +124,10 @@ class TreatSession:
             codes = {f.code for f in report.findings}
             on_cuda = str((base0.evidence.last("device") or {}).get("device", "")).startswith("cuda")
             oom = "out-of-memory" in codes
+            peaks = {"allocated": base0.peak_memory()[0] if on_cuda else None,
+                     "reserved": base0.peak_reserved()}
             p = plan(survey, codes, on_cuda=on_cuda, forced=self.forced,
-                     baseline_failure=base0.failure(), baseline_oom=oom)
+                     baseline_failure=base0.failure(), baseline_oom=oom, peaks=peaks)
             entries = self._schedule(trials, base0, p, survey, oom)
         self._finish(report, entries, p, survey)
         return report
@@ -137,7 +139,7 @@ class TreatSession:
         total = self.rounds * (1 + len(p.trials))
         n = 1
         try:
-            for rnd in range(self.rounds):
+            for rnd in range(self.rounds if p.trials else 0):
                 order = p.trials if rnd % 2 == 0 else list(reversed(p.trials))
                 if rnd:
                     n += 1
