@@ -228,3 +228,12 @@ def test_verdicts_are_the_documented_five():
     from torchdoctor.treat.verdict import VERDICTS
 
     assert VERDICTS == ("adopt", "noise", "reject", "failed", "skipped")
+
+
+def test_a_reordering_treatment_of_a_bf16_script_is_held_to_the_bf16_tolerance():
+    from torchdoctor.treat.plan import tolerance_for
+
+    bf16_script = {"models": [{"dtypes": ["float32"], "autocast": True}]}
+    assert tolerance_for(BY_NAME["compile"], bf16_script) == BF16
+    assert tolerance_for(BY_NAME["compile"], SURVEY) == REORDER
+    assert tolerance_for(BY_NAME["set-to-none"], bf16_script) == EXACT  # changes no arithmetic

@@ -5,8 +5,8 @@ reason). A treatment is *possible* when the script has what it changes (a map-st
 with fewer workers, an Adam/AdamW/SGD not fused, a Conv2d model, a zero_grad(set_to_none=False)
 call, CUDA for the CUDA-only ones); it is *chosen* by itself when the evidence points at it
 (dataloader-bound → dataloader-workers; memory-fragmentation, out-of-memory, or a baseline whose
-CUDA allocator reserved ≥ FRAG_RATIO × its live peak (and ≥ FRAG_MIN_BYTES more) →
-expandable-segments; CUDA → the GPU treatments). ``--try`` replaces the choice: exactly the
+CUDA reserved peak is fragmented by memory-fragmentation's own thresholds → expandable-segments;
+CUDA → the GPU treatments). ``--try`` replaces the choice: exactly the
 named treatments are tried, on CPU too where they have a CPU meaning — but never an impossible
 one (tf32 on CPU: "no CUDA").
 """
@@ -16,14 +16,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from torchdoctor.treat.catalogue import BY_NAME, CATALOGUE, Treatment
+# the baseline's CUDA allocator held far more than its peak of live tensors: its segments were
+# fragmented. memory-fragmentation itself needs the memory probe's instruments; the baseline's
+# peaks are measured in every treat run and judged with that rule's thresholds (FRAG_MIN_GAP
+# bytes and FRAG_RATIO of the reserved peak unallocated).
+from torchdoctor.rules.memory import FRAG_MIN_GAP, FRAG_RATIO
+from torchdoctor.treat.catalogue import BF16, BY_NAME, CATALOGUE, REORDER, Treatment
 
 MEMORY_CODES = ("memory-fragmentation", "out-of-memory")
-# the baseline's CUDA allocator reserved this much more than its peak of live tensors: the
-# caching allocator's segments were fragmented (memory-fragmentation needs the memory probe's
-# instruments; the baseline's peaks are measured in every treat run)
-FRAG_RATIO = 1.3
-FRAG_MIN_BYTES = 256 * 2**20
+LOW_PRECISION = ("bfloat16", "float16")
 FUSABLE = ("Adam", "AdamW", "SGD")
 
 
@@ -112,9 +113,18 @@ def _possible(t: Treatment, value: str | None, s: dict[str, Any], on_cuda: bool)
 def fragmented(peaks: dict[str, Any] | None) -> str | None:
     """Why the baseline's CUDA peaks say fragmentation (reserved >> allocated), or None."""
     a, r = (peaks or {}).get("allocated"), (peaks or {}).get("reserved")
-    if not a or not r or r < FRAG_RATIO * a or r - a < FRAG_MIN_BYTES:
+    if not a or not r or r - a < FRAG_MIN_GAP or r - a < FRAG_RATIO * r:
         return None
     return f"the allocator reserved {r / a:.1f}x its peak of live tensors ({(r - a) / 2**20:.0f} MiB more)"
+
+
+def tolerance_for(t: Treatment, survey: dict[str, Any] | None) -> float:
+    """The loss tolerance of ``t`` for this script: a treatment that only reorders float math
+    (``REORDER``) in a script that already computes in bf16/fp16 (autocast, or half
+    parameters) changes rounding at *that* precision, so it gets the bf16 tolerance."""
+    models = (survey or {}).get("models") or []
+    low = any(m.get("autocast") or set(m.get("dtypes") or ()) & set(LOW_PRECISION) for m in models)
+    return max(t.tolerance, BF16) if low and t.tolerance == REORDER else t.tolerance
 
 
 def _chosen(t: Treatment, codes: set[str], on_cuda: bool, peaks: dict[str, Any] | None = None) -> str | None:

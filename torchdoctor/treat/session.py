@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from torchdoctor.treat.catalogue import BY_NAME
 from torchdoctor.treat.measure import RUN_NEEDS, skipped_entry, trial_entry
-from torchdoctor.treat.plan import Planned, combination, default_workers, plan
+from torchdoctor.treat.plan import Planned, combination, default_workers, plan, tolerance_for
 from torchdoctor.trials import Trials, Variation
 
 BASE = Variation("baseline", "the script as it is", options={"treatment": []}, needs=RUN_NEEDS)
@@ -172,7 +172,7 @@ class TreatSession:
                 pass
             if c_runs:
                 entries = self._entries(bases, p, runs, survey, oom)
-                tol = max(s.treatment.tolerance for s in specs)
+                tol = max(tolerance_for(s.treatment, survey) for s in specs)
                 intent = "speed" if any(s.treatment.intent == "speed" for s in specs) else "memory"
                 e = trial_entry("combined", setting, bases, c_runs, tolerance=tol, intent=intent,
                                 survey=survey, baseline_oom=oom)
@@ -190,7 +190,7 @@ class TreatSession:
                     setting_of(t, survey)))
                 continue
             e = trial_entry(t.name, setting_of(t, survey), bases, runs[t.name],
-                            tolerance=tr.tolerance, intent=tr.intent, survey=survey, baseline_oom=oom)
+                            tolerance=tolerance_for(tr, survey), intent=tr.intent, survey=survey, baseline_oom=oom)
             e["why"] = t.why
             if t.value is not None:
                 e["value"] = t.value
