@@ -148,7 +148,7 @@ def test_on_cpu_a_loader_bound_script_gets_only_the_workers_trial():
     tried, skipped = _names(plan(SURVEY, {"dataloader-bound"}, on_cuda=False))
     assert tried == ["dataloader-workers"]
     assert skipped["tf32"] == "no CUDA" and skipped["pin-memory"] == "no CUDA"
-    assert skipped["bf16-autocast"].startswith("no CUDA (`--try bf16-autocast` runs it on CPU)")
+    assert skipped["bf16-autocast"] == "no CUDA; `--try bf16-autocast` runs it on CPU"
     assert "default since torch 2.0" in skipped["set-to-none"]
 
 
@@ -237,3 +237,85 @@ def test_a_reordering_treatment_of_a_bf16_script_is_held_to_the_bf16_tolerance()
     assert tolerance_for(BY_NAME["compile"], bf16_script) == BF16
     assert tolerance_for(BY_NAME["compile"], SURVEY) == REORDER
     assert tolerance_for(BY_NAME["set-to-none"], bf16_script) == EXACT  # changes no arithmetic
+
+
+# ---- a trial entry from synthetic runs ------------------------------------------------------------
+def _run(step_ms, losses=None, treatment=None, result=None, errors=(), peak=None):
+    from torchdoctor.evidence import Evidence
+    from torchdoctor.trials import TrialRun, Variation
+
+    ev = [{"kind": "step", "step": i, "wall_s": ms / 1e3, "data_s": 0.0} for i, ms in enumerate(step_ms, 1)]
+    ev.append({"kind": "loss_trace", "steps": list(range(1, len(step_ms) + 1)),
+               "losses": losses or [1.0 / i for i in range(1, len(step_ms) + 1)]})
+    ev.append({"kind": "peak_memory", "host_rss": peak or 100 * 2**20})
+    if treatment is not None:
+        ev.append({"kind": "treatment", **treatment})
+    ev += [{"kind": "treatment_error", "name": "x", "error": e} for e in errors]
+    return TrialRun(Variation("v"), 0, Evidence.from_events(ev, meta={"argv": ["t.py"]},
+                                                           result=result or {"outcome": "stopped"}), 1.0)
+
+
+CHANGED = {"applied": [{"name": "compile", "changes": [{"what": "model", "where": "/x/t.py:7",
+                                                        "code": "model.compile()"}], "notes": []}]}
+
+
+def test_a_compile_trial_leaves_the_compile_steps_out_and_reports_the_compile_time():
+    from torchdoctor.treat.measure import trial_entry
+
+    base = [_run([99] + [10.0] * 9), _run([99] + [10.2] * 9)]
+    # eager step 2, compiling in steps 3-4, then 5 ms
+    t = {**CHANGED, "compile_steps": [3, 4], "compile_s": 12.5}
+    treated = [_run([99, 10, 4000, 900] + [5.0] * 6, treatment=t),
+               _run([99, 10, 3000, 800] + [5.1] * 6, treatment=t)]
+    e = trial_entry("compile", "model.compile()", base, treated, tolerance=REORDER, intent="speed")
+    assert e["treated_step_ms"] == pytest.approx(5.05) and e["speedup"] == pytest.approx(10.1 / 5.05, abs=1e-3)
+    assert e["verdict"] == "adopt" and e["compile_s"] == 12.5 and e["compile_steps"] == [3, 4]
+    assert e["where"] == ["/x/t.py:7"] and "compile: at /x/t.py:7: model.compile()" in e["fix"]
+    assert e["loss_ok"] is True and e["loss_max_rel_diff"] == 0.0
+
+
+def test_a_treatment_that_raised_is_failed_and_one_that_changed_nothing_is_skipped():
+    from torchdoctor.treat.measure import trial_entry
+
+    base = [_run([9] + [10.0] * 5), _run([9] + [10.0] * 5)]
+    e = trial_entry("tf32", "", base, [_run([9] + [5.0] * 5, treatment=CHANGED, errors=["RuntimeError: no"])],
+                    tolerance=TF32, intent="speed")
+    assert (e["verdict"], e["error"]) == ("failed", "the treatment raised: RuntimeError: no")
+    quiet = {"applied": [{"name": "fused-optimizer", "changes": [], "notes": ["Adam: not fused (x)"]}]}
+    e = trial_entry("fused-optimizer", "", base, [_run([9] + [10.0] * 5, treatment=quiet)] * 2,
+                    tolerance=REORDER, intent="speed")
+    assert e["verdict"] == "skipped" and e["reason"] == "nothing to change in this run: Adam: not fused (x)"
+
+
+def test_random_augmentation_in_the_main_process_is_not_compared_loss_for_loss():
+    from torchdoctor.treat.measure import trial_entry
+
+    base = [_run([9] + [20.0] * 5), _run([9] + [20.0] * 5)]
+    changed = {"applied": [{"name": "dataloader-workers", "changes": [{"what": "DataLoader",
+                                                                      "where": "t.py:3", "code": "x"}]}]}
+    treated = [_run([9] + [10.0] * 5, losses=[2.0] * 6, treatment=changed)] * 2
+    e = trial_entry("dataloader-workers", "", base, treated, tolerance=EXACT, intent="speed",
+                    survey={"rng_in_fetch": True})
+    assert e["loss_ok"] is None and "per-worker seeds" in e["loss_note"] and e["verdict"] == "adopt"
+    e = trial_entry("dataloader-workers", "", base, treated, tolerance=EXACT, intent="speed")
+    assert e["loss_ok"] is False and e["verdict"] == "reject"
+
+
+def test_the_console_shows_the_table_the_fix_and_untrusted_text_made_visible():
+    from torchdoctor.findings import Report
+    from torchdoctor.report.console import render_to_text
+    from torchdoctor.treat.measure import skipped_entry, trial_entry
+
+    base = [_run([9] + [20.0] * 5), _run([9] + [20.4] * 5)]
+    changed = {"applied": [{"name": "dataloader-workers", "changes": [
+        {"what": "DataLoader", "where": "/x/t\x1b[31m.py:3", "code": "DataLoader(..., num_workers=2)"}]}]}
+    good = trial_entry("dataloader-workers", "num_workers=2", base, [_run([9] + [10.0] * 5, treatment=changed)] * 2,
+                       tolerance=EXACT, intent="speed")
+    r = Report(command="treat", target="t.py")
+    r.metrics = {"trials": [good, skipped_entry("tf32", "no CUDA")],
+                 "treat": {"runs": 4, "rounds": 2, "wall_s": 9.0, "stopped": "budget", "budget_s": 10.0}}
+    text = render_to_text(r, width=120)
+    assert "dataloader-workers │ adopt" in text and "20.2 → 10" in text and "2.02x" in text
+    assert "Adopt dataloader-workers (2.02x)" in text and "num_workers=2)" in text
+    assert "\\x1b[31m" in text and "\x1b" not in text
+    assert "Not tried: tf32 (no CUDA)" in text and "--budget (10 s) reached" in text

@@ -119,7 +119,7 @@ def trial_entry(name: str, setting: str, base: Sequence[Any], treated: Sequence[
         "rounds": {"baseline": len(b_med), "treated": len(t_med)},
         "baseline_step_ms": _r(median(b_med)), "treated_step_ms": _r(median(t_med)),
         "speedup": _r(sp, 3), "spread": {"baseline": _r(spread(b_med), 4), "treated": _r(spread(t_med), 4)},
-        "noise_band": _r(band, 4),
+        "noise_band": _r(band, 4) if b_med and t_med else None,
         "peak_memory_before": before.get(memory_key), "peak_memory_after": after.get(memory_key),
         "peak_memory_kind": kind,
         "loss_ok": lc["ok"], "loss_max_rel_diff": _r(lc["max_rel_diff"], 6),

@@ -170,7 +170,7 @@ def plan(survey: dict[str, Any] | None, codes: Iterable[str], *, on_cuda: bool,
             out.trials.append(Planned(t.name, value, "--try"))
             continue
         if t.device == "auto-cuda" and not on_cuda:
-            out.skipped.append((t.name, f"no CUDA (`--try {t.name}` runs it on CPU)"))
+            out.skipped.append((t.name, f"no CUDA; `--try {t.name}` runs it on CPU"))
             continue
         why = _chosen(t, codes, on_cuda, peaks)
         if why is None:

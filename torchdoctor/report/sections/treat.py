@@ -23,7 +23,7 @@ SHOWN = ("step_ms", "peak_memory", "peak_reserved")  # columns of their own
 
 
 def _mib(b: Any) -> str:
-    return f"{b / 2**20:.0f} MiB" if isinstance(b, (int, float)) else "–"
+    return f"{b / 2**20:.0f}" if isinstance(b, (int, float)) else "–"
 
 
 def _ms(x: Any) -> str:
@@ -32,7 +32,7 @@ def _ms(x: Any) -> str:
 
 def _loss(e: dict[str, Any]) -> str:
     if e.get("loss_ok") is None:
-        return "–" if e["verdict"] == "skipped" else "not compared"
+        return "–" if e["verdict"] in ("skipped", "failed") else "not compared"
     d = e.get("loss_max_rel_diff")
     mark = "ok" if e["loss_ok"] else "drift"
     return f"{mark} {d:.1e}" if isinstance(d, (int, float)) else mark
@@ -42,9 +42,9 @@ def trials_table(entries: list[dict[str, Any]]) -> Table:
     t = Table(title="Trials (baseline vs treated, medians over rounds)", title_justify="left",
               title_style="bold", show_edge=False, pad_edge=False)
     for col, just in (("trial", "left"), ("verdict", "left"), ("ms/step", "right"),
-                      ("speed-up", "right"), ("noise", "right"), ("peak memory", "right"),
-                      ("loss", "left"), ("why", "left")):
-        t.add_column(col, justify=just, overflow="fold")
+                      ("speed-up", "right"), ("noise", "right"), ("peak MiB", "right"),
+                      ("loss", "left")):
+        t.add_column(col, justify=just, no_wrap=col in ("trial", "ms/step", "peak MiB"))
     for e in entries:
         if e["verdict"] == "skipped" and not e.get("rounds", {}).get("treated"):
             continue
@@ -55,7 +55,7 @@ def trials_table(entries: list[dict[str, Any]]) -> Table:
             f"{sp:.2f}x" if isinstance(sp, (int, float)) else "–",
             f"±{e['noise_band']:.0%}" if isinstance(e.get("noise_band"), (int, float)) else "–",
             f"{_mib(e.get('peak_memory_before'))} → {_mib(e.get('peak_memory_after'))}",
-            _loss(e), safe_text(e.get("reason", "")))
+            _loss(e))
     return t
 
 
@@ -71,6 +71,9 @@ def treat_section(report) -> Group | None:
     else:
         parts.append(Text("No trial ran.", style="bold"))
     for e in ran:
+        if e["verdict"] in ("reject", "failed", "noise", "skipped"):
+            parts.append(safe_text(f"  {e['name']}: {e['verdict']}: {e.get('reason', '')}",
+                                   style=STYLE.get(e["verdict"], "")))
         extra = {k: (e["before"].get(k), e["after"].get(k)) for k in e.get("before", {})
                  if k not in SHOWN and k in e.get("after", {})}
         for k, (b, a) in extra.items():
@@ -80,7 +83,7 @@ def treat_section(report) -> Group | None:
                               f"{e.get('compile_steps')} (left out of the step time)", style="dim"))
         for n in e.get("notes") or []:
             parts.append(safe_text(f"  {e['name']}: {n}", style="dim"))
-        if e.get("loss_note") and e["verdict"] != "skipped":
+        if e.get("loss_note") and e["verdict"] not in ("skipped", "failed"):
             parts.append(safe_text(f"  {e['name']}: {e['loss_note']}", style="dim"))
     skipped = [e for e in entries if e["verdict"] == "skipped" and e not in ran]
     if skipped:
