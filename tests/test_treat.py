@@ -319,3 +319,30 @@ def test_the_console_shows_the_table_the_fix_and_untrusted_text_made_visible():
     assert "Adopt dataloader-workers (2.02x)" in text and "num_workers=2)" in text
     assert "\\x1b[31m" in text and "\x1b" not in text
     assert "Not tried: tf32 (no CUDA)" in text and "--budget (10 s) reached" in text
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--try", "tf23", "x.py"], "unknown treatment 'tf23' (did you mean tf32?)"),
+    (["--budget", "1", "x.py"], "--budget must be at least 5 seconds (one run), not 1"),
+    (["nope.py"], "script not found: nope.py"),
+    ([], "missing SCRIPT (or -m MODULE)"),
+])
+def test_bad_usage_is_one_line_and_exit_2_before_any_run(tmp_path, args, message):
+    from conftest import run_cli
+
+    (tmp_path / "x.py").write_text("print('ran')\n")
+    p = run_cli("treat", *args, cwd=tmp_path)
+    assert p.returncode == 2 and p.stdout == "" and "ran" not in p.stderr
+    assert p.stderr.splitlines()[0] == f"torchdoctor: error: {message}"
+
+
+def test_list_prints_the_catalogue_without_running_anything():
+    from conftest import run_cli
+
+    p = run_cli("treat", "--list", "--json")
+    assert p.returncode == 0
+    import json
+
+    rows = json.loads(p.stdout)["catalogue"]
+    assert [r["name"] for r in rows] == [t.name for t in CATALOGUE]
+    assert rows[2]["device"] == "cuda" and rows[2]["loss_tolerance"] == TF32

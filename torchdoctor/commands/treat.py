@@ -99,8 +99,10 @@ def treat(**kw: Any) -> None:
         raise DoctorError(f"--steps must be >= 0, not {steps}")
     if not timeout > 0:
         raise DoctorError(f"--timeout must be > 0 seconds, not {timeout}")
-    if budget is not None and not budget > 0:
-        raise DoctorError(f"--budget must be > 0 seconds, not {budget}")
+    from torchdoctor.trials.session import MIN_RUN_S
+
+    if budget is not None and not budget >= MIN_RUN_S:
+        raise DoctorError(f"--budget must be at least {MIN_RUN_S:g} seconds (one run), not {budget:g}")
     from torchdoctor.commands._common import check_fail_on, emit, prepare_out
     from torchdoctor.pipeline.run import check_target
     from torchdoctor.treat.catalogue import parse_try
