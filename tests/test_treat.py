@@ -322,7 +322,8 @@ def test_the_console_shows_the_table_the_fix_and_untrusted_text_made_visible():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--try", "tf23", "x.py"], "unknown treatment 'tf23' (did you mean tf32?)"),
+    (["--try", "tf23", "x.py"],
+     "unknown treatment 'tf23' (did you mean tf32?); `torchdoctor treat --list` lists them"),
     (["--budget", "1", "x.py"], "--budget must be at least 5 seconds (one run), not 1"),
     (["nope.py"], "script not found: nope.py"),
     ([], "missing SCRIPT (or -m MODULE)"),
