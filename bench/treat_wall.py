@@ -11,7 +11,10 @@ those runs. Measured as fresh processes, alternating so that a busy neighbour sl
   `metrics.treat.runs`.
 
 Acceptance: treat wall ≤ runs × one bounded run + start-up (the issue's "(trials + 1) × one
-bounded run + start-up", every round of every trial counted as a trial run).
+bounded run + start-up", every round of every trial counted as a trial run), within the run-to-run
+noise of one bounded run measured here (its spread over `--repeat`). Sharper, and free of that
+noise: the orchestration's own cost, treat wall − the sum of its runs' walls
+(`metrics.treat.runs_wall_s`), must stay under start-up + ORCHESTRATION_S.
 
     python bench/treat_wall.py [--script tests/fixtures/scripts/treat/loader_bound.py] [--steps 16]
 """
@@ -29,6 +32,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+ORCHESTRATION_S = 5.0  # judging the baseline, comparing, rendering: seconds, not a run
 
 
 def _run(argv: list[str], cwd: Path) -> tuple[float, dict | None]:
@@ -77,10 +81,16 @@ def main() -> int:
         if e["verdict"] != "skipped":
             print(f"  {e['name']}: {e['verdict']} {e.get('speedup')}x "
                   f"({e.get('baseline_step_ms')} -> {e.get('treated_step_ms')} ms/step)")
-    ok = treat_wall <= bound
-    print(f"treat wall {treat_wall:.2f} s <= runs x one run + start-up = {bound:.2f} s: "
-          f"{'PASS' if ok else 'FAIL'} (ratio {treat_wall / (runs * run_s):.2f} of the runs)")
-    return 0 if ok else 1
+    noise = (max(one) - min(one)) / run_s if len(one) > 1 else 0.0
+    ok1 = treat_wall <= runs * run_s * (1 + noise) + start_s
+    print(f"treat wall {treat_wall:.2f} s vs runs x one run + start-up = {bound:.2f} s: ratio "
+          f"{treat_wall / (runs * run_s):.3f} of the runs, run-to-run noise {noise:.1%}: "
+          f"{'PASS' if ok1 else 'FAIL'}")
+    own = treat_wall - meta["runs_wall_s"]
+    ok2 = own <= start_s + ORCHESTRATION_S
+    print(f"orchestration: treat wall - its runs' walls ({meta['runs_wall_s']:.2f} s) = {own:.2f} s "
+          f"<= start-up + {ORCHESTRATION_S:g} s: {'PASS' if ok2 else 'FAIL'}")
+    return 0 if ok1 and ok2 else 1
 
 
 if __name__ == "__main__":

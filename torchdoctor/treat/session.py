@@ -67,6 +67,7 @@ class TreatSession:
         self.t0 = time.monotonic()
         self.stopped: str | None = None
         self.runs = 0
+        self.run_wall_s = 0.0  # the runs' own walls (launch to exit), summed
         self.est_s = 0.0
 
     # ---- runs -------------------------------------------------------------------------------
@@ -84,6 +85,7 @@ class TreatSession:
             self.stopped = "interrupted"
             raise Stop("interrupted") from None
         self.runs += 1
+        self.run_wall_s += r.wall_s
         if r.interrupted():
             self.stopped = "interrupted"
             trials.runs.remove(r)
@@ -205,6 +207,7 @@ class TreatSession:
         report.metrics["trials"] = entries
         report.metrics["treat"] = {
             "runs": self.runs, "rounds": self.rounds, "wall_s": round(time.monotonic() - self.t0, 3),
+            "runs_wall_s": round(self.run_wall_s, 3),
             "budget_s": self.budget_s, "stopped": self.stopped,
             "forced": [n for n, _ in self.forced] if self.forced else None,
             "adopted": [e["name"] for e in entries if e["verdict"] == "adopt"]}

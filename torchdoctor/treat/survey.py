@@ -48,6 +48,7 @@ class Survey:
         self.rng_moves = 0
         self.rng_looks = 0
         self.watch: Any = None
+        self.watch_steps = WATCH_STEPS  # 1 in a compile trial: no hook of ours traced by dynamo
 
     def _mine(self) -> bool:
         return self.live and os.getpid() == self.pid
@@ -184,7 +185,7 @@ class Survey:
         torch = self.torch
         if step == 1:
             self.flags = _flags(torch)
-        if step >= WATCH_STEPS and self.watch is not None:
+        if step >= self.watch_steps and self.watch is not None:
             self.watch.stop()
             self.watch = None
         if step <= WATCH_STEPS + 1:
