@@ -77,7 +77,7 @@ def test_ctrl_c_stops_the_schedule_and_prints_the_report_of_what_ran(tmp_path):
     h = read_header(TREAT / "loader_bound.py")
     assert h is not None
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
-    p = subprocess.Popen([sys.executable, "-m", "torchdoctor", "treat", "--json", "--steps", "120",
+    p = subprocess.Popen([sys.executable, "-m", "torchdoctor", "treat", "--json", "--steps", "60",
                           "loader_bound.py"], cwd=TREAT, env=env, text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     err_lines: list[str] = []
