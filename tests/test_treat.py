@@ -52,6 +52,9 @@ def test_a_memory_trial_is_adopted_for_memory_saved_or_an_oom_avoided():
     assert V(intent="memory", peak_before=100.0, peak_after=99.0)[0] == "noise"
     assert V(intent="memory", baseline_oom=True, speedup=None)[0] == "adopt"
     assert V(intent="memory", peak_before=100.0, peak_after=80.0, speedup=0.5)[0] == "reject"
+    # memory saved at a small cost in speed: adopted, the cost stated
+    assert V(intent="memory", peak_before=100.0, peak_after=80.0, speedup=0.93) == (
+        "adopt", "peak memory 20% lower, at 0.93x the speed")
 
 
 def test_one_round_widens_the_noise_band():

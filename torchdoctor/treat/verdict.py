@@ -19,8 +19,8 @@ non-finite loss where the baseline's was finite fails the check.
    ("slower"); else ``noise``. The band is the larger spread of the two sides' round medians,
    at least ``MIN_NOISE`` (2 %), and at least ``SINGLE_ROUND_NOISE`` when a side has one round;
 5. memory trials — ``adopt`` when the baseline ran out of memory and the treated run did not, or
-   the peak fell by ≥ ``MEM_SAVED`` without a slowdown beyond the band; ``reject`` when slower
-   beyond the band; else ``noise``.
+   the peak fell by ≥ ``MEM_SAVED`` at a slowdown within the band or within ``MEM_SLOWDOWN_MAX``
+   (the cost is stated in the reason); ``reject`` when slower beyond both; else ``noise``.
 
 ``skipped`` (with the reason) is decided before any run, by the plan.
 """
@@ -35,6 +35,7 @@ NONREPRO_FACTOR = 2.0
 LOSS_FLOOR = 1e-3
 MEM_BLOWUP = 0.20
 MEM_SAVED = 0.05
+MEM_SLOWDOWN_MAX = 0.10  # a memory trial that saves memory may cost up to this much speed
 SINGLE_ROUND_NOISE = 0.10
 VERDICTS = ("adopt", "noise", "reject", "failed", "skipped")
 
@@ -121,10 +122,15 @@ def verdict(*, intent: str, speedup: float | None, band: float, loss_ok: bool | 
     if intent == "memory":
         if baseline_oom:
             return "adopt", "the baseline ran out of memory; the treated run did not"
-        if speedup is not None and speedup <= 1 / (1 + band):
-            return "reject", f"slower: {speedup:.2f}x (noise band ±{band:.0%})"
+        slower = speedup is not None and speedup <= 1 / (1 + band)
         if peak_before and peak_after is not None and peak_after <= peak_before * (1 - MEM_SAVED):
-            return "adopt", f"peak memory {1 - peak_after / peak_before:.0%} lower"
+            saved = f"peak memory {1 - peak_after / peak_before:.0%} lower"
+            if not slower:
+                return "adopt", saved
+            if speedup >= 1 / (1 + MEM_SLOWDOWN_MAX):
+                return "adopt", f"{saved}, at {speedup:.2f}x the speed"
+        if slower:
+            return "reject", f"slower: {speedup:.2f}x (noise band ±{band:.0%})"
         if grew:
             return "reject", f"peak memory {peak_after / peak_before - 1:+.0%}"
         return "noise", "no memory saved beyond " f"{MEM_SAVED:.0%}"
