@@ -20,6 +20,7 @@ called, and belong to the file format, not to the running torch.
 | saved-tensor hooks on top | ``torch._C._autograd._top_saved_tensors_default_hooks`` | memory saved tensors |
 | CUDA allocator | ``torch._C._cuda_memoryStats``, ``_cuda_attach_out_of_memory_observer``, ``torch.cuda.memory._record_memory_history`` / ``_snapshot``, ``torch.cuda._lazy_call`` | :mod:`torchdoctor.memory.cuda` |
 | flight recorder | ``torch._C._distributed_c10d`` | dist collectives |
+| compile start/end callbacks | ``torch._dynamo.callback.callback_handler`` (``register_start_callback``…) | ``treat``'s compile trial |
 """
 
 from __future__ import annotations
@@ -104,6 +105,41 @@ def dynamo_graphs_compiled() -> int | None:
         return int(counters["stats"].get("unique_graphs", 0))
     except Exception:  # noqa: BLE001 - a torch without the counter: unknown
         return None
+
+
+class _CompileCallbacks:
+    def __init__(self, handler: Any):
+        self.handler = handler
+        self.added: tuple[Any, Any] | None = None
+
+    def add(self, start: Any, end: Any) -> None:
+        self.handler.register_start_callback(start)
+        self.handler.register_end_callback(end)
+        self.added = (start, end)
+
+    def remove(self) -> None:
+        if self.added is None:
+            return
+        start, end, self.added = *self.added, None
+        for fn, rm in ((start, "remove_start_callback"), (end, "remove_end_callback")):
+            try:
+                getattr(self.handler, rm)(fn)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+
+
+def compile_callbacks() -> Any:
+    """Callbacks at the start and end of each torch.compile compilation (dynamo, the lazy
+    backward): an object with ``add(start, end)`` and ``remove()``, or None without them."""
+    try:
+        from torch._dynamo.callback import callback_handler
+    except Exception:  # noqa: BLE001
+        return None
+    needed = ("register_start_callback", "register_end_callback", "remove_start_callback",
+              "remove_end_callback")
+    if not all(hasattr(callback_handler, n) for n in needed):
+        return None
+    return _CompileCallbacks(callback_handler)
 
 
 # ---- autograd saved tensors -------------------------------------------------------------------

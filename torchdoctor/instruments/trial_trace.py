@@ -9,12 +9,13 @@ Armed by the trials layer (``torchdoctor/trials``: treat, repro, compile) throug
   device sync on the user's step: the kept scalars are stacked and read once at the end
   (``MAX_STEPS`` at most, so memory stays bounded). Steps without a backward have ``None``.
 * **Peak memory**: at the end, ``torch.cuda.max_memory_allocated`` per device in use (the CUDA
-  caching allocator's peak of live tensors) and the process's peak resident set
-  (``getrusage``), the host figure for CPU runs.
+  caching allocator's peak of live tensors), ``torch.cuda.max_memory_reserved`` (the segments it
+  held: what fragmentation and the allocator's settings change) and the process's peak resident
+  set (``getrusage``), the host figure for CPU runs.
 
 Events: ``loss_trace`` {steps: [...], losses: [...]} (a non-finite loss is the string
 ``"nan"``, ``"inf"`` or ``"-inf"``: JSON has no such numbers) and ``peak_memory`` {cuda: {dev: bytes},
-host_rss: bytes}. Cost per step: one ``detach`` (and a ``mean`` for a non-scalar loss).
+cuda_reserved: {dev: bytes}, host_rss: bytes}. Cost per step: one ``detach`` (and a ``mean`` for a non-scalar loss).
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ class TrialTrace(Instrument):
                 peak["cuda"] = {str(d): int(torch.cuda.max_memory_allocated(d))
                                 for d in range(torch.cuda.device_count())
                                 if torch.cuda.memory_allocated(d) or torch.cuda.max_memory_allocated(d)}
+                peak["cuda_reserved"] = {d: int(torch.cuda.max_memory_reserved(int(d))) for d in peak["cuda"]}
         except Exception:  # noqa: BLE001 - a broken CUDA context: no device figure
             pass
         ctx.emit("peak_memory", **peak)

@@ -8,8 +8,9 @@
   ``MIN_NOISE``): a speed-up inside it is not a measured effect.
 * **Speed-up**: baseline median / treated median (> 1: the treatment is faster).
 * **Loss drift**: the largest relative difference of the per-step losses over the steps both
-  runs have, ``|a − b| / max(|a|, |b|, LOSS_EPS)``; a step where exactly one side is non-finite
-  counts as infinite drift.
+  runs have, ``|a − b| / max(|a|, |b|, floor)`` (``floor`` defaults to ``LOSS_EPS``; a caller may
+  pass the loss scale, so that a loss near zero late in training is not judged relative to
+  itself); a step where exactly one side is non-finite counts as infinite drift.
 """
 
 from __future__ import annotations
@@ -53,12 +54,10 @@ def speedup(base_medians: Sequence[float], treated_medians: Sequence[float]) -> 
 
 
 def _num(x) -> float:
-    if isinstance(x, str):  # "nan", "inf", "-inf" from the trial trace
-        return float(x)
-    return float(x)
+    return float(x)  # also "nan", "inf", "-inf" from the trial trace
 
 
-def loss_drift(base: Sequence, treated: Sequence) -> tuple[float | None, int]:
+def loss_drift(base: Sequence, treated: Sequence, floor: float = LOSS_EPS) -> tuple[float | None, int]:
     """(largest relative difference, steps compared); (None, 0) when no step has both."""
     worst: float | None = None
     n = 0
@@ -71,6 +70,14 @@ def loss_drift(base: Sequence, treated: Sequence) -> tuple[float | None, int]:
         if not (fa and fb):
             d = 0.0 if (not fa and not fb) else math.inf
         else:
-            d = abs(a - b) / max(abs(a), abs(b), LOSS_EPS)
+            d = abs(a - b) / max(abs(a), abs(b), floor, LOSS_EPS)
         worst = d if worst is None else max(worst, d)
     return worst, n
+
+
+def first_nonfinite(losses: Sequence) -> int | None:
+    """The 1-based step of the first non-finite loss, or None."""
+    for i, v in enumerate(losses, 1):
+        if v is not None and not math.isfinite(_num(v)):
+            return i
+    return None

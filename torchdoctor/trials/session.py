@@ -20,7 +20,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 from torchdoctor.evidence import Evidence
 from torchdoctor.trials.spec import Variation
@@ -38,16 +38,18 @@ class TrialRun:
     evidence: Evidence
     wall_s: float
 
-    def step_ms(self) -> list[float]:
-        """Wall time of each judged step (warm-up left out), in ms."""
+    def step_ms(self, exclude: Collection[int] = ()) -> list[float]:
+        """Wall time of each judged step (warm-up left out), in ms; ``exclude``: step numbers
+        left out too (e.g. the steps in which torch.compile compiled)."""
         from torchdoctor.pipeline.steps import judged_steps
 
-        return [float(s["wall_s"]) * 1e3 for s in judged_steps(self.evidence)]
+        return [float(s["wall_s"]) * 1e3 for s in judged_steps(self.evidence)
+                if int(s.get("step", 0)) not in exclude]
 
-    def median_ms(self) -> float | None:
+    def median_ms(self, exclude: Collection[int] = ()) -> float | None:
         from torchdoctor.trials.compare import median
 
-        return median(self.step_ms())
+        return median(self.step_ms(exclude))
 
     def losses(self) -> list:
         """Per-step losses in step order (None: no backward that step; "nan"/"inf" strings)."""
@@ -66,6 +68,17 @@ class TrialRun:
             return int(sum(cuda.values())), "cuda-allocated"
         rss = pk.get("host_rss")
         return (int(rss) if rss is not None else None), "host-rss"
+
+    def peak_reserved(self) -> int | None:
+        """The CUDA caching allocator's reserved peak summed over devices (None on CPU): what
+        fragmentation and the allocator's configuration change."""
+        res = (self.evidence.last("peak_memory") or {}).get("cuda_reserved") or {}
+        return int(sum(res.values())) if res else None
+
+    def interrupted(self) -> bool:
+        """The run was stopped by Ctrl-C / SIGTERM / SIGHUP (forwarded to the child)."""
+        res = self.evidence.result or {}
+        return res.get("outcome") == "interrupted" or bool(res.get("interrupted"))
 
     def failure(self) -> str | None:
         """Why this run cannot be compared (crash, timeout, no step), or None."""

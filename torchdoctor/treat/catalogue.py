@@ -1,0 +1,127 @@
+"""Every treatment ``treat`` can try, declared once: what it changes, when it applies, its loss
+tolerance and why (docs/treat.md prints the same table). Pure data: no torch.
+
+``device``: ``"cuda"`` — applies on CUDA only, skipped on CPU even when forced (``tf32`` on CPU:
+"no CUDA"); ``"auto-cuda"`` — chosen by itself only on CUDA, but ``--try`` runs it on CPU too
+(it has a CPU meaning: fused CPU Adam, CPU bf16 autocast, …); ``"any"``.
+
+``intent``: ``"speed"`` (adopted when faster beyond the noise band) or ``"memory"`` (adopted
+when it saves memory as intended, or avoids the baseline's out-of-memory crash).
+
+``tolerance``: the largest relative per-step loss difference from the baseline that still
+counts as "the loss kept" (see :mod:`torchdoctor.treat.verdict`):
+
+* ``EXACT`` (1e-5) — the treatment does not change any arithmetic (same batches, same kernels):
+  the loss must match to float32 print precision;
+* ``REORDER`` (1e-3) — same precision, other kernels or another summation order (fused
+  optimizer kernels, channels-last convolutions, cuDNN's autotuned algorithms, compiled and
+  fused kernels): float32 rounding differs per op (~1e-7 relative) and training amplifies it
+  over the steps; a thousandth is far above that over tens of steps and far below a real change;
+* ``TF32`` (2e-2) — matmul inputs rounded to a 10-bit mantissa (2^-11 ≈ 4.9e-4 relative per
+  rounding) through every layer and step;
+* ``BF16`` (5e-2) — forward activations and matmuls in bf16 (8-bit mantissa, 2^-8 ≈ 3.9e-3
+  relative per rounding), compounded over layers and steps: a few percent on the loss early in
+  training is rounding; beyond 5 % something lost more than precision (a reduction or
+  normalisation that overflows or underflows in bf16).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+EXACT = 1e-5
+REORDER = 1e-3
+TF32 = 2e-2
+BF16 = 5e-2
+
+
+@dataclass(frozen=True)
+class Treatment:
+    name: str
+    family: str  # the child module in torchdoctor/treat/ that applies it
+    changes: str  # what it changes, for people (--list, docs)
+    applies: str  # when it is chosen by itself (--list, docs)
+    device: str = "any"  # "cuda" | "auto-cuda" | "any"
+    intent: str = "speed"  # "speed" | "memory"
+    tolerance: float = REORDER
+    value: str = ""  # what --try NAME=VALUE sets ("" : takes no value)
+    group: str = ""  # treatments of one group are not combined: the fastest adopted one is kept
+    confirms: tuple[str, ...] = ()  # finding codes an adopted trial of it confirms (measured ratio)
+
+
+CATALOGUE: tuple[Treatment, ...] = (
+    Treatment("dataloader-workers", "data",
+              "DataLoader(num_workers=N from the CPU cores (2..8), persistent_workers=True, "
+              "prefetch_factor=2) for every map-style DataLoader built with fewer workers",
+              "dataloader-bound: the loop waits for batches", tolerance=EXACT,
+              value="N: the number of workers", confirms=("dataloader-bound",)),
+    Treatment("pin-memory", "data",
+              "DataLoader(pin_memory=True), and .to(cuda)/.cuda() of a pinned CPU tensor made "
+              "non_blocking=True (unless the call says non_blocking=False)",
+              "CUDA, a DataLoader without pin_memory, or pageable-h2d-copy", device="cuda",
+              tolerance=EXACT, confirms=("pageable-h2d-copy",)),
+    Treatment("tf32", "precision",
+              "torch.set_float32_matmul_precision('high') and torch.backends.cudnn.allow_tf32 = True "
+              "(TF32 tensor cores for float32 matmuls and convolutions)",
+              "CUDA, float32 parameters, TF32 not already allowed", device="cuda",
+              tolerance=TF32, group="precision", confirms=("tf32-disabled", "fp32-compute-bound")),
+    Treatment("bf16-autocast", "precision",
+              "the forward pass and the loss under torch.autocast(device, dtype=torch.bfloat16); "
+              "backward and the optimizer step outside it",
+              "CUDA with bf16 support, float32 parameters, no autocast in the script",
+              device="auto-cuda", tolerance=BF16, group="precision",
+              confirms=("fp32-compute-bound",)),
+    Treatment("channels-last", "model",
+              "the outermost models .to(memory_format=torch.channels_last) and their 4-D "
+              "inputs .contiguous(memory_format=torch.channels_last)",
+              "CUDA, a model with Conv2d layers", device="auto-cuda"),
+    Treatment("fused-optimizer", "optim",
+              "Adam/AdamW/SGD built with fused=True (one kernel for the whole update)",
+              "CUDA, an Adam/AdamW/SGD optimizer without fused=True", device="auto-cuda"),
+    Treatment("cudnn-benchmark", "backend",
+              "torch.backends.cudnn.benchmark = True (autotuned convolution algorithms)",
+              "CUDA, a model with Conv2d layers, the same input shapes every step", device="cuda"),
+    Treatment("expandable-segments", "backend",
+              "environment PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True for the run",
+              "CUDA, memory-fragmentation or out-of-memory", device="cuda", intent="memory",
+              tolerance=EXACT, confirms=("memory-fragmentation", "out-of-memory")),
+    Treatment("compile", "model",
+              "nn.Module.compile() of the outermost models, in place (state_dict keys "
+              "unchanged); the steps until compilation settles are left out of the step time",
+              "CUDA, the step not data-bound, the model not compiled already", device="auto-cuda",
+              confirms=("launch-bound", "slow-python-loop"),
+              value="MODE: default, reduce-overhead, max-autotune, or a backend (eager, "
+                    "aot_eager, inductor)"),
+    Treatment("set-to-none", "optim",
+              "zero_grad(set_to_none=True) where the script calls zero_grad(set_to_none=False)",
+              "a zero_grad(set_to_none=False) call", tolerance=EXACT),
+)
+
+BY_NAME: dict[str, Treatment] = {t.name: t for t in CATALOGUE}
+FAMILIES = ("data", "precision", "model", "optim", "backend")
+
+
+def lookup(name: str) -> Treatment | None:
+    return BY_NAME.get(name)
+
+
+def parse_try(spec: str) -> tuple[str, str | None]:
+    """``"NAME"`` or ``"NAME=VALUE"`` → (name, value); ValueError for an unknown name or a
+    value given to a treatment that takes none."""
+    name, sep, value = spec.partition("=")
+    name = name.strip()
+    t = BY_NAME.get(name)
+    if t is None:
+        from difflib import get_close_matches
+
+        near = get_close_matches(name, list(BY_NAME), n=1)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        raise ValueError(f"unknown treatment {name!r}{hint}; `torchdoctor treat --list` lists them")
+    if sep and not t.value:
+        raise ValueError(f"{name} takes no value (got {spec!r})")
+    if sep and not value.strip():
+        raise ValueError(f"{name}=: a value is missing ({t.value})")
+    if sep and name == "dataloader-workers":
+        if not value.strip().isdigit() or int(value) < 1:
+            raise ValueError(f"dataloader-workers=N needs a number of workers >= 1, not {value!r}")
+    return name, (value.strip() if sep else None)
