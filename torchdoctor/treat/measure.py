@@ -21,7 +21,9 @@ from torchdoctor.trials.compare import MIN_NOISE, median, spread, speedup
 from torchdoctor.treat.verdict import band_of, loss_check, verdict
 
 # evidence kinds every treat run arms beyond the checkup instruments (see the module docstring)
-RUN_NEEDS = frozenset({"treatment", "treat_survey"})
+# ("flops": one step of every run counted by the yardstick's FLOP counter, left out of the
+# step times; gives the achieved FLOP/s and, on a GPU of the peak table, the MFU before/after)
+RUN_NEEDS = frozenset({"treatment", "treat_survey", "flops"})
 
 
 def compile_steps(run: Any) -> set[int]:
@@ -36,12 +38,16 @@ def compile_steps(run: Any) -> set[int]:
 
 def run_metrics(run: Any) -> dict[str, Any]:
     """The numbers of one run that a trial compares (medians over the judged steps)."""
+    from torchdoctor.pipeline.flops_metrics import flops_metrics
+
     peak, kind = run.peak_memory()
+    f = flops_metrics(run.evidence) or {}
     return {
         "step_ms": run.median_ms(exclude=compile_steps(run)),
         "peak_memory": peak,
         "peak_reserved": run.peak_reserved(),
-        # one line per further metric, e.g. "flops_per_s": flops_of(run.evidence)
+        "flops_per_s": f.get("achieved_flops_per_s"),
+        "mfu": f.get("mfu"),
     }
 
 
