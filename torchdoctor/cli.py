@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "profile",
     "memory",
     "nan",
+    "gradcheck",
     "dist",
     "checkpoint_audit",
     "explain",
