@@ -49,9 +49,7 @@ def resolve(target: str, module: bool, args: list[str], options: dict[str, Any])
             raise DoctorError("--shape is for one Function: torchdoctor gradcheck FILE.py:Name --shape 4,8",
                               hint="with a training script the real calls' inputs are checked")
         return None
-    if args:
-        raise DoctorError(f"unexpected arguments after {target}: {' '.join(args)}",
-                          hint="give each input's shape with --shape before FILE.py:Name")
+    shapes = list(shapes or []) + _shape_args(target, args)
     path = Path(file)
     if not path.is_file():
         raise DoctorError(f"file not found: {file}")
@@ -68,8 +66,26 @@ def resolve(target: str, module: bool, args: list[str], options: dict[str, Any])
 
     def post(report) -> None:  # one Function on random inputs: there is no training loop to judge
         report.findings[:] = [f for f in report.findings if f.code != "no-training-steps"]
+        report.metrics.pop("steps", None)
 
     return Resolved(DRIVER, True, [str(path.resolve()), name, json.dumps(dims)], shown.strip(), post)
+
+
+def _shape_args(target: str, args: list[str]) -> list[str]:
+    """The ``--shape X`` / ``--shape=X`` given after FILE.py:Name (parsing stops at the target)."""
+    out, i = [], 0
+    while i < len(args):
+        a = args[i]
+        if a == "--shape" and i + 1 < len(args):
+            out.append(args[i + 1])
+            i += 2
+        elif a.startswith("--shape="):
+            out.append(a.split("=", 1)[1])
+            i += 1
+        else:
+            raise DoctorError(f"unexpected argument after {target}: {a}",
+                              hint="only --shape D,D,... may follow FILE.py:Name; other options go before it")
+    return out
 
 
 def parse_shape(text: str) -> list[int]:

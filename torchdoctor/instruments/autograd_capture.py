@@ -48,7 +48,16 @@ def code_at(fn: Any) -> str | None:
     except Exception:  # noqa: BLE001
         pass
     co = getattr(fn, "__code__", None)
-    return f"{co.co_filename}:{co.co_firstlineno}" if co is not None else None
+    if co is None:
+        return None
+    import linecache
+
+    line = co.co_firstlineno  # the first decorator's line: move to the ``def``
+    for k in range(line, line + 8):
+        if linecache.getline(co.co_filename, k).lstrip().startswith(("def ", "async def ")):
+            line = k
+            break
+    return f"{co.co_filename}:{line}"
 
 
 @register

@@ -76,6 +76,10 @@ def _call_label(call: dict[str, Any]) -> str:
     return f"call {call.get('call')} ({_shapes(call)}{', at ' + site if site else ''})"
 
 
+def _present(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if v not in (None, [], "")}
+
+
 def _fmt(x: Any) -> str:
     return "n/a" if x is None else f"{x:.4g}" if isinstance(x, float) else str(x)
 
@@ -147,7 +151,7 @@ def _first_order(fn: str, calls: list[dict[str, Any]]) -> Finding | None:
     if correct:
         title += f"; its gradient for {', '.join(evidence['correct_inputs'])} is correct"
     at = evidence["backward_at"]
-    return finding("custom-gradient-mismatch", title, evidence, fix=(
+    return finding("custom-gradient-mismatch", title, _present(evidence), fix=(
         f"Re-derive the gradient of {name} in {fn}.backward{' (' + at + ')' if at else ''}: "
         "compare term by term with the forward (a dropped factor, a missing chain-rule term, a "
         "transposed matrix, a sum over the wrong dim); then confirm with "
@@ -165,7 +169,7 @@ def _second_order(fn: str, calls: list[dict[str, Any]]) -> Finding | None:
                 "wrong_on": [_call_label(x) for x in bad], "first_order": "correct on every checked call"}
     title = (f"{fn}: the first-order gradients are correct but double backward (differentiating "
              f"its backward) disagrees with finite differences on {len(bad)} of {len(calls)} checked calls")
-    return finding("custom-gradient-mismatch", title, evidence, severity="warning", fix=(
+    return finding("custom-gradient-mismatch", title, _present(evidence), severity="warning", fix=(
         "If the script differentiates through this backward (gradient penalty, create_graph=True, "
         "higher-order methods), write backward with differentiable ops on saved tensors (no .detach(), "
         ".data or in-place); otherwise decorate backward with "
@@ -194,7 +198,7 @@ def surrogate_gradient(ev: Evidence) -> list[Finding]:
         out.append(finding("custom-function-surrogate-gradient",
                            f"{fn} is a straight-through estimator for {', '.join(names)}: its forward is "
                            "piecewise constant (numerical gradient zero) and backward returns a surrogate "
-                           "gradient, deliberately not the derivative", evidence,
+                           "gradient, deliberately not the derivative", _present(evidence),
                            fix="Nothing to fix if the surrogate is intended (quantization, binarization, "
                                "spiking, hard routing); its gradient cannot be checked numerically"))
     return out
@@ -226,7 +230,7 @@ def bad_grad_return(ev: Evidence) -> list[Finding]:
             detail = _return_detail(c, r)
             out.append(finding("custom-function-bad-grad-return",
                                f"{fn}.backward returns {KIND_TEXT.get(r.get('kind'), 'a wrong gradient')}: "
-                               f"{detail}", evidence,
+                               f"{detail}", _present(evidence),
                                fix=("Return exactly one value per forward input, in order (None for inputs "
                                     "that need no gradient, e.g. non-tensor arguments), each with the "
                                     "shape, dtype and device of its input (sum over broadcast dims)")))
@@ -266,7 +270,7 @@ def dirty_input(ev: Evidence) -> list[Finding]:
                     "first_seen_on_call": d.get("call")}
         out.append(finding("custom-function-dirty-input",
                            f"{fn}.forward modifies {name} in place without ctx.mark_dirty: autograd "
-                           f"does not know the value changed ({what})", evidence,
+                           f"does not know the value changed ({what})", _present(evidence),
                            fix=("Call ctx.mark_dirty(x) for an input modified in place and return it; "
                                 "or work on a copy (x = x.clone()) in forward")))
     return out
@@ -294,7 +298,7 @@ def ctx_tensors(ev: Evidence) -> list[Finding]:
                "saved-tensor hooks (checkpointing, offloading) do not see them")
         out.append(finding("custom-function-ctx-tensors",
                            f"{e.get('function')}.forward keeps tensors as ctx attributes instead of "
-                           f"ctx.save_for_backward: {listed}; {why}", evidence,
+                           f"ctx.save_for_backward: {listed}; {why}", _present(evidence),
                            severity=None if graph else "info",
                            fix=("Save tensors with ctx.save_for_backward(...) and read them with "
                                 "ctx.saved_tensors in backward; keep only non-tensors (shapes, flags) "
