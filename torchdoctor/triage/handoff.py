@@ -1,7 +1,7 @@
 """`ask ... --run SCRIPT ARGS...`: run the probe of the first route on the user's script.
 
 The probe is run through its own command (``torchdoctor profile|memory|nan|dist|checkup|
-checkpoint-audit``), so its options, output and exit code are exactly the command's. Needs the
+gradcheck|checkpoint-audit``), so its options, output and exit code are exactly the command's. Needs the
 script probes (``torchdoctor.pipeline.run``) and the probe's command; without them this exits 2 with a
 clear message.
 """
@@ -13,9 +13,9 @@ import importlib.util
 from torchdoctor.errors import DoctorError
 from torchdoctor.triage.symptoms import AG, CKPT, DBG, DIST, MEM, MOD, MP, PERF
 
-# skill -> the command that measures it first (docs/contract.md; gradcheck is planned, not built)
+# skill -> the command that measures it first (docs/contract.md)
 PROBE_COMMAND = {PERF: "profile", MEM: "memory", DBG: "nan", DIST: "dist", CKPT: "checkpoint-audit",
-                 MOD: "checkup", MP: "profile", AG: "checkup"}
+                 MOD: "checkup", MP: "profile", AG: "gradcheck"}
 
 NEEDS_PROBES = "--run needs the script probes"
 

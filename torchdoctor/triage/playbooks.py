@@ -44,6 +44,7 @@ PROBE_NAN = "torchdoctor nan SCRIPT"
 PROBE_DIST = "torchdoctor dist [SCRIPT]"
 PROBE_CKPT = "torchdoctor checkpoint-audit PATH"
 PROBE_CHECKUP = "torchdoctor checkup SCRIPT"
+PROBE_GRADCHECK = "torchdoctor gradcheck SCRIPT"
 
 PLAYBOOKS: dict[str, Playbook] = {p.skill: p for p in (
     _pb(MEM, PROBE_MEM, "tensor lifetimes, memory budget, OOM and leaks",
@@ -181,18 +182,22 @@ PLAYBOOKS: dict[str, Playbook] = {p.skill: p for p in (
         ("Verify: resume from a checkpoint and compare the next steps' losses with an uninterrupted run; "
          "audit the checkpoint again", PROBE_CKPT),
         ),
-    _pb(AG, PROBE_CHECKUP, "torch.autograd.Function: custom forward/backward, verified",
-        ("Measure the model as it is: a bounded run reports parameters that never get a gradient, "
-         "non-finite gradients and in-place modification errors with the forward line", PROBE_CHECKUP),
+    _pb(AG, PROBE_GRADCHECK, "torch.autograd.Function: custom forward/backward, verified",
+        ("Check every custom Function on the inputs it really gets: a bounded run captures real calls and "
+         "compares each backward with finite differences in float64 (a wrong gradient names the input, the "
+         "worst element and the backward's line), and reports wrong returned gradients, inputs modified in "
+         "place without `ctx.mark_dirty` and tensors kept on `ctx`", PROBE_GRADCHECK),
         ("Write `class F(torch.autograd.Function)` with `@staticmethod forward(ctx, ...)` and "
          "`backward(ctx, *grad_outputs)`; `ctx.save_for_backward(...)` for tensors, plain attributes for "
          "the rest; return one gradient per forward input (None where not differentiable); call `F.apply`",
          BY_HAND),
         ("Use `ctx.needs_input_grad` to skip unneeded work, `ctx.mark_non_differentiable` for integer "
          "outputs, `ctx.mark_dirty` if forward modifies an input in place", BY_HAND),
-        ("Check the gradient numerically: `torch.autograd.gradcheck(F.apply, inputs)` with float64 inputs "
-         "(and `gradgradcheck` for double backward); a gradcheck probe is planned in torchdoctor, not "
-         "built yet", BY_HAND),
+        ("Verify one Function without the training script: `torchdoctor gradcheck ops.py:F --shape 4,8` "
+         "(random float64 inputs of those shapes; `gradgradcheck` too when backward is differentiable)",
+         PROBE_GRADCHECK),
+        ("Measure the rest of the model as it is: parameters that never get a gradient, non-finite "
+         "gradients and in-place modification errors with the forward line", PROBE_CHECKUP),
         ("Under AMP decorate with `torch.amp.custom_fwd(device_type=\"cuda\")` / `custom_bwd`; prefer "
          "composing existing ops (autograd derives the backward) unless memory or speed needs more, then "
          "profile", PROBE_PERF),
