@@ -150,3 +150,18 @@ def test_dirty_input_and_ctx_tensors():
     assert "x (input 0)" in d.title and "leaf" in d.title
     w = next(f for f in r.findings if f.severity == "warning" and f.code == "custom-function-ctx-tensors")
     assert "reference cycle" in w.title
+
+
+def test_opcheck_schema_failure_is_a_warning_fake_only_is_info():
+    op = {**FN, "function": "lib::op", "is_op": True}
+    bad_schema = call([ok_input(0)], opcheck={"test_schema": "RuntimeError: Argument x is not defined as "
+                                                             "mutable but was mutated",
+                                              "test_autograd_registration": "SUCCESS",
+                                              "test_faketensor": "SUCCESS"})
+    no_fake = call([ok_input(0)], n=2, opcheck={"test_schema": "SUCCESS", "test_autograd_registration": "SUCCESS",
+                                                "test_faketensor": "RuntimeError: no fake impl"})
+    r = run([op, bad_schema, no_fake, SUMMARY])
+    assert codes(r) == ["custom-op-check-failed@info", "custom-op-check-failed@warning"]
+    assert "test_schema" in next(f for f in r.findings if f.severity == "warning").title
+    r = run([FN, call([ok_input(0)]), SUMMARY])
+    assert any(s.rule == "custom-op-check-failed" and "no torch.library custom op" in s.reason for s in r.skipped)

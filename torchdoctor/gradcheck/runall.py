@@ -46,12 +46,41 @@ def check_all(torch, book: Any, infos: dict, emit: Callable[..., None], budget_s
                     emit("gradcheck_call", **base, status="not-checked",
                          reason=f"the check budget ({budget:.0f} s) was spent")
                     continue
+                fn = cls.apply if isinstance(cls, type) else cls  # a Function, or a custom op
                 try:
-                    res = check_call(torch, cls.apply, rec, now + (deadline - now) / 2)
+                    res = check_call(torch, fn, rec, now + (deadline - now) / 2)
                 except Exception as e:  # noqa: BLE001 - a check that breaks is reported, not raised
                     res = {"status": "skipped", "reason": f"the check failed: {type(e).__name__}: {str(e)[:300]}"}
+                if info.get("is_op") and k == 0 and time.monotonic() < deadline:
+                    res["opcheck"] = opcheck(torch, cls, rec)
                 if res.get("status") != "skipped":
                     checked += 1
                 emit("gradcheck_call", **base, **res)
     return {"sampled": sampled, "checked": checked, "seconds": round(time.monotonic() - t0, 3),
             "budget_s": round(budget, 1)}
+
+
+OPCHECK_TESTS = ("test_schema", "test_autograd_registration", "test_faketensor")
+
+
+def opcheck(torch, op: Any, rec: dict[str, Any]) -> dict[str, str]:
+    """``torch.library.opcheck`` of a custom op on one captured call (its own dtypes, on its
+    device; the inputs that required grad require grad): {test: "SUCCESS" | "Error: text"}.
+    ``test_aot_dispatch_dynamic`` is left out (it compiles: seconds to minutes)."""
+    fn = getattr(getattr(torch, "library", None), "opcheck", None)
+    if fn is None:
+        return {"opcheck": "not in this torch"}
+    device = rec.get("device") or "cpu"
+    args = []
+    for a, req in zip(rec["args"], rec["requires"]):
+        if isinstance(a, torch.Tensor):
+            a = a.to(device)
+            if req and a.is_floating_point():
+                a = a.detach().requires_grad_(True)
+        args.append(a)
+    try:
+        out = fn(op, tuple(args), test_utils=OPCHECK_TESTS, raise_exception=False)
+    except Exception as e:  # noqa: BLE001
+        return {"opcheck": f"{type(e).__name__}: {str(e)[:300]}"}
+    return {str(k): ("SUCCESS" if v == "SUCCESS" else f"{type(v).__name__}: {str(v)[:400]}")
+            for k, v in (out or {}).items()}

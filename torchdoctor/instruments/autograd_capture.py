@@ -113,7 +113,45 @@ class AutogradCapture(Instrument):
             return out
 
         self._patches.set(torch.autograd.Function, "apply", classmethod(apply), raw)
+        self._patch_custom_ops(compiling)
         self.live = True
+
+    def _patch_custom_ops(self, compiling) -> None:
+        """``torch.library.custom_op`` objects: their calls go through the dispatcher, not
+        ``Function.apply``; ``CustomOpDef.__call__`` is wrapped the same way (calls with keyword
+        arguments, and ``torch.ops.ns.op(...)`` calls, are not captured)."""
+        from torchdoctor import torch_internals as ti
+
+        cod = ti.custom_op_def_class()
+        if cod is None:
+            return
+        inst = self
+
+        def make(orig):
+            def call(op, *args, **kwargs):
+                if (not inst.live or inst.busy or kwargs or compiling()
+                        or not inst.ctx.in_owner_thread()):
+                    return orig(op, *args, **kwargs)
+                pre = None
+                try:
+                    pre = inst._before(op, args, watch=False)
+                except Exception:  # noqa: BLE001
+                    inst._failed("custom_op")
+                inst.busy = True
+                try:
+                    out = orig(op, *args, **kwargs)
+                finally:
+                    inst.busy = False
+                if pre is not None:
+                    try:
+                        inst._after(op, args, out, pre)
+                    except Exception:  # noqa: BLE001
+                        inst._failed("custom_op")
+                return out
+            return call
+
+        if self._patches.wrap(cod, "__call__", make, tag="td-custom-op", require=False) is not None:
+            self.capture += " + CustomOpDef.__call__"
 
     def _failed(self, where: str) -> None:
         self.live = False
@@ -130,6 +168,15 @@ class AutogradCapture(Instrument):
     # ------------------------------------------------------------------ per call
     def _info(self, cls: Any) -> dict[str, Any]:
         info = self.infos.get(cls)
+        if info is None and not isinstance(cls, type):  # a torch.library custom op
+            from torchdoctor import torch_internals as ti
+
+            f = ti.custom_op_facts(cls)
+            info = {"function": str(f["name"]), "module": "torch.library", "is_op": True,
+                    "inputs": _param_names(f["fn"]), "forward_at": code_at(f["fn"]),
+                    "backward_at": code_at(f["backward"]) if f["backward"] else None,
+                    "calls": 0, "graph_calls": 0, "dirty": True, "ctx": True}
+            self.infos[cls] = info
         if info is None:
             back = getattr(cls, "backward", None)
             vjp = getattr(cls, "vjp", None)
@@ -144,14 +191,14 @@ class AutogradCapture(Instrument):
             self.infos[cls] = info
         return info
 
-    def _before(self, cls: Any, args: tuple) -> tuple:
+    def _before(self, cls: Any, args: tuple, watch: bool = True) -> tuple:
         from torchdoctor.gradcheck.capture import checkable, copy_call, signature
         from torchdoctor.instruments._sites import call_site
 
         torch = self.torch
         info = self._info(cls)
         info["calls"] += 1
-        watch = info["calls"] <= self._watch_calls() and not (info["dirty"] and info["ctx"])
+        watch = watch and info["calls"] <= self._watch_calls() and not (info["dirty"] and info["ctx"])
         versions = [(a, a._version) for a in args if isinstance(a, torch.Tensor)] if watch else None
         record = None
         if checkable(torch, args):
@@ -256,6 +303,15 @@ class AutogradCapture(Instrument):
         summary = check_all(self.torch, self.book, self.infos, ctx.emit, budget, left)
         ctx.emit("gradcheck_summary", capture=self.capture, functions=len(self.infos), **summary)
         self.book.kept.clear()
+
+
+def _param_names(fn: Any) -> list[str]:
+    import inspect
+
+    try:
+        return [p.name[:40] for p in inspect.signature(fn).parameters.values()][:32]
+    except (TypeError, ValueError):
+        return []
 
 
 def _input_names(cls: Any, base: Any) -> list[str]:

@@ -304,3 +304,40 @@ def ctx_tensors(ev: Evidence) -> list[Finding]:
                                 "ctx.saved_tensors in backward; keep only non-tensors (shapes, flags) "
                                 "as ctx attributes")))
     return out
+
+
+# ---------------------------------------------------------------------------- torch.library ops
+OPCHECK = declare("custom-op-check-failed", CUSTOM_AUTOGRAD, "warning",
+                  "torch.library.opcheck fails for a custom op on a real call (schema, autograd "
+                  "registration, fake implementation)")
+OPCHECK_WARN = ("test_schema", "test_autograd_registration")  # wrong results or gradients in eager too
+
+
+@rule("custom-op-check-failed", probes=PROBES, needs={"gradcheck_call", "gradcheck_summary",
+                                                      "autograd_function"}, raises=[OPCHECK])
+def custom_op_check(ev: Evidence) -> list[Finding]:
+    ops = [c for c in ev.of("gradcheck_call") if c.get("opcheck")]
+    if not ops:
+        if not any(f.get("is_op") for f in ev.of("autograd_function")):
+            raise NotApplicable("no torch.library custom op was called (or none with a graph)")
+        raise NotApplicable("opcheck did not run (the check budget was spent)")
+    out = []
+    for c in ops:
+        failed = {k: v for k, v in c["opcheck"].items() if v != "SUCCESS"}
+        if not failed:
+            continue
+        warn = any(k in OPCHECK_WARN for k in failed)
+        evidence = {"op": c.get("function"), "failed": failed, "defined_at": short_path(c.get("forward_at")),
+                    "call_site": short_path(c.get("call_site")),
+                    "passed": sorted(k for k, v in c["opcheck"].items() if v == "SUCCESS")}
+        what = ", ".join(sorted(failed))
+        title = (f"torch.library.opcheck fails for {c.get('function')} on a real call: {what}"
+                 + ("" if warn else " (only torch.compile / export tracing is affected)"))
+        out.append(finding("custom-op-check-failed", title, _present(evidence),
+                           severity=None if warn else "info",
+                           fix=("test_schema: declare every argument the op mutates in mutates_args and "
+                                "return no alias of an input; test_autograd_registration: register the "
+                                "backward with op.register_autograd (not an autograd.Function inside the "
+                                "kernel); test_faketensor: add op.register_fake returning empty tensors of "
+                                "the output shapes")))
+    return out
