@@ -299,3 +299,28 @@ def test_the_instrument_captures_watches_checks_and_leaves_nothing_behind():
                for c in calls)
     assert all(c["inputs"][1]["confirmed"] > 0 and c["inputs"][0]["confirmed"] == 0 for c in calls)
     assert ctx.of("gradcheck_summary")[0]["checked"] >= 3
+
+
+class Chatty(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        print("forward of Chatty")
+        return x * 3
+
+    @staticmethod
+    def backward(ctx, go):
+        return go * 3
+
+
+def test_the_checks_replays_do_not_flood_the_scripts_output(capsys):
+    from torchdoctor.instruments.autograd_capture import AutogradCapture
+
+    inst, ctx = AutogradCapture(), FakeCtx(samples=1)
+    inst.install(ctx)
+    try:
+        Chatty.apply(torch.randn(3, requires_grad=True)).sum().backward()
+    finally:
+        inst.uninstall(ctx)
+    assert capsys.readouterr().out.count("forward of Chatty") == 1  # the script's own call only
+    (summary,) = ctx.of("gradcheck_summary")
+    assert summary["checked"] == 1 and summary["output_dropped"] > 10

@@ -10,7 +10,9 @@ left, so one slow Function cannot starve the others.
 
 from __future__ import annotations
 
+import contextlib
 import time
+import warnings
 from typing import Any, Callable
 
 from torchdoctor.gradcheck.limits import CHECK_BUDGET_S
@@ -30,7 +32,10 @@ def check_all(torch, book: Any, infos: dict, emit: Callable[..., None], budget_s
     devices = []
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         devices = [torch.cuda.current_device()]
-    with torch.random.fork_rng(devices=devices), torch.enable_grad(), torch.inference_mode(False):
+    sink = _Sink()
+    with torch.random.fork_rng(devices=devices), torch.enable_grad(), torch.inference_mode(False), \
+            contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         for cls, kept in list(book.kept.items()):
             info = infos.get(cls, {})
             for k, rec in enumerate(kept):
@@ -57,7 +62,20 @@ def check_all(torch, book: Any, infos: dict, emit: Callable[..., None], budget_s
                     checked += 1
                 emit("gradcheck_call", **base, **res)
     return {"sampled": sampled, "checked": checked, "seconds": round(time.monotonic() - t0, 3),
-            "budget_s": round(budget, 1)}
+            "budget_s": round(budget, 1), "output_dropped": sink.writes}
+
+
+class _Sink:
+    """A text stream that drops what is written to it (and counts the writes)."""
+
+    writes = 0
+
+    def write(self, s: str) -> int:
+        self.writes += 1
+        return len(s)
+
+    def flush(self) -> None:
+        pass
 
 
 OPCHECK_TESTS = ("test_schema", "test_autograd_registration", "test_faketensor")
