@@ -165,3 +165,17 @@ def test_opcheck_schema_failure_is_a_warning_fake_only_is_info():
     assert "test_schema" in next(f for f in r.findings if f.severity == "warning").title
     r = run([FN, call([ok_input(0)]), SUMMARY])
     assert any(s.rule == "custom-op-check-failed" and "no torch.library custom op" in s.reason for s in r.skipped)
+
+
+def test_misuse_inside_a_library_function_is_info_only():
+    dirty = {"kind": "autograd_dirty", "function": "LibFn", "arg": 0, "shape": [4], "requires_grad": True,
+             "leaf": False, "call": 1, "user_code": False}
+    ctx_io = {"kind": "autograd_ctx_tensors", "function": "LibFn", "call": 1, "user_code": False,
+              "attrs": [{"name": "x", "shape": [4], "dtype": "float32", "role": "input 0"}]}
+    r = run([FN, dirty, ctx_io, SUMMARY])
+    assert codes(r) == ["custom-function-ctx-tensors@info", "custom-function-dirty-input@info"]
+
+
+def test_a_none_gradient_for_an_input_that_requires_grad_is_said():
+    r = run([FN, call([ok_input(0), wrong_input(1, returned_none=True)]), SUMMARY])
+    assert "backward returns None for it" in r.findings[0].title

@@ -188,6 +188,7 @@ class AutogradCapture(Instrument):
                     "forward_at": code_at(getattr(cls, "forward", None)),
                     "backward_at": code_at(back), "calls": 0, "graph_calls": 0,
                     "dirty": False, "ctx": False}
+            info["user_code"] = _in_user_file(info["forward_at"])
             self.infos[cls] = info
         return info
 
@@ -259,7 +260,8 @@ class AutogradCapture(Instrument):
             arg = next((i for i, x in enumerate(args) if x is a), k)
             self.ctx.emit("autograd_dirty", function=info["function"], arg=arg, shape=list(a.shape),
                           requires_grad=bool(a.requires_grad), leaf=bool(a.is_leaf),
-                          call_site=call_site(4), forward_at=info["forward_at"], call=info["calls"])
+                          call_site=call_site(4), forward_at=info["forward_at"], user_code=info["user_code"], call=info["calls"],
+                          user_code=info["user_code"])
             return
 
     def _ctx_tensors(self, cls, info, args, outs, node) -> None:
@@ -282,7 +284,7 @@ class AutogradCapture(Instrument):
         if found:
             info["ctx"] = True
             self.ctx.emit("autograd_ctx_tensors", function=info["function"], attrs=found[:12],
-                          call_site=call_site(4), forward_at=info["forward_at"],
+                          call_site=call_site(4), forward_at=info["forward_at"], user_code=info["user_code"],
                           backward_at=info["backward_at"], call=info["calls"])
 
     # ------------------------------------------------------------------ after the run
@@ -303,6 +305,13 @@ class AutogradCapture(Instrument):
         summary = check_all(self.torch, self.book, self.infos, ctx.emit, budget, left)
         ctx.emit("gradcheck_summary", capture=self.capture, functions=len(self.infos), **summary)
         self.book.kept.clear()
+
+
+def _in_user_file(at: str | None) -> bool:
+    """Is ``file:line`` in the script's own files (not a library's)?"""
+    from torchdoctor.runner.frames import is_user_file
+
+    return bool(at) and is_user_file(at.rpartition(":")[0])
 
 
 def _param_names(fn: Any) -> list[str]:

@@ -121,6 +121,8 @@ def _first_order(fn: str, calls: list[dict[str, Any]]) -> Finding | None:
     correct = [a for a in checked_args if a not in wrong_args]
     w = worst.get("worst") or {}
     name = input_name(worst_call, worst["arg"])
+    none_for = [input_name(worst_call, i["arg"]) for c in wrong_calls for i in c.get("inputs", [])
+                if i.get("returned_none") and _wrong(i)]
     evidence: dict[str, Any] = {
         "function": fn,
         "wrong_inputs": [input_name(worst_call, a) for a in wrong_args],
@@ -137,6 +139,8 @@ def _first_order(fn: str, calls: list[dict[str, Any]]) -> Finding | None:
     right = [c for c in calls if c not in wrong_calls]
     if right:
         evidence["correct_on"] = [_call_label(c) for c in right]
+    if none_for:
+        evidence["backward_returned_none_for"] = sorted(set(none_for))
     red = worst_call.get("reduced")
     if red:
         evidence["checked_on"] = f"the first {red['dim0'][1]} of {red['dim0'][0]} rows of the real call"
@@ -148,6 +152,8 @@ def _first_order(fn: str, calls: list[dict[str, Any]]) -> Finding | None:
              f"vs numerical {_fmt(w.get('numerical'))} at element {w.get('index')} "
              f"(max abs error {_fmt(worst.get('max_abs_error'))}, rel {_fmt(worst.get('max_rel_error'))}) "
              f"on {which}")
+    if name in none_for:
+        title += " (backward returns None for it: a zero gradient)"
     if correct:
         title += f"; its gradient for {', '.join(evidence['correct_inputs'])} is correct"
     at = evidence["backward_at"]
@@ -268,9 +274,14 @@ def dirty_input(ev: Evidence) -> list[Finding]:
         evidence = {"function": fn, "input": name, "shape": d.get("shape"), "is": what,
                     "forward_at": short_path(d.get("forward_at")), "call_site": short_path(d.get("call_site")),
                     "first_seen_on_call": d.get("call")}
+        lib = d.get("user_code") is False
+        if lib:
+            evidence["note"] = "the Function is defined in a library, not in the script's files"
         out.append(finding("custom-function-dirty-input",
                            f"{fn}.forward modifies {name} in place without ctx.mark_dirty: autograd "
-                           f"does not know the value changed ({what})", _present(evidence),
+                           f"does not know the value changed ({what})"
+                           + (" (in a library's Function)" if lib else ""), _present(evidence),
+                           severity="info" if lib else None,
                            fix=("Call ctx.mark_dirty(x) for an input modified in place and return it; "
                                 "or work on a copy (x = x.clone()) in forward")))
     return out
@@ -296,10 +307,14 @@ def ctx_tensors(ev: Evidence) -> list[Finding]:
                "in-place changes go unchecked and saved-tensor hooks (checkpointing, offloading) "
                "do not see them" if graph else
                "saved-tensor hooks (checkpointing, offloading) do not see them")
+        lib = e.get("user_code") is False
+        if lib:
+            evidence["note"] = "the Function is defined in a library, not in the script's files"
         out.append(finding("custom-function-ctx-tensors",
                            f"{e.get('function')}.forward keeps tensors as ctx attributes instead of "
-                           f"ctx.save_for_backward: {listed}; {why}", _present(evidence),
-                           severity=None if graph else "info",
+                           f"ctx.save_for_backward: {listed}; {why}"
+                           + (" (in a library's Function)" if lib else ""), _present(evidence),
+                           severity=None if graph and not lib else "info",
                            fix=("Save tensors with ctx.save_for_backward(...) and read them with "
                                 "ctx.saved_tensors in backward; keep only non-tensors (shapes, flags) "
                                 "as ctx attributes")))
