@@ -175,7 +175,7 @@ class AutogradCapture(Instrument):
             info = {"function": str(f["name"]), "module": "torch.library", "is_op": True,
                     "inputs": _param_names(f["fn"]), "forward_at": code_at(f["fn"]),
                     "backward_at": code_at(f["backward"]) if f["backward"] else None,
-                    "calls": 0, "graph_calls": 0, "dirty": True, "ctx": True}
+                    "calls": 0, "graph_calls": 0, "dirty": True, "ctx": True, "user_code": None}
             self.infos[cls] = info
         if info is None:
             back = getattr(cls, "backward", None)
@@ -260,7 +260,7 @@ class AutogradCapture(Instrument):
             arg = next((i for i, x in enumerate(args) if x is a), k)
             self.ctx.emit("autograd_dirty", function=info["function"], arg=arg, shape=list(a.shape),
                           requires_grad=bool(a.requires_grad), leaf=bool(a.is_leaf),
-                          call_site=call_site(4), forward_at=info["forward_at"], user_code=info["user_code"], call=info["calls"],
+                          call_site=call_site(4), forward_at=info["forward_at"], call=info["calls"],
                           user_code=info["user_code"])
             return
 
