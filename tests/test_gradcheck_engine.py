@@ -324,3 +324,22 @@ def test_the_checks_replays_do_not_flood_the_scripts_output(capsys):
     assert capsys.readouterr().out.count("forward of Chatty") == 1  # the script's own call only
     (summary,) = ctx.of("gradcheck_summary")
     assert summary["checked"] == 1 and summary["output_dropped"] > 10
+
+
+@pytest.mark.gpu
+def test_a_cuda_call_is_copied_to_the_host_and_checked_on_its_device():
+    from torchdoctor.instruments.autograd_capture import AutogradCapture
+
+    inst, ctx = AutogradCapture(), FakeCtx(samples=1)
+    inst.install(ctx)
+    try:
+        x = torch.randn(64, 8, device="cuda")
+        g = (torch.rand(8, device="cuda") + 0.5).requires_grad_()
+        MulSq.apply(x, g).sum().backward()
+        (kept,) = next(iter(inst.book.kept.values()))
+        assert kept["args"][0].device.type == "cpu" and kept["device"].startswith("cuda")
+    finally:
+        inst.uninstall(ctx)
+    (c,) = ctx.of("gradcheck_call")
+    assert c["status"] == "checked" and c["device"].startswith("cuda")
+    assert c["inputs"][1]["confirmed"] > 0 and c["inputs"][0]["confirmed"] == 0
