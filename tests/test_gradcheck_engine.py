@@ -370,3 +370,33 @@ def test_training_is_bit_identical_under_the_capture():
     under = w, torch.randn(3)
     assert torch.equal(plain[0], under[0]) and torch.equal(plain[1], under[1])
     assert len(ctx.of("gradcheck_call")) == 2
+
+
+def test_meta_tensors_are_not_sampled_and_do_not_break_the_capture():
+    from torchdoctor.instruments.autograd_capture import AutogradCapture
+
+    inst, ctx = AutogradCapture(), FakeCtx(samples=1)
+    inst.install(ctx)
+    try:
+        Relu.apply(torch.randn(4, device="meta", requires_grad=True))
+        Relu.apply(torch.randn(4, requires_grad=True)).sum().backward()
+    finally:
+        inst.uninstall(ctx)
+    assert not ctx.of("instrument_error")
+    (fn,) = ctx.of("autograd_function")
+    assert fn["calls"] == 2 and fn["sampled"] == 1 and "meta tensor" in next(iter(fn["skipped"]))
+
+
+def test_inference_mode_and_inference_tensors_are_left_alone():
+    from torchdoctor.instruments.autograd_capture import AutogradCapture
+
+    inst, ctx = AutogradCapture(), FakeCtx(samples=1)
+    inst.install(ctx)
+    try:
+        with torch.inference_mode():
+            frozen = torch.randn(4)
+            Dirty.apply(frozen)
+        Relu.apply(frozen * 1)
+    finally:
+        inst.uninstall(ctx)
+    assert not ctx.of("instrument_error") and not ctx.of("autograd_dirty")

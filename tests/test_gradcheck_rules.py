@@ -179,3 +179,9 @@ def test_misuse_inside_a_library_function_is_info_only():
 def test_a_none_gradient_for_an_input_that_requires_grad_is_said():
     r = run([FN, call([ok_input(0), wrong_input(1, returned_none=True)]), SUMMARY])
     assert "backward returns None for it" in r.findings[0].title
+
+
+def test_checks_that_could_not_run_say_why():
+    r = run([FN, {**SUMMARY, "checked": 0, "error": "RuntimeError: CUDA error: device-side assert"}])
+    assert codes(r) == []
+    assert any("could not run after the script: RuntimeError: CUDA" in s.reason for s in r.skipped)

@@ -22,7 +22,7 @@ from torchdoctor.gradcheck.limits import CALL_BYTES, SAMPLES_PER_FUNCTION, TOTAL
 
 def _is_plain_tensor(torch, a: Any) -> bool:
     return isinstance(a, torch.Tensor) and (type(a) is torch.Tensor or type(a) is torch.nn.Parameter) \
-        and a.layout == torch.strided and not a.is_quantized
+        and a.layout == torch.strided and not a.is_quantized and a.device.type != "meta"
 
 
 def signature(torch, args: tuple) -> tuple:
@@ -89,7 +89,7 @@ def copy_call(torch, args: tuple, room: int) -> dict[str, Any] | None:
     for a in args:
         n = _nbytes(torch, a)
         if n is None:
-            return {"skip": "an argument is a tensor subclass, sparse or quantized tensor"}
+            return {"skip": "an argument is a tensor subclass, a sparse, quantized or meta tensor"}
         total += n
     limit = min(CALL_BYTES, room)
     rows = None

@@ -200,14 +200,17 @@ class AutogradCapture(Instrument):
         info = self._info(cls)
         info["calls"] += 1
         watch = watch and info["calls"] <= self._watch_calls() and not (info["dirty"] and info["ctx"])
-        versions = [(a, a._version) for a in args if isinstance(a, torch.Tensor)] if watch else None
+        versions = _versions(torch, args) if watch and torch.is_grad_enabled() else None
         record = None
         if checkable(torch, args):
             info["graph_calls"] += 1
             sig = signature(torch, args)
             where = self.book.wants(cls, sig)
             if where is not None:
-                copied = copy_call(torch, args, self.book.room())
+                try:
+                    copied = copy_call(torch, args, self.book.room())
+                except Exception as e:  # noqa: BLE001 - a tensor that cannot be copied: not sampled
+                    copied = {"skip": f"the arguments could not be copied: {type(e).__name__}"}
                 if copied.get("skip"):
                     self.book.skip(cls, copied["skip"])
                 else:
@@ -302,7 +305,11 @@ class AutogradCapture(Instrument):
         budget = float(ctx.options.get("budget") or 0) or None
         timeout = ctx.options.get("timeout")
         left = float(timeout) - (time.monotonic() - self.t0) - 10.0 if timeout else None
-        summary = check_all(self.torch, self.book, self.infos, ctx.emit, budget, left)
+        try:
+            summary = check_all(self.torch, self.book, self.infos, ctx.emit, budget, left)
+        except Exception as e:  # noqa: BLE001 - e.g. a CUDA context broken by the script's crash
+            summary = {"sampled": sum(len(v) for v in self.book.kept.values()), "checked": 0,
+                       "error": f"{type(e).__name__}: {str(e)[:300]}"}
         ctx.emit("gradcheck_summary", capture=self.capture, functions=len(self.infos), **summary)
         self.book.kept.clear()
 
@@ -335,6 +342,19 @@ def _input_names(cls: Any, base: Any) -> list[str]:
     if getattr(cls, "setup_context", None) is getattr(base, "setup_context", None):
         params = params[1:]
     return [str(p)[:40] for p in params[:32]]
+
+
+def _versions(torch, args: tuple) -> list | None:
+    """(tensor, version counter) of the tensor arguments; None when one has no counter (an
+    inference tensor): then that call is not watched."""
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            try:
+                out.append((a, a._version))
+            except Exception:  # noqa: BLE001 - inference tensors track no version
+                return None
+    return out
 
 
 def _device(torch, args: tuple) -> str:

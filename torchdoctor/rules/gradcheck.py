@@ -47,6 +47,9 @@ def _calls(ev: Evidence) -> dict[str, list[dict[str, Any]]]:
         raise NotApplicable("the autograd capture did not report (the run ended before it could)")
     if not ev.of("autograd_function"):
         raise NotApplicable("no custom torch.autograd.Function was called in the run")
+    err = (ev.last("gradcheck_summary") or {}).get("error")
+    if err and not ev.of("gradcheck_call"):
+        raise NotApplicable(f"the checks could not run after the script: {err}")
     by: dict[str, list[dict[str, Any]]] = {}
     for c in ev.of("gradcheck_call"):
         by.setdefault(str(c.get("function")), []).append(c)
