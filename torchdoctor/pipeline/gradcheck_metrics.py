@@ -42,9 +42,12 @@ def gradcheck_metrics(ev: Evidence) -> dict[str, Any] | None:
                           "calls": f.get("calls"), "graph_calls": f.get("graph_calls"),
                           "sampled": f.get("sampled"), "not_sampled": f.get("skipped") or {},
                           "checks": calls.get(name, [])})
-    return {"functions": functions, "sampled": summary.get("sampled"), "checked": summary.get("checked"),
-            "seconds": summary.get("seconds"), "budget_s": summary.get("budget_s"),
-            "capture": summary.get("capture")}
+    out = {"functions": functions, "sampled": summary.get("sampled"), "checked": summary.get("checked"),
+           "seconds": summary.get("seconds"), "budget_s": summary.get("budget_s"),
+           "capture": summary.get("capture")}
+    if summary.get("error"):
+        out["error"] = summary["error"]  # the check loop itself could not run
+    return out
 
 
 def _verdict(i: dict[str, Any]) -> str:
