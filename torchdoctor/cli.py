@@ -22,6 +22,7 @@ COMMAND_MODULES = [
     "memory",
     "nan",
     "treat",
+    "gradcheck",
     "dist",
     "checkpoint_audit",
     "explain",

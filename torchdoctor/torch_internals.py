@@ -21,6 +21,7 @@ called, and belong to the file format, not to the running torch.
 | CUDA allocator | ``torch._C._cuda_memoryStats``, ``_cuda_attach_out_of_memory_observer``, ``torch.cuda.memory._record_memory_history`` / ``_snapshot``, ``torch.cuda._lazy_call`` | :mod:`torchdoctor.memory.cuda` |
 | flight recorder | ``torch._C._distributed_c10d`` | dist collectives |
 | compile start/end callbacks | ``torch._dynamo.callback.callback_handler`` (``register_start_callback``…) | ``treat``'s compile trial |
+| custom ops | ``torch._library.custom_ops.CustomOpDef`` (``__call__``, ``_qualname``, ``_init_fn``, ``_backward_fn``) | gradcheck capture |
 """
 
 from __future__ import annotations
@@ -146,6 +147,22 @@ def compile_callbacks() -> Any:
 def top_saved_tensors_hooks() -> Any:
     """The innermost (pack, unpack) saved-tensors default hooks, or None."""
     return _torch()._C._autograd._top_saved_tensors_default_hooks(True)
+
+
+# ---- custom ops (torch.library.custom_op) -------------------------------------------------------
+def custom_op_def_class() -> Any:
+    """The class of the objects ``torch.library.custom_op`` returns, or None."""
+    try:
+        from torch._library.custom_ops import CustomOpDef
+    except Exception:  # noqa: BLE001
+        return None
+    return CustomOpDef if callable(getattr(CustomOpDef, "__call__", None)) else None
+
+
+def custom_op_facts(op: Any) -> dict[str, Any]:
+    """{"name", "fn", "backward"} of a CustomOpDef (None where the torch lacks the field)."""
+    return {"name": getattr(op, "_qualname", None) or repr(op), "fn": getattr(op, "_init_fn", None),
+            "backward": getattr(op, "_backward_fn", None)}
 
 
 # ---- CUDA allocator ---------------------------------------------------------------------------

@@ -45,6 +45,19 @@ class ExtraOption:
     min: float | None = None  # lowest accepted value (numbers): below it is a usage error, exit 2
 
 
+@dataclass(frozen=True)
+class Resolved:
+    """What a probe's ``resolve_target`` makes of the command line (``gradcheck FILE.py:Name``
+    runs a driver module instead of a script): the target to launch, whether it is a module, its
+    arguments, the target shown in the report, and a function applied to the report after the run."""
+
+    target: str
+    module: bool
+    args: list[str]
+    shown: str | None = None
+    post: Callable[[Any], None] | None = None
+
+
 def _params(extra: list[ExtraOption], steps_default: int, timeout_default: float) -> list:
     P = inspect.Parameter
     kw = P.KEYWORD_ONLY
@@ -80,10 +93,13 @@ def _params(extra: list[ExtraOption], steps_default: int, timeout_default: float
 def script_command(app: typer.Typer, name: str, help: str, probe: str | None = None,
                    extra_options: list[ExtraOption] | tuple = (), *,
                    steps_default: int = DEFAULT_STEPS, timeout_default: float = DEFAULT_TIMEOUT_S,
-                   target_override: Callable[[], tuple[str, list[str]]] | None = None) -> Callable:
+                   target_override: Callable[[], tuple[str, list[str]]] | None = None,
+                   resolve_target: Callable[..., Resolved | None] | None = None) -> Callable:
     """Register ``name`` on ``app`` as a script probe running ``probe`` (default: ``name``).
 
     ``target_override`` (for ``demo``): returns (script, args) to run when none is given.
+    ``resolve_target(target, module, args, options)`` (for ``gradcheck``): a :class:`Resolved`
+    that replaces the target, or None to run it as given; raises DoctorError on bad input.
     """
     probe = probe or name
     extra = list(extra_options)
@@ -120,6 +136,10 @@ def script_command(app: typer.Typer, name: str, help: str, probe: str | None = N
         options = {"steps": steps, "timeout": timeout, "out": out, "module": bool(module),
                    "steps_default": steps_default}
         options.update(kw)  # probe-specific options, by key
+        resolved = resolve_target(target, bool(module), args, options) if resolve_target else None
+        if resolved is not None:
+            target, module, args = resolved.target, resolved.module, list(resolved.args)
+            options["module"] = bool(module)
         if nproc is not None:
             options["nproc_per_node"] = nproc  # torchrun, one run dir per rank (torchdoctor.distributed)
         bound = f"up to {steps} steps, " if steps else ""
@@ -134,12 +154,18 @@ def script_command(app: typer.Typer, name: str, help: str, probe: str | None = N
         from torchdoctor.commands._common import prepare_out
 
         options["out"] = out = prepare_out(out)  # an unfit --out: exit 2 before the run
-        eprint(f"torchdoctor {name}: running {'-m ' if module else ''}{target}"
-               f"{' ' + ' '.join(args) if args else ''} ({bound}timeout {timeout:g} s)")
+        shown = resolved.shown if resolved is not None and resolved.shown else (
+            f"{'-m ' if module else ''}{target}{' ' + ' '.join(args) if args else ''}")
+        eprint(f"torchdoctor {name}: running {shown} ({bound}timeout {timeout:g} s)")
 
         report = run_probe(probe, target, args, options)
         if name != probe:
             report.command = name
+        if resolved is not None:
+            if resolved.shown:
+                report.target = resolved.shown
+            if resolved.post is not None:
+                resolved.post(report)
         emit(report, as_json, fail_on, out)
 
     command.__signature__ = inspect.Signature(_params(extra, steps_default, timeout_default))

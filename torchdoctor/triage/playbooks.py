@@ -198,10 +198,10 @@ PLAYBOOKS: dict[str, Playbook] = {p.skill: p for p in (
          "torchdoctor repro --resume-check SCRIPT"),
         ),
     _pb(AG, PROBE_GRADCHECK, "torch.autograd.Function: custom forward/backward, verified",
-        ("Check every custom Function on the inputs it really sees: a few steps of the script, real calls "
-         "captured, each checked with `torch.autograd.gradcheck` in float64 on copies; names the Function, "
-         "the input whose gradient is wrong and the backward's line; also `ctx` misuse (in-place input "
-         "without `mark_dirty`, tensors kept on `ctx` instead of `save_for_backward`)", PROBE_GRADCHECK),
+        ("Check every custom Function on the inputs it really gets: a bounded run captures real calls and "
+         "compares each backward with finite differences in float64 (a wrong gradient names the input, the "
+         "worst element and the backward's line), and reports wrong returned gradients, inputs modified in "
+         "place without `ctx.mark_dirty` and tensors kept on `ctx`", PROBE_GRADCHECK),
         ("Write `class F(torch.autograd.Function)` with `@staticmethod forward(ctx, ...)` and "
          "`backward(ctx, *grad_outputs)`; `ctx.save_for_backward(...)` for tensors, plain attributes for "
          "the rest; return one gradient per forward input (None where not differentiable); call `F.apply`",
@@ -210,6 +210,11 @@ PLAYBOOKS: dict[str, Playbook] = {p.skill: p for p in (
          "outputs, `ctx.mark_dirty` if forward modifies an input in place", BY_HAND),
         ("A straight-through or surrogate gradient is not a bug: gradcheck's numerical Jacobian of a "
          "piecewise-constant forward is zero; such Functions are noted, not flagged", PROBE_GRADCHECK),
+        ("Verify one Function without the training script: `torchdoctor gradcheck ops.py:F --shape 4,8` "
+         "(random float64 inputs of those shapes; `gradgradcheck` too when backward is differentiable)",
+         PROBE_GRADCHECK),
+        ("Measure the rest of the model as it is: parameters that never get a gradient, non-finite "
+         "gradients and in-place modification errors with the forward line", PROBE_CHECKUP),
         ("Under AMP decorate with `torch.amp.custom_fwd(device_type=\"cuda\")` / `custom_bwd`; prefer "
          "composing existing ops (autograd derives the backward) unless memory or speed needs more, then "
          "profile", PROBE_PERF),

@@ -83,8 +83,8 @@ REFINEMENTS: tuple[Refinement, ...] = (
         "tensor was changed in place after forward saved it (by the forward itself, or by code that "
         "modifies the Function's output or input, e.g. `y.add_(...)`, `relu_`, `x[...] = ...`).",
         "In forward, save what backward needs before any in-place op on it (or clone it, or use the "
-        "out-of-place op after `.apply`); then check the Function with `torch.autograd.gradcheck` in "
-        "float64.",
+        "out-of-place op after `.apply`); then check the Function on its real inputs with "
+        "`torchdoctor gradcheck SCRIPT` (torch.autograd.gradcheck in float64).",
         (DBG,), _in_custom_backward),
     Refinement(
         "leaf-inplace", "leaf-inplace-weight-init", MOD,
