@@ -22,7 +22,7 @@ from typing import Annotated, Any, Callable, Optional
 
 import typer
 
-from torchdoctor.commands._common import FailOnOpt, JsonOpt, emit, eprint, guarded
+from torchdoctor.commands._common import FailOnOpt, HtmlOpt, JsonOpt, emit, eprint, guarded
 from torchdoctor.errors import DoctorError
 
 DEFAULT_STEPS = 50
@@ -63,6 +63,7 @@ def _params(extra: list[ExtraOption], steps_default: int, timeout_default: float
         P("out", kw, default=None, annotation=Annotated[Optional[str], typer.Option(
             "--out", metavar="DIR", help="Write the report and artifacts (traces, snapshots) to DIR.")]),
         P("fail_on", kw, default="error", annotation=FailOnOpt),
+        P("html", kw, default=None, annotation=HtmlOpt),
         P("nproc_per_node", kw, default=None, annotation=Annotated[Optional[int], typer.Option(
             "--nproc-per-node", metavar="N", min=1, show_default=False,
             help="Run SCRIPT on N local ranks through torchrun; one report merged across ranks.")]),
@@ -92,6 +93,7 @@ def script_command(app: typer.Typer, name: str, help: str, probe: str | None = N
         script, module = kw.pop("script"), kw.pop("module")
         steps, timeout = kw.pop("steps"), kw.pop("timeout")
         as_json, out, fail_on = kw.pop("json_out"), kw.pop("out"), kw.pop("fail_on")
+        html = kw.pop("html")
         nproc = kw.pop("nproc_per_node")
         args = list(ctx.args)
         if module:
@@ -125,13 +127,16 @@ def script_command(app: typer.Typer, name: str, help: str, probe: str | None = N
         from torchdoctor.commands._common import prepare_out
 
         options["out"] = out = prepare_out(out)  # an unfit --out: exit 2 before the run
+        from torchdoctor.commands._common import prepare_html
+
+        html_path = prepare_html(html, out)  # an unfit --html: exit 2 before the run too
         eprint(f"torchdoctor {name}: running {'-m ' if module else ''}{target}"
                f"{' ' + ' '.join(args) if args else ''} ({bound}timeout {timeout:g} s)")
 
         report = run_probe(probe, target, args, options)
         if name != probe:
             report.command = name
-        emit(report, as_json, fail_on, out)
+        emit(report, as_json, fail_on, out, html=html_path)
 
     command.__signature__ = inspect.Signature(_params(extra, steps_default, timeout_default))
     command.__name__ = name.replace("-", "_")

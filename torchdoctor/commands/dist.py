@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from torchdoctor.commands._common import FailOnOpt, JsonOpt, emit, eprint, guarded
+from torchdoctor.commands._common import FailOnOpt, HtmlOpt, JsonOpt, emit, eprint, guarded
 from torchdoctor.errors import DoctorError
 
 SCRIPT_STEPS = 50
@@ -32,7 +32,8 @@ def default_nproc() -> int:
 
 
 def run_script(target: str, args: list[str], module: bool, nproc: int | None, steps: int,
-               timeout: float | None, out: str | None, as_json: bool, fail_on: str) -> None:
+               timeout: float | None, out: str | None, as_json: bool, fail_on: str,
+               html=None) -> None:
     """``torchdoctor dist SCRIPT``: the script probe ``dist`` under torchrun, merged report."""
     from torchdoctor.commands._common import check_fail_on
     from torchdoctor.pipeline.run import run_probe
@@ -51,7 +52,7 @@ def run_script(target: str, args: list[str], module: bool, nproc: int | None, st
            f"{' ' + ' '.join(args) if args else ''} on {n} ranks ({bound}timeout {timeout:g} s)")
     report = run_probe("dist", target, args, {"steps": steps, "timeout": timeout, "out": out,
                                               "module": module, "nproc_per_node": n})
-    emit(report, as_json, fail_on, out)
+    emit(report, as_json, fail_on, out, html=html)
 
 
 def register(app: typer.Typer) -> None:
@@ -93,11 +94,13 @@ def register(app: typer.Typer) -> None:
                                                    show_default=False)] = None,
         as_json: JsonOpt = False,
         fail_on: FailOnOpt = "error",
+        html: HtmlOpt = None,
     ) -> None:
-        from torchdoctor.commands._common import check_fail_on, prepare_out
+        from torchdoctor.commands._common import check_fail_on, prepare_html, prepare_out
 
         check_fail_on(fail_on)  # bad usage: exit 2 before a self-test or a run, not after
         out = prepare_out(out)
+        html_path = prepare_html(html, out)
         if script is not None or module is not None:
             if backend.strip().lower() != "auto" or sizes is not None or not selftest:
                 raise DoctorError("--backend, --sizes and --no-selftest apply to the self-test, not "
@@ -106,7 +109,7 @@ def register(app: typer.Typer) -> None:
             if module is not None and script is not None:
                 extra = [script] + extra
             run_script(module or script, extra, module is not None, nproc_per_node, steps, timeout,
-                       out, as_json, fail_on)
+                       out, as_json, fail_on, html=html_path)
             return
         from torchdoctor.distributed.probe import DistOptions, parse_sizes, run_dist
 
@@ -117,4 +120,4 @@ def register(app: typer.Typer) -> None:
             raise DoctorError(f"--timeout must be positive, not {timeout:g}")
         opts = DistOptions(nproc=nproc_per_node, backend=b, selftest=selftest, timeout_s=timeout,
                            sizes=parse_sizes(sizes) if sizes is not None else None, out_dir=out)
-        emit(run_dist(opts), as_json, fail_on, out)
+        emit(run_dist(opts), as_json, fail_on, out, html=html_path)
