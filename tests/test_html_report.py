@@ -189,3 +189,15 @@ def test_script_probe_html_beside_report_json_and_the_script_keeps_its_arguments
     assert json.loads((tmp_path / "o" / "report.json").read_text())["artifacts"]["report_html"]
     assert not (tmp_path / "torchdoctor-report.html").exists()  # bare --html under --out: one file
     assert script.read_bytes() == before
+
+
+def test_the_step_series_is_bounded_and_keeps_the_last_step():
+    from torchdoctor.pipeline.steps import SERIES_MAX, step_series
+
+    steps = [{"step": i, "wall_s": 0.01, "data_s": 0.002} for i in range(1, 5001)]
+    s = step_series(steps)
+    assert len(s["step"]) <= SERIES_MAX + 1 and s["step"][0] == 1 and s["step"][-1] == 5000
+    assert s["wall_ms"][0] == 10.0 and s["data_ms"][0] == 2.0
+    assert step_series(steps[:3]) == {"step": [1, 2, 3], "wall_ms": [10.0] * 3, "data_ms": [2.0] * 3}
+    page = render_html(_report(steps={**STEPS, "series": s}))
+    assert "Step time and data wait per step" in page
