@@ -70,9 +70,31 @@ def _register_all() -> None:
 _register_all()
 
 
+def _expand_html(args: list[str]) -> list[str]:
+    """A bare ``--html`` (no ``=PATH``) among the command's own options → its default value,
+    so that the word after it (the script) is never taken as the path."""
+    if "--html" not in args:
+        return args
+    from torchdoctor.report.html.output import expand_bare_html
+
+    group = typer.main.get_command(app)  # click's objects (vendored by newer typer): duck-typed
+    i = 0
+    while i < len(args) and args[i].startswith("-"):  # root options (--debug)
+        i += 1
+    cmd = getattr(group, "commands", {}).get(args[i]) if i < len(args) else None
+    if cmd is None:
+        return args
+    values = {o for p in cmd.params if getattr(p, "param_type_name", "") == "option"
+              and not getattr(p, "is_flag", False) and not getattr(p, "count", False)
+              for o in p.opts}
+    inter = cmd.context_settings.get("allow_interspersed_args", True)
+    return args[: i + 1] + expand_bare_html(args[i + 1:], values, inter)
+
+
 def run_app(args: list[str]) -> int:
     """Run the typer app on ``args``; returns the exit code."""
     try:
+        args = _expand_html(list(args))
         app(args=args, prog_name="torchdoctor", standalone_mode=True)
     except SystemExit as e:
         code = e.code

@@ -7,13 +7,19 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Annotated, Callable
+from typing import Annotated, Callable, Optional
 
 import typer
 
 from torchdoctor.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, ISSUES_URL, DoctorError
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the report as one JSON object on stdout.")]
+HtmlOpt = Annotated[
+    Optional[str],
+    typer.Option("--html", metavar="[=PATH]", show_default=False,
+                 help="Also write a self-contained HTML report: --html (torchdoctor-report.html in "
+                      "--out, or here) or --html=PATH."),
+]
 FailOnOpt = Annotated[
     str,
     typer.Option("--fail-on", help="Lowest severity that makes the exit code 1: error or warning.",
@@ -92,6 +98,13 @@ def prepare_out(out: str | None) -> str | None:
     return str(claim(out))
 
 
+def prepare_html(html: str | None, out: str | None) -> Path | None:
+    """Check ``--html`` before any work (exit 2 if unfit); the file to write, or None."""
+    from torchdoctor.report.html.output import html_target
+
+    return html_target(html, out)
+
+
 def check_fail_on(value: str) -> str:
     v = value.strip().lower()
     if v not in ("error", "warning"):
@@ -99,8 +112,10 @@ def check_fail_on(value: str) -> str:
     return v
 
 
-def emit(report, as_json: bool, fail_on: str = "error", out_dir: str | Path | None = None) -> None:
-    """Print ``report`` (JSON or console) on stdout, save it under ``out_dir``, exit with its code."""
+def emit(report, as_json: bool, fail_on: str = "error", out_dir: str | Path | None = None,
+         html: Path | None = None) -> None:
+    """Print ``report`` (JSON or console) on stdout, save it under ``out_dir`` (JSON, text,
+    HTML) and to ``html`` (from :func:`prepare_html`), exit with its code."""
     from torchdoctor.report.jsonout import render_json
 
     fail_on = check_fail_on(fail_on)
@@ -108,13 +123,28 @@ def emit(report, as_json: bool, fail_on: str = "error", out_dir: str | Path | No
         report.metrics.setdefault(key, value)
     if out_dir is not None:
         from torchdoctor.report.console import render_to_text
+        from torchdoctor.report.html.output import OUT_NAME, report_html
 
         from torchdoctor.runner.outdir import claim, write_file
 
         out = claim(out_dir)  # claimed before the work by the command: this only re-checks
         report.artifacts.setdefault("report", str(out / "report.json"))
+        report.artifacts.setdefault("report_html", str(out / OUT_NAME))
+        if html is not None and html.resolve() == (out / OUT_NAME).resolve():
+            html = None  # the bare --html under --out: this same file
+    if html is not None:
+        report.artifacts.setdefault("html", str(html))
+    if out_dir is not None:
         write_file(out / "report.json", render_json(report) + "\n")
         write_file(out / "report.txt", render_to_text(report))
+        write_file(out / OUT_NAME, report_html(report))
+    if html is not None:
+        from torchdoctor.report.html.output import report_html, write_html
+
+        try:
+            write_html(html, report_html(report))
+        except OSError as e:  # the report is still printed; the file is what failed
+            eprint(f"torchdoctor: could not write --html {html}: {e.strerror or e}")
     if as_json:
         sys.stdout.write(render_json(report) + "\n")
         sys.stdout.flush()

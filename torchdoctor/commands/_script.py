@@ -22,7 +22,7 @@ from typing import Annotated, Any, Callable, Optional
 
 import typer
 
-from torchdoctor.commands._common import FailOnOpt, JsonOpt, emit, eprint, guarded
+from torchdoctor.commands._common import FailOnOpt, HtmlOpt, JsonOpt, emit, eprint, guarded
 from torchdoctor.commands._nodeopts import node_params, resolve_node
 from torchdoctor.errors import DoctorError
 
@@ -77,6 +77,7 @@ def _params(extra: list[ExtraOption], steps_default: int, timeout_default: float
         P("out", kw, default=None, annotation=Annotated[Optional[str], typer.Option(
             "--out", metavar="DIR", help="Write the report and artifacts (traces, snapshots) to DIR.")]),
         P("fail_on", kw, default="error", annotation=FailOnOpt),
+        P("html", kw, default=None, annotation=HtmlOpt),
         P("nproc_per_node", kw, default=None, annotation=Annotated[Optional[int], typer.Option(
             "--nproc-per-node", metavar="N", min=1, show_default=False,
             help="Run SCRIPT on N local ranks through torchrun; one report merged across ranks.")]),
@@ -110,6 +111,7 @@ def script_command(app: typer.Typer, name: str, help: str, probe: str | None = N
         script, module = kw.pop("script"), kw.pop("module")
         steps, timeout = kw.pop("steps"), kw.pop("timeout")
         as_json, out, fail_on = kw.pop("json_out"), kw.pop("out"), kw.pop("fail_on")
+        html = kw.pop("html")
         nproc = kw.pop("nproc_per_node")
         node = resolve_node(kw)  # --nnodes & co., or SLURM_*: one agent per node (exit 2 if unfit)
         if node is not None and nproc is None:
@@ -154,6 +156,9 @@ def script_command(app: typer.Typer, name: str, help: str, probe: str | None = N
         from torchdoctor.commands._common import prepare_out
 
         options["out"] = out = prepare_out(out)  # an unfit --out: exit 2 before the run
+        from torchdoctor.commands._common import prepare_html
+
+        html_path = prepare_html(html, out)  # an unfit --html: exit 2 before the run too
         shown = resolved.shown if resolved is not None and resolved.shown else (
             f"{'-m ' if module else ''}{target}{' ' + ' '.join(args) if args else ''}")
         eprint(f"torchdoctor {name}: running {shown} ({bound}timeout {timeout:g} s)")
@@ -166,7 +171,7 @@ def script_command(app: typer.Typer, name: str, help: str, probe: str | None = N
                 report.target = resolved.shown
             if resolved.post is not None:
                 resolved.post(report)
-        emit(report, as_json, fail_on, out)
+        emit(report, as_json, fail_on, out, html=html_path)
 
     command.__signature__ = inspect.Signature(_params(extra, steps_default, timeout_default))
     command.__name__ = name.replace("-", "_")

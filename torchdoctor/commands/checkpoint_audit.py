@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from torchdoctor.commands._common import FailOnOpt, JsonOpt, emit, guarded
+from torchdoctor.commands._common import FailOnOpt, HtmlOpt, JsonOpt, emit, guarded
 from torchdoctor.errors import DoctorError
 
 HELP = (
@@ -36,17 +36,19 @@ def register(app: typer.Typer) -> None:
         out: Annotated[Optional[str], typer.Option("--out", help="Also write report.json/report.txt here.")] = None,
         as_json: JsonOpt = False,
         fail_on: FailOnOpt = "error",
+        html: HtmlOpt = None,
     ) -> None:
         from torchdoctor.checkpoint.audit import EXPECT, Options, run, warn_unsafe
 
-        from torchdoctor.commands._common import check_fail_on, prepare_out
+        from torchdoctor.commands._common import check_fail_on, prepare_html, prepare_out
 
         check_fail_on(fail_on)
         out = prepare_out(out)  # an unfit --out is exit 2 before the audit, not after
+        html_path = prepare_html(html, out)
         exp = expect.strip().lower()
         if exp not in EXPECT:
             raise DoctorError(f"--expect must be one of {', '.join(EXPECT)}, not {expect!r}")
         if unsafe_load:
             warn_unsafe()
         report = run(path, Options(expect=exp, model=model, unsafe_load=unsafe_load, scan=not no_scan))
-        emit(report, as_json, fail_on, out)
+        emit(report, as_json, fail_on, out, html=html_path)

@@ -20,6 +20,7 @@ from torchdoctor.evidence import Evidence
 from torchdoctor.pipeline.registry import metrics_provider
 
 PHASES = ("data", "forward", "backward", "optimizer", "other")
+SERIES_MAX = 2000  # points of the per-step series kept in the report (every k-th step beyond)
 WARMUP_STEPS = 1
 WARMUP_MIN_STEPS = 3
 
@@ -85,7 +86,18 @@ def step_summary(ev: Evidence) -> dict[str, Any] | None:
     dev = device_summary(ev)
     if dev:
         out["device"] = dev
+    out["series"] = step_series(ev.of("step"))
     return out
+
+
+def step_series(steps: list[dict[str, Any]]) -> dict[str, list]:
+    """Step time and data wait per step (ms), warm-up included, for plots (the HTML report):
+    at most SERIES_MAX points, every k-th step beyond that (the last one kept)."""
+    k = max(1, -(-len(steps) // SERIES_MAX))
+    picked = steps[::k] + ([steps[-1]] if steps and (len(steps) - 1) % k else [])
+    return {"step": [int(s["step"]) for s in picked],
+            "wall_ms": [round(float(s["wall_s"]) * 1e3, 3) for s in picked],
+            "data_ms": [round(float(s.get("data_s", 0.0)) * 1e3, 3) for s in picked]}
 
 
 def device_summary(ev: Evidence) -> dict[str, Any] | None:
