@@ -32,8 +32,10 @@ def _params() -> list:
 
     P = inspect.Parameter
     kw = P.KEYWORD_ONLY
-    # the shared options of the script probes, but one process: no --nproc-per-node
-    params = [p for p in shared([], DEFAULT_STEPS, DEFAULT_TIMEOUT_S) if p.name != "nproc_per_node"]
+    # the shared options of the script probes, but one process: no --nproc-per-node, no nodes
+    one_process = {"nproc_per_node", "nnodes", "node_rank", "rdzv_endpoint", "rdzv_backend",
+                   "rdzv_id", "rdzv_timeout", "max_restarts"}
+    params = [p for p in shared([], DEFAULT_STEPS, DEFAULT_TIMEOUT_S) if p.name not in one_process]
     return params + [
         P("try_", kw, default=None, annotation=Annotated[Optional[list[str]], typer.Option(
             "--try", metavar="NAME[=VALUE]", show_default=False,
@@ -103,7 +105,7 @@ def treat(**kw: Any) -> None:
 
     if budget is not None and not budget >= MIN_RUN_S:
         raise DoctorError(f"--budget must be at least {MIN_RUN_S:g} seconds (one run), not {budget:g}")
-    from torchdoctor.commands._common import check_fail_on, emit, prepare_out
+    from torchdoctor.commands._common import check_fail_on, emit, prepare_html, prepare_out
     from torchdoctor.pipeline.run import check_target
     from torchdoctor.treat.catalogue import parse_try
 
@@ -116,6 +118,7 @@ def treat(**kw: Any) -> None:
             raise DoctorError(str(e)) from None
     check_target(target, bool(module))
     out = prepare_out(kw["out"])
+    html = prepare_html(kw.get("html"), out)
     options = {"steps": steps, "timeout": timeout, "out": out, "module": bool(module),
                "steps_default": DEFAULT_STEPS}
     shown = f"{'-m ' if module else ''}{target}{' ' + ' '.join(args) if args else ''}"
@@ -126,7 +129,7 @@ def treat(**kw: Any) -> None:
 
     report = TreatSession(target, args, options, budget_s=budget, forced=forced,
                           rounds=kw["rounds"], progress=eprint).run()
-    emit(report, as_json, fail_on, out)
+    emit(report, as_json, fail_on, out, html=html)
 
 
 def register(app: typer.Typer) -> None:
