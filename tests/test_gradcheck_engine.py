@@ -333,7 +333,7 @@ def test_a_cuda_call_is_copied_to_the_host_and_checked_on_its_device():
     inst, ctx = AutogradCapture(), FakeCtx(samples=1)
     inst.install(ctx)
     try:
-        x = torch.randn(64, 8, device="cuda")
+        x = torch.randn(64, 8, device="cuda", requires_grad=True)  # both inputs checked
         g = (torch.rand(8, device="cuda") + 0.5).requires_grad_()
         MulSq.apply(x, g).sum().backward()
         (kept,) = next(iter(inst.book.kept.values()))
