@@ -56,11 +56,17 @@ def mirror(obj: Any) -> Mirror:
     tensor_t = torch.Tensor
     np = _numpy()
 
+    dtypes: dict[Any, str] = {}
+
     def tensor(t: Any) -> TensorInfo:
         kind = "parameter" if isinstance(t, torch.nn.Parameter) else \
             "tensor" if type(t) is torch.Tensor else type(t).__qualname__
-        info = TensorInfo(dtype=str(t.dtype).removeprefix("torch."), shape=tuple(int(s) for s in t.shape),
-                          device=str(t.device), kind=kind, requires_grad=bool(t.requires_grad))
+        dt = t.dtype
+        name = dtypes.get(dt)
+        if name is None:
+            name = dtypes[dt] = str(dt).removeprefix("torch.")
+        info = TensorInfo(dtype=name, shape=tuple(t.shape), device=str(t.device), kind=kind,
+                          requires_grad=t.requires_grad)
         m.devices.add(info.device)
         try:
             if t.device.type != "meta" and t.layout == torch.strided:
@@ -70,6 +76,11 @@ def mirror(obj: Any) -> Mirror:
         return info
 
     def key(k: Any) -> Any:
+        tk = type(k)
+        if tk is str:
+            return k if len(k) <= MAX_KEY_CHARS else k[:MAX_KEY_CHARS]
+        if tk is int:
+            return k
         if isinstance(k, (str, int)) and not isinstance(k, bool):
             return k if not isinstance(k, str) or len(k) <= MAX_KEY_CHARS else k[:MAX_KEY_CHARS]
         if isinstance(k, tensor_t):
