@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from torchdoctor.reprocheck.resume import restart_variation
 from torchdoctor.reprocheck.resume_compare import compare, finding_for
 from torchdoctor.reprocheck.saved import MIN_AFTER, Missing, choose, missing_states, not_simulated
 from torchdoctor.trials import TrialRun, Variation
@@ -48,8 +49,7 @@ def sick_runs(tmp_path_factory):
     out = {"base": base, "save": save, "missing": {m.state: m for m in missing_states(save)}}
     for state in ("scheduler", "rng"):
         m = out["missing"][state]
-        opts = {"resume_trace": True, "resume_reset": {"site": save["where"], "n": save["n"], "reset": m.keys}}
-        out[state] = _run(SICK, tmp, 10, opts, f"resume-without-{state}")
+        out[state] = _run(SICK, tmp, 10, restart_variation(save, m).options, f"resume-without-{state}")
     return out
 
 
@@ -195,8 +195,7 @@ def test_without_the_rng_state_dropout_masks_differ_from_the_first_step_after_th
     save = choose(base.evidence.of("save"), 9)
     (miss,) = missing_states(save)  # model, optimizer, step saved: only the generators are missing
     assert save["step"] == 3 and miss.state == "rng"
-    opts = {"resume_trace": True, "resume_reset": {"site": save["where"], "n": save["n"], "reset": miss.keys}}
-    run = _run(DROPOUT, tmp_path, 9, opts, "resume-without-rng")
+    run = _run(DROPOUT, tmp_path, 9, restart_variation(save, miss).options, "resume-without-rng")
     cmp = compare(base, run, 3, miss)
     assert cmp["verdict"] == "differs" and cmp["first_divergent_step"] == 4 and "lr" not in cmp
     f = finding_for(save, miss, cmp, 9)

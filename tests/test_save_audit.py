@@ -130,6 +130,33 @@ def test_one_judgement_per_site_on_its_last_described_save():
     assert [(f.evidence["saved_at"], f.evidence["judged_save_at_step"]) for f in fs] == [("/w/train.py:30", 8)]
 
 
+def test_files_saved_at_one_step_into_one_folder_are_one_checkpoint():
+    def part(name, roles, where, step=4, folder="/ck"):
+        s = _save(roles, STEPLR, step=step, where=where)
+        s["roles"]["models"] = roles.get("models", [])
+        s.update(name=name, folder=folder, matched={"models": ["identity" if roles.get("models") else None],
+                                                     "optimizers": ["identity" if roles.get("optimizers") else None]})
+        return s
+
+    model = part("model.pt", {"models": [{"path": "", "keys": 4}]}, "/w/t.py:50")
+    opt = part("optimizer.pt", {"optimizers": [OPT], "part": "optimizer state"}, "/w/t.py:51")
+    sched = part("scheduler.pt", {"schedulers": [""], "part": "LR-scheduler state"}, "/w/t.py:52")
+    meta = part("meta.pt", {"progress": {"epoch": 4}}, "/w/t.py:53")
+    assert judge(model, opt, sched, meta) == [("ckpt-missing-rng", "info")]  # complete but the RNG state
+    f = findings(model, opt, sched, meta)[0]
+    assert f.evidence["saved_at"] == "/w/t.py:50" and f.evidence["file"] == ["model.pt", "optimizer.pt",
+                                                                              "scheduler.pt", "meta.pt"]
+    # without the scheduler file, the family's warning at the checkpoint's first save line
+    assert ("ckpt-missing-scheduler", "warning") in judge(model, opt, meta)
+    # an optimizer state saved alone (its model elsewhere, another step): a part, not asked for the rest
+    assert judge(part("optimizer.pt", {"optimizers": [OPT], "part": "optimizer state"}, "/w/t.py:51")) == []
+    # a framework's multi-file folder (recognised by its file names): left to checkpoint-audit FOLDER
+    lay = dict(opt, layout="hf-trainer")
+    assert judge(model, lay, meta) == []
+    late = {"kind": "save_sites", "sites": {}, "layouts": [["/w/t.py:50", 1, "accelerate"]]}
+    assert judge(model, opt, meta, late) == []
+
+
 # ---------------------------------------------------------------- instrument, in this process
 class _Ctx:
     """The part of the harness context the save audit reads."""
@@ -192,6 +219,9 @@ def _line_of(text: str) -> int:
 def test_a_whole_model_save_is_byte_for_byte_what_it_is_without_torchdoctor(audited):
     torch, model, opt, ctx = audited
     assert getattr(torch.save, "__wrapped__", None) is not None
+    import torch.serialization as ser
+
+    assert torch.save is ser.save  # as without torchdoctor
     ours, plain = io.BytesIO(), io.BytesIO()
     f = open(os.devnull, "wb")  # a stream target: described
     try:
@@ -206,6 +236,21 @@ def test_a_whole_model_save_is_byte_for_byte_what_it_is_without_torchdoctor(audi
     assert desc[0]["roles"]["models"][0]["pickled"].endswith("Sequential")
     assert desc[0]["matched"]["models"] == ["identity"]
     assert not [k for k in vars(model) if "torchdoctor" in k or k.startswith("_td")]
+
+
+def test_the_wrappers_are_gone_after_the_run():
+    torch = pytest.importorskip("torch")
+    import torch.serialization as ser
+    from torch.optim import lr_scheduler
+
+    from torchdoctor.instruments.save_audit import SaveAudit
+
+    before = (torch.save, ser.save, lr_scheduler.LRScheduler.__init__, torch.amp.GradScaler.__init__)
+    inst, ctx = SaveAudit(), _Ctx()
+    inst.install(ctx)
+    assert torch.save is not before[0] and lr_scheduler.LRScheduler.__init__ is not before[2]
+    inst.uninstall(ctx)
+    assert (torch.save, ser.save, lr_scheduler.LRScheduler.__init__, torch.amp.GradScaler.__init__) == before
 
 
 def test_a_failing_description_is_reported_once_and_the_save_goes_on(audited, tmp_path, monkeypatch):

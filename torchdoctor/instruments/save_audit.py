@@ -20,8 +20,10 @@ later saves, and saves into an in-memory buffer (``io.BytesIO``: a best-model sn
 checkpoint a preempted run could resume from), are only counted.
 
 Events: ``save`` {fn, where (user file:line), step, target (file | stream), name
-(the file's base name), n (the ordinal of this save at its site), roles, live, matched, nodes,
-describe_ms[, truncated]}; ``save_sites`` {sites: {where: saves}} at the end. The resume check
+(the file's base name), folder, layout (a known multi-file layout of that folder, from the
+checkpoint family's ``checkpoint/layout.py``: its sibling names), n (the ordinal of this save at
+its site), roles, live, matched, nodes, describe_ms[, truncated]}; ``save_sites`` {sites: {where:
+saves}, layouts: [[where, n, layout]] recognised at the end, once the folder was complete}. The resume check
 (``save_audit_reset.py``, ``ctx.options["resume_reset"]``) adds ``resume_reset`` and
 ``lr_trace``.
 """
@@ -55,6 +57,7 @@ class SaveAudit(Instrument):
         self.on = True
         self.sites: dict[str, int] = {}
         self.described = 0
+        self.unplaced: list[tuple[str, int, str]] = []  # described file saves of no known layout yet
         self.failed = False
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -76,8 +79,12 @@ class SaveAudit(Instrument):
         import torch
         import torch.serialization as ser
 
-        self.patches.wrap(torch, "save", self._maker("torch.save", 0, 1), tag="save_audit")
-        self.patches.wrap(ser, "save", self._maker("torch.save", 0, 1), tag="save_audit")
+        same = torch.save is ser.save
+        w = self.patches.wrap(torch, "save", self._maker("torch.save", 0, 1), tag="save_audit")
+        if same and w is not None:  # one wrapper for both names: `torch.save is torch.serialization.save` holds
+            self.patches.set(ser, "save", w, orig=ser.save, tag="save_audit")
+        else:
+            self.patches.wrap(ser, "save", self._maker("torch.save", 0, 1), tag="save_audit")
         if importlib.util.find_spec("safetensors") is None:
             return
         try:
@@ -118,7 +125,7 @@ class SaveAudit(Instrument):
 
             uf = user_frame(3)
             where = f"{uf[0]}:{uf[1]}" if uf else "<unknown>"
-            target, name = _target(f)
+            target, name, path = _target(f)
             with self._lock:
                 n = self.sites[where] = self.sites.get(where, 0) + 1
                 # an in-memory snapshot (io.BytesIO: a best-model copy) is no checkpoint a
@@ -130,14 +137,20 @@ class SaveAudit(Instrument):
             self._failed("before save")
             return None
         if describe:
-            self._guard("describe", self._describe, fn, obj, target, name, where, n)
+            self._guard("describe", self._describe, fn, obj, target, name, path, where, n)
         return where, n
 
-    def _describe(self, fn: str, obj: Any, target: str, name: str | None, where: str, n: int) -> None:
+    def _describe(self, fn: str, obj: Any, target: str, name: str | None, path: str | None, where: str,
+                  n: int) -> None:
+        from torchdoctor.checkpoint.layout import sibling_layout
         from torchdoctor.instruments.save_audit_describe import describe
 
+        folder = os.path.dirname(path) if path else None
+        lay = sibling_layout(path) if path else None
+        if path and lay is None:
+            self.unplaced.append((where, n, path))
         self.ctx.emit("save", fn=fn, where=where, step=self.ctx.step, target=target, name=name, n=n,
-                      **describe(obj, self.ctx, self.live))
+                      folder=folder, layout=lay["name"] if lay else None, **describe(obj, self.ctx, self.live))
 
     def _guard(self, what: str, fn, *a) -> None:
         try:
@@ -167,17 +180,35 @@ class SaveAudit(Instrument):
         if getattr(self, "reset", None) is not None:
             self.reset.uninstall()
         if getattr(self, "sites", None):
-            ctx.emit("save_sites", sites=dict(self.sites))
+            ctx.emit("save_sites", sites=dict(self.sites), layouts=self._late_layouts())
+
+    def _late_layouts(self) -> list:
+        """Layouts recognised only once the script wrote the rest of the folder (the first file of an
+        accelerate or Trainer checkpoint has no siblings yet when it is saved)."""
+        from torchdoctor.checkpoint.layout import sibling_layout
+
+        out = []
+        for where, n, path in self.unplaced[:MAX_DESCRIBED]:
+            try:
+                lay = sibling_layout(path)
+            except Exception:  # noqa: BLE001
+                lay = None
+            if lay is not None:
+                out.append([where, n, lay["name"]])
+        return out
 
 
-def _target(f: Any) -> tuple[str, str | None]:
-    """(file | memory | stream, base name of the file or None)."""
+def _target(f: Any) -> tuple[str, str | None, str | None]:
+    """(file | memory | stream, base name of the file or None, its absolute path or None)."""
     if isinstance(f, (str, bytes, os.PathLike)):
         try:
-            return "file", os.path.basename(os.fsdecode(f))[:MAX_NAME]
+            path = os.path.abspath(os.fsdecode(f))
+            return "file", os.path.basename(path)[:MAX_NAME], path
         except Exception:  # noqa: BLE001
-            return "file", None
+            return "file", None, None
     if isinstance(f, io.BytesIO):
-        return "memory", None
+        return "memory", None, None
     name = getattr(f, "name", None) or getattr(f, "path", None)
-    return "stream", (os.path.basename(name)[:MAX_NAME] if isinstance(name, str) else None)
+    if not isinstance(name, str):
+        return "stream", None, None
+    return "stream", os.path.basename(name)[:MAX_NAME], (os.path.abspath(name) if os.path.isabs(name) else None)

@@ -5,7 +5,9 @@
 2. the checkpoint family's recogniser (``checkpoint/roles.py`` ``recognise``) assigns roles —
    model weights, optimizer, scheduler, scaler, RNG states, progress counters, config — exactly
    as ``checkpoint-audit`` does for a file;
-3. each live model and optimizer is matched to a saved role: a model by the identity of its
+3. whether the saved object alone is one part of a checkpoint (only an optimizer, a scheduler,
+   a scaler or RNG states: ``checkpoint/parts.py`` ``content_part``, as for a file);
+4. each live model and optimizer is matched to a saved role: a model by the identity of its
    tensors (a ``state_dict()`` shares their storage; a whole-module save holds them) or else by
    its state_dict keys (a copy moved to another device), an optimizer by the identity of its
    state tensors or else by the sizes of its param groups.
@@ -17,8 +19,10 @@ entries per list): the rules rebuild the family's ``Roles`` from it (``rules/che
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 from typing import Any
 
+from torchdoctor.checkpoint.parts import content_part
 from torchdoctor.checkpoint.roles import recognise
 from torchdoctor.checkpoint.values import TensorInfo, plain
 from torchdoctor.instruments.save_audit_live import Live, live_facts, models_with_weights
@@ -33,7 +37,9 @@ def describe(obj: Any, ctx: Any, live: Live) -> dict:
     t0 = time.perf_counter()
     mi = mirror(obj)
     roles = recognise(mi.root)
-    out = {"roles": roles_summary(roles, mi), "live": live_facts(ctx, live),
+    summary = roles_summary(roles, mi)
+    summary["part"] = content_part(SimpleNamespace(roles=roles, contents=SimpleNamespace(root=mi.root)))
+    out = {"roles": summary, "live": live_facts(ctx, live),
            "matched": {"models": _match_models(roles, mi, ctx),
                        "optimizers": _match_optimizers(roles, mi, live.optimizers(ctx))},
            "nodes": mi.nodes}

@@ -40,10 +40,9 @@ def baseline_variation() -> Variation:
 
 
 def restart_variation(save: dict, miss: Any) -> Variation:
-    return Variation(f"resume-without-{miss.state}",
-                     f"restart at {save.get('where')} (save {save.get('n')}) without the {miss.state} state",
-                     options={"resume_trace": True,
-                              "resume_reset": {"site": save.get("where"), "n": save.get("n"), "reset": miss.keys}},
+    where, n = save.get("reset_at") or [save.get("where"), save.get("n")]
+    return Variation(f"resume-without-{miss.state}", f"restart at {where} (save {n}) without the {miss.state} state",
+                     options={"resume_trace": True, "resume_reset": {"site": where, "n": n, "reset": miss.keys}},
                      needs=RESUME_NEEDS)
 
 
@@ -57,7 +56,7 @@ def resume_check(trials: Any, *, baseline: Any = None, after_steps: int = AFTER_
         return [], {**section, "status": "not-judged", "reason": f"the baseline run failed: {why}"}
     ev = base.evidence
     last = max((int(s.get("step") or 0) for s in ev.of("step")), default=0)
-    save = choose(ev.of("save"), last)
+    save = choose(ev.of("save"), last, (ev.last("save_sites") or {}).get("layouts"))
     if save is None:
         reason = ("the script saved no checkpoint to a file" if not ev.of("save") else
                   f"no save to a file with at least 2 training steps after it (of {last} steps run)")

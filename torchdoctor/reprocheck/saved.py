@@ -1,6 +1,7 @@
 """Which save the resume check restarts from, and which states that save lacks (pure, no torch).
 
-Input: the ``save`` events of the baseline run (``instruments/save_audit.py``). The checkpoint
+Input: the ``save`` events of the baseline run (``instruments/save_audit.py``), grouped as the
+save audit groups them (``rules/checkpoint_saves_roles.py`` ``checkpoints``). The checkpoint
 is the first save to a file or stream that the checkpoint family judges a training snapshot
 (``rules/checkpoint_saves_roles.py``: the same decision as ``checkpoint-audit``), with at least
 ``MIN_AFTER`` training steps after it in the baseline; failing that, the first such weights-only
@@ -37,10 +38,13 @@ class Missing:
     names: list[str] = field(default_factory=list)  # for people: "StepLR", "torch CPU generator"
 
 
-def choose(saves: list[dict], last_step: int) -> dict | None:
-    from torchdoctor.rules.checkpoint_saves_roles import checkpoint_evidence
+def choose(saves: list[dict], last_step: int, late_layouts: list | None = None) -> dict | None:
+    """The checkpoint to restart from: as the save audit sees them (``checkpoints``: the saves of one
+    step into one folder merged; a framework's multi-file folder and a part saved alone left out)."""
+    from torchdoctor.rules.checkpoint_saves_roles import checkpoint_evidence, checkpoints
 
-    usable = [s for s in saves if s.get("target") != "memory" and isinstance(s.get("roles"), dict)
+    found = sorted(checkpoints(saves, late_layouts or [], last_per_site=False), key=lambda c: int(c.get("step") or 0))
+    usable = [s for s in found if not s.get("layout") and not (s.get("roles") or {}).get("part")
               and 1 <= int(s.get("step") or 0) <= last_step - MIN_AFTER]
     snaps = [s for s in usable if checkpoint_evidence(s).mode == "resume"]
     return (snaps or usable or [None])[0]

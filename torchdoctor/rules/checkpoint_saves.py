@@ -2,9 +2,14 @@
 
 Evidence: the ``save`` events of the save audit (``instruments/save_audit.py``): what each save
 held (the checkpoint family's roles) and the live models, optimizers, LR schedulers and
-GradScalers at that moment. One judgement per save site (file:line), on its last described save
-to a file or stream (a save into an in-memory buffer — a best-model snapshot — is no checkpoint
-a preempted run could resume from).
+GradScalers at that moment. A checkpoint is what one step saved into one folder (one file, or
+model, optimizer and scheduler in separate files: merged); one judgement per checkpoint's first
+save line, on the last such checkpoint (a save into an in-memory buffer — a best-model snapshot —
+is no checkpoint a preempted run could resume from). A save that alone is one part (only an
+optimizer state, only RNG states) is not asked for the rest, as ``checkpoint-audit`` does not ask
+a part file; a folder of a framework's multi-file layout (Trainer, accelerate, DeepSpeed, DCP,
+recognised by its file names as ``checkpoint/layout.py`` does) is left to
+``checkpoint-audit FOLDER``, which reads its JSON state files too.
 
 The decision is the checkpoint family's (``rules/checkpoint_training.py``), applied to the save
 as if it were the file (``rules/checkpoint_saves_roles.py``): a weights export is not asked for
@@ -31,7 +36,7 @@ from typing import Any
 from torchdoctor.findings import Finding, finding
 from torchdoctor.judge import NotApplicable, rule
 from torchdoctor.rules import checkpoint_training as fam
-from torchdoctor.rules.checkpoint_saves_roles import checkpoint_evidence, holds, live_names
+from torchdoctor.rules.checkpoint_saves_roles import checkpoint_evidence, checkpoints, holds, live_names
 from torchdoctor.runner.frames import short_path
 
 PROBES = {"checkup", "repro"}
@@ -43,24 +48,18 @@ FAMILY_EVIDENCE_DROPPED = ("optimizer_seen", "mode")  # file-audit wording; the 
       raises=[fam.MISSING_OPTIMIZER, fam.MISSING_SCHEDULER, fam.MISSING_SCALER, fam.MISSING_RNG,
               fam.MISSING_PROGRESS])
 def ckpt_saves(ev) -> list[Finding]:
-    judged = judged_saves(ev)
+    sites = ev.last("save_sites") or {}
+    judged = checkpoints(ev.of("save"), sites.get("layouts") or [])
     if not judged:
         return []
     last_step = max((int(s.get("step") or 0) for s in ev.of("step")), default=0)
-    counts = (ev.last("save_sites") or {}).get("sites") or {}
+    counts = sites.get("sites") or {}
     out: list[Finding] = []
     for save in judged:
+        if save.get("layout"):
+            continue  # a framework's multi-file folder (Trainer, accelerate, DeepSpeed, DCP): checkpoint-audit DIR
         out += judge_save(save, last_step, counts.get(save.get("where"), 1))
     return out
-
-
-def judged_saves(ev) -> list[dict]:
-    """The last described save of each site whose target is a file or a stream, in site order."""
-    by_site: dict[str, dict] = {}
-    for s in ev.of("save"):
-        if s.get("target") != "memory" and isinstance(s.get("roles"), dict):
-            by_site[str(s.get("where"))] = s
-    return list(by_site.values())
 
 
 def judge_save(save: dict, last_step: int, n_saves: int, expect: str = "auto") -> list[Finding]:
@@ -85,8 +84,12 @@ def judge_save(save: dict, last_step: int, n_saves: int, expect: str = "auto") -
 
 def _head(save: dict, n_saves: int) -> dict:
     where = short_path(str(save.get("where")))
-    return {"saved_at": where, "call": save.get("fn", "torch.save"), "judged_save_at_step": save.get("step"),
-            "saves_at_this_line": n_saves, "file": save.get("name"), "holds": holds(save) or ["nothing recognised"]}
+    out = {"saved_at": where, "call": save.get("fn", "torch.save"), "judged_save_at_step": save.get("step"),
+           "saves_at_this_line": n_saves, "file": save.get("name"), "holds": holds(save) or ["nothing recognised"]}
+    if save.get("files"):  # several files saved at one step into one folder, judged as one checkpoint
+        out["file"] = save["files"]
+        out["save_lines"] = [short_path(w) for w in save.get("sites") or []]
+    return out
 
 
 def _finding(code: str, save: dict, head: dict, sev: str, title: str, evid: dict, fix: str) -> Finding:

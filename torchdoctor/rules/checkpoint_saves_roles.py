@@ -64,6 +64,9 @@ def roles_of(save: dict) -> Roles:
 def checkpoint_evidence(save: dict, expect: str = "auto") -> CheckpointEvidence:
     """The family's evidence for one described save (``expect``: auto, or resume for the resume check)."""
     ev = CheckpointEvidence(contents=None, roles=roles_of(save), expect=expect)
+    part = (save.get("roles") or {}).get("part")
+    if part:  # the save alone is one part (only an optimizer state, RNG states...): as checkpoint/parts.py
+        ev.part = {"part": part, "layout": None, "folder": None, "folder_audit": False}
     ev.mode = mode_of(ev)
     cuda = sorted(set((save.get("roles") or {}).get("cuda_devices") or []) | set(live_cuda(save)))
     ev.cuda_devices = cuda
@@ -91,3 +94,58 @@ def holds(save: dict) -> list[str]:
 def live_names(save: dict, kind: str, only: Any = None) -> list[str]:
     items = (save.get("live") or {}).get(kind) or []
     return [str(x.get("cls", "?")) for i, x in enumerate(items) if only is None or only(i, x)]
+
+
+_LISTS = ("models", "optimizers", "schedulers", "scalers", "empty_scalers", "config", "fp16_signs", "bf16_signs",
+          "cuda_devices")
+
+
+def checkpoints(saves: list[dict], late_layouts: list, last_per_site: bool = True) -> list[dict]:
+    """The checkpoints the script wrote: described saves to files or streams, those made at one step
+    into one folder merged into one (accelerate and hand-written loops save model, optimizer and
+    scheduler to separate files), each with the multi-file layout its folder turned out to have
+    (``layout``: at the save, or at the end of the run). Per call site of a checkpoint's first save,
+    the last such checkpoint, in site order (``last_per_site=False``: all, in save order)."""
+    late = {(str(w), n): lay for w, n, lay in late_layouts or [] if lay}
+    groups: dict[tuple, list[dict]] = {}
+    for s in saves:
+        if s.get("target") == "memory" or not isinstance(s.get("roles"), dict):
+            continue
+        key = (s.get("step"), s["folder"]) if s.get("folder") else (s.get("step"), s.get("where"), s.get("n"))
+        groups.setdefault(key, []).append(s)
+    every, by_site = [], {}
+    for group in groups.values():
+        ck = merge(group)
+        ck["layout"] = next((s.get("layout") or late.get((str(s.get("where")), s.get("n"))) for s in group
+                             if s.get("layout") or late.get((str(s.get("where")), s.get("n")))), None)
+        every.append(ck)
+        by_site.pop(str(ck.get("where")), None)
+        by_site[str(ck.get("where"))] = ck
+    return list(by_site.values()) if last_per_site else every
+
+
+def merge(group: list[dict]) -> dict:
+    """One checkpoint from the saves of one step into one folder (the first save names it; the
+    resume check restarts after the last one: ``reset_at`` [where, n])."""
+    last = group[-1]
+    if len(group) == 1:
+        return {**last, "reset_at": [last.get("where"), last.get("n")]}
+    first = dict(group[0])
+    roles: dict = {k: [] for k in _LISTS}
+    roles.update(rng={}, progress={}, part=None)
+    for s in group:
+        r = s.get("roles") or {}
+        for k in _LISTS:
+            roles[k] += [x for x in r.get(k) or [] if x not in roles[k]]
+        roles["rng"].update(r.get("rng") or {})
+        roles["progress"].update(r.get("progress") or {})
+    if not roles["models"]:  # several parts and still no weights: one part of a larger whole
+        roles["part"] = next((s["roles"].get("part") for s in group if s["roles"].get("part")), None)
+    matched: dict = {}
+    for kind in ("models", "optimizers"):
+        cols = [(s.get("matched") or {}).get(kind) or [] for s in group]
+        width = max(len(c) for c in cols)
+        matched[kind] = [next((c[i] for c in cols if i < len(c) and c[i]), None) for i in range(width)]
+    first.update(roles=roles, matched=matched, live=last.get("live"), reset_at=[last.get("where"), last.get("n")],
+                 files=[s.get("name") for s in group], sites=sorted({str(s.get("where")) for s in group}))
+    return first
