@@ -107,6 +107,14 @@ def test_a_live_scheduler_settles_what_the_file_cannot_tell():
     assert not [c for c in judge(_save(snap)) if c[0] == "ckpt-missing-scheduler"]  # no live scheduler
 
 
+def test_a_live_reduce_on_plateau_not_saved_is_missing_scheduler():
+    plateau = {"schedulers": [{"cls": "ReduceLROnPlateau", "last_epoch": 4, "optimizer": 0}]}
+    snap = {"optimizers": [OPT_NO_SCHED], "progress": {"epoch": 4}}  # no initial_lr: it never sets one
+    assert ("ckpt-missing-scheduler", "warning") in judge(_save(snap, plateau))
+    assert not [c for c in judge(_save(dict(snap, schedulers=["sched"]), plateau)) if c[0] == "ckpt-missing-scheduler"]
+    assert not [c for c in judge(_save(snap)) if c[0] == "ckpt-missing-scheduler"]
+
+
 def test_a_live_enabled_grad_scaler_is_a_float16_sign():
     snap = {"optimizers": [OPT_NO_SCHED], "progress": {"epoch": 4}}
     scaler = {"scalers": [{"cls": "GradScaler", "enabled": True}]}

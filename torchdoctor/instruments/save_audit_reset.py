@@ -17,9 +17,10 @@ state's doing. The fresh values, taken once, small:
   at the first optimizer step, i.e. after the script's start-up (seeding, model construction).
 
 Events: ``resume_reset`` {where, n, step, reset (done), failed, lr_before, lr_after};
-``lr_trace`` {steps, lrs} at the end: the LR of each live optimizer's first param group at each
-step (the LR that step used). Cost: one dict lookup per optimizer step, the LR reads at each step
-end, and the fresh copies above.
+``lr_trace`` {steps, lrs[, scales]} at the end: the LR of each live optimizer's first param group
+at each step (the LR that step used), and the loss scale of each enabled GradScaler (the traced
+loss is the scaled one). Cost: one dict lookup per optimizer step, the LR reads at each step end
+(and one CUDA read of the scale per step with an enabled GradScaler), and the fresh copies above.
 """
 
 from __future__ import annotations
@@ -77,9 +78,15 @@ class ResumeReset:
             out.append(v if isinstance(v, (int, float)) else None)
         return out
 
+    def _scales(self) -> list:
+        """The loss scale of each enabled GradScaler: the traced loss is the scaled one
+        (``scaler.scale(loss).backward()``). ``get_scale()`` reads a CUDA scalar: one sync per
+        step, in the resume check's runs only (they are compared on values, not timed)."""
+        return [float(s.get_scale()) for s in self.live.scalers() if s.is_enabled()]
+
     def on_step_end(self, step: int) -> None:
         if len(self.trace) < MAX_STEPS:
-            self.trace.append((step, self._lrs()))
+            self.trace.append((step, self._lrs(), self._scales()))
 
     # ---- the restart -----------------------------------------------------------------------
     def after_save(self, where: str, n: int) -> None:
@@ -116,7 +123,10 @@ class ResumeReset:
         for h in self.handles:
             h.remove()
         self.handles = []
-        self.ctx.emit("lr_trace", steps=[s for s, _ in self.trace], lrs=[v for _, v in self.trace])
+        out = {"steps": [t[0] for t in self.trace], "lrs": [t[1] for t in self.trace]}
+        if any(t[2] for t in self.trace):
+            out["scales"] = [t[2] for t in self.trace]
+        self.ctx.emit("lr_trace", **out)
 
 
 def _rng_states() -> dict[str, Any]:

@@ -4,7 +4,8 @@ Losses are compared exactly (the two runs are the same process up to the save: w
 reset they are bit-identical, so any difference after it is the reset's doing); before the save
 they must agree exactly, else the script itself is not reproducible and the restart is not judged
 (``repro`` without ``--resume-check`` says why). The LR of each step (``lr_trace``) says when the
-schedule parted, before the losses show it.
+schedule parted, before the losses show it. With an enabled GradScaler the traced loss is the
+scaled one: it is divided by that step's scale (traced too) before comparing.
 """
 
 from __future__ import annotations
@@ -31,12 +32,27 @@ def _lrs(run: Any) -> dict[int, list]:
     return dict(zip(tr.get("steps") or [], tr.get("lrs") or []))
 
 
+def _losses(run: Any) -> list:
+    """Per-step losses; divided by the GradScaler's scale of that step when one was enabled (the
+    traced loss is ``scaler.scale(loss)``: a reset scale alone must not read as a changed loss)."""
+    losses = run.losses()
+    tr = run.evidence.last("lr_trace") or {}
+    scales = dict(zip(tr.get("steps") or [], tr.get("scales") or []))
+    if not scales:
+        return losses
+    out = []
+    for i, v in enumerate(losses):
+        sc = scales.get(i + 1) or []
+        out.append(float(v) / sc[0] if isinstance(v, (int, float)) and sc and sc[0] else v)
+    return out
+
+
 def compare(base: Any, run: Any, k: int, miss: Any) -> dict:
     out: dict[str, Any] = {"state": miss.state, "reset": miss.keys, "names": miss.names, "run": run.variation.name}
     why = run.failure()
     if why:
         return {**out, "verdict": "failed", "reason": why}
-    bl, rl = base.losses(), run.losses()
+    bl, rl = _losses(base), _losses(run)
     before = _first_diff(bl[:k], rl[:k], 0)
     if before is not None or len(rl) < k:
         return {**out, "verdict": "not-reproducible",

@@ -20,7 +20,9 @@ a file leaves open:
   (plain SGD without momentum, and no scheduler driving it: nothing to lose); a snapshot that
   saves some optimizers but not every stateful live one is (a GAN saving only one of two);
 * scheduler: with no optimizer state saved the file cannot tell whether a scheduler was used
-  (info); a live one says it was (warning), no live one that it was not (nothing);
+  (info); a live one says it was (warning), no live one that it was not (nothing); a saved
+  optimizer state without ``initial_lr`` says "no scheduler" to the file, but ReduceLROnPlateau
+  never sets it: a live one not saved is a warning;
 * scaler: an enabled live GradScaler is a float16 sign;
 * a weights-only save is the family's single info (``ckpt-weights-export``) only when training
   went on after it and a live optimizer holds state: a periodic weights-only "checkpoint";
@@ -75,7 +77,7 @@ def judge_save(save: dict, last_step: int, n_saves: int, expect: str = "auto") -
             base = fn(cev)
         except NotApplicable:
             base = []
-        got = refine(save, base) if refine else [(f.severity, f.title, f.evidence, f.fix) for f in base]
+        got = refine(save, base, cev) if refine else [(f.severity, f.title, f.evidence, f.fix) for f in base]
         for sev, title, evid, fix in got:
             code = fn.__name__.replace("missing_", "ckpt-missing-")
             out.append(_finding(code, save, head, sev, title, evid, fix))
@@ -105,7 +107,7 @@ def _stateful(save: dict) -> list[tuple[int, dict]]:
     return [(i, o) for i, o in enumerate(opts) if o.get("stateful") or o.get("scheduled")]
 
 
-def _optimizer(save: dict, base: list[Finding]) -> list[tuple]:
+def _optimizer(save: dict, base: list[Finding], cev: Any) -> list[tuple]:
     live = _stateful(save)
     matched = (save.get("matched") or {}).get("optimizers") or []
     if base:
@@ -117,7 +119,7 @@ def _optimizer(save: dict, base: list[Finding]) -> list[tuple]:
                  "its momentum buffers / moments and step counts start again from zero",
                  {**f.evidence, "live_optimizers": [_opt_text(o) for _i, o in live]}, f.fix)]
     unsaved = [(i, o) for i, o in live if i < len(matched) and matched[i] is None]
-    if not unsaved:
+    if not unsaved or cev.mode != "resume":
         return []
     info = fam.MISSING_OPTIMIZER
     return [(info.severity, f"{len(unsaved)} of {len(live)} live optimizers not saved "
@@ -133,10 +135,18 @@ def _opt_text(o: dict) -> str:
         (", holds state" if o.get("stateful") else ", no state") + (", scheduled)" if o.get("scheduled") else ")")
 
 
-def _scheduler(save: dict, base: list[Finding]) -> list[tuple]:
+def _scheduler(save: dict, base: list[Finding], cev: Any) -> list[tuple]:
     scheds = live_names(save, "schedulers")
     if not base:
-        return []
+        if cev.mode != "resume" or not scheds or cev.roles.schedulers or not cev.roles.optimizers:
+            return []
+        # the optimizer state is saved without initial_lr: ReduceLROnPlateau never sets it, so the
+        # file cannot tell; the live scheduler can
+        return [(fam.MISSING_SCHEDULER.severity,
+                 f"an LR scheduler ({', '.join(scheds)}) drives this optimizer but its state was not saved: on "
+                 "resume its counters (best value, patience, cooldown) restart", {"live_schedulers": scheds},
+                 "Save scheduler.state_dict() and call scheduler.load_state_dict() after creating the scheduler "
+                 "on resume.")]
     f = base[0]
     if f.severity != "info":  # initial_lr in the saved optimizer: the family knows a scheduler ran
         return [(f.severity, f"{f.title}" + (f" (live: {', '.join(scheds)})" if scheds else ""),
