@@ -230,12 +230,14 @@ def test_without_the_grad_scaler_state_the_restart_skips_batches_again(tmp_path)
 
     base = _run(AMP, tmp_path, 16, {"resume_trace": True}, "resume-baseline")
     audit = all_rules()["ckpt-saves"].fn(base.evidence)
-    assert sorted((f.code, f.severity) for f in audit) == [("ckpt-missing-rng", "info"), ("ckpt-missing-scaler", "info")]
+    assert sorted((f.code, f.severity) for f in audit) == [("ckpt-missing-rng", "info"),
+                                                           ("ckpt-missing-scaler", "info")]
     assert any("GradScaler" in s for f in audit for s in f.evidence.get("float16_signs", []))
     steps = base.evidence.result["steps"]
     save = choose(base.evidence.of("save"), steps)
     miss = {m.state: m for m in missing_states(save)}
-    assert sorted(miss) == ["rng", "scaler"] and save["step"] == 2  # iteration 6 is step 2: four iterations overflowed and were skipped
+    # iteration 6 is step 2: four iterations overflowed and were skipped
+    assert sorted(miss) == ["rng", "scaler"] and save["step"] == 2
     run = _run(AMP, tmp_path, 16, restart_variation(save, miss["scaler"]).options, "resume-without-scaler")
     cmp = compare(base, run, 2, miss["scaler"])
     assert cmp["verdict"] == "differs" and cmp["first_divergent_step"] == 3

@@ -288,6 +288,15 @@ def test_the_description_is_bounded(audited, tmp_path, monkeypatch):
     assert wide["matched"]["models"] == deep["matched"]["models"] == ["identity"]
 
 
+def test_unusual_tensors_are_described_not_failed_on(audited, tmp_path):
+    torch, model, opt, ctx = audited
+    odd = {"nested": torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)], layout=torch.jagged),
+           "sparse": torch.randn(3, 3).to_sparse(), "meta": torch.empty(3, device="meta")}
+    torch.save({"model": model.state_dict(), "odd": odd, "epoch": 1}, tmp_path / "odd.pt")
+    (ev,) = ctx.events
+    assert ev["kind"] == "save" and ev["matched"]["models"] == ["identity"]
+
+
 def test_safetensors_saves_are_audited(audited, tmp_path):
     st = pytest.importorskip("safetensors.torch")
     torch, model, opt, ctx = audited

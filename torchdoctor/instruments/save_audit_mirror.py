@@ -65,8 +65,13 @@ def mirror(obj: Any) -> Mirror:
         name = dtypes.get(dt)
         if name is None:
             name = dtypes[dt] = str(dt).removeprefix("torch.")
-        info = TensorInfo(dtype=name, shape=tuple(t.shape), device=str(t.device), kind=kind,
-                          requires_grad=t.requires_grad)
+        try:
+            shape = tuple(t.shape)
+            if t.is_nested:  # a jagged size is symbolic: -1
+                shape = tuple(x if type(x) is int else -1 for x in shape)
+        except Exception:  # noqa: BLE001 - a tensor subclass without plain sizes
+            shape = ()
+        info = TensorInfo(dtype=name, shape=shape, device=str(t.device), kind=kind, requires_grad=t.requires_grad)
         m.devices.add(info.device)
         try:
             if t.device.type != "meta" and t.layout == torch.strided:
