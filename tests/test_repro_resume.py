@@ -23,7 +23,7 @@ SICK = HERE / "fixtures" / "scripts" / "repro" / "save_missing_scheduler.py"
 DROPOUT = HERE / "fixtures" / "scripts" / "repro" / "resume_dropout.py"
 
 
-def _run(script: Path, tmp: Path, steps: int, options: dict, name: str) -> TrialRun:
+def _run(script: Path, tmp: Path, steps: int, options: dict, name: str, *extra: str) -> TrialRun:
     """One trial run in this process, armed as Trials.run arms it (the probe's needs, the
     trials' loss trace, the resume check's save audit)."""
     import torchdoctor.pipeline.registry as reg
@@ -34,7 +34,7 @@ def _run(script: Path, tmp: Path, steps: int, options: dict, name: str) -> Trial
     armed = reg.armed_needs
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(reg, "armed_needs", lambda probe: armed(probe) | TRIAL_NEEDS | RESUME_NEEDS)
-        ev = run_inprocess("repro", script, (str(tmp), str(steps)), {"steps": steps, "trial": name, **options})
+        ev = run_inprocess("repro", script, (str(tmp), str(steps), *extra), {"steps": steps, "trial": name, **options})
     return TrialRun(Variation(name), 0, ev, 0.0)
 
 
@@ -244,3 +244,48 @@ def test_without_the_grad_scaler_state_the_restart_skips_batches_again(tmp_path)
     f = finding_for(save, miss["scaler"], cmp, steps)
     assert (f.code, f.severity) == ("ckpt-missing-scaler", "warning")  # an exact resume was asked for
     assert "without the scaler state (GradScaler) losses differ from step 3" in f.title
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_grad_scaler_and_the_cuda_generator_are_checked(tmp_path):
+    """The same float16 fixture on CUDA (run on the GPU box): the CUDA generator counts as missing
+    (a model trains there), and restarting with a fresh GradScaler changes the losses."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    base = _run(AMP, tmp_path, 16, {"resume_trace": True}, "resume-baseline", "cuda")
+    steps = base.evidence.result["steps"]
+    save = choose(base.evidence.of("save"), steps)
+    miss = {m.state: m for m in missing_states(save)}
+    assert sorted(miss) == ["rng", "scaler"] and "rng:cuda" in miss["rng"].keys
+    run = _run(AMP, tmp_path, 16, restart_variation(save, miss["scaler"]).options, "resume-without-scaler", "cuda")
+    cmp = compare(base, run, int(save["step"]), miss["scaler"])
+    assert cmp["verdict"] == "differs", cmp
+    f = finding_for(save, miss["scaler"], cmp, steps)
+    assert (f.code, f.severity) == ("ckpt-missing-scaler", "warning")
+
+
+def test_a_callers_run_is_the_baseline_only_when_it_carries_the_resume_trace():
+    from torchdoctor.reprocheck.resume import resume_check
+
+    class _Trials:
+        def __init__(self):
+            self.ran = []
+
+        def run(self, variation, steps=None):
+            self.ran.append(variation.name)
+            return _Ev([1.0, 0.9], result={"outcome": "crash", "exception": {"type": "E"}}).run(variation.name)
+
+        def expired(self):
+            return False
+
+    plain = _Ev([1.0, 0.9, 0.8]).run("run-a")  # no save events, no LR trace
+    t = _Trials()
+    _f, section = resume_check(t, baseline=plain)
+    assert t.ran == ["resume-baseline"] and section["status"] == "not-judged"
+    traced = _Ev([1.0, 0.9, 0.8], lrs=[0.1] * 3)
+    traced.ev = type(traced.ev).from_events(traced.ev.events + [{"kind": "save", "step": 1, "target": "memory"}],
+                                            result=traced.ev.result)
+    t = _Trials()
+    _f, section = resume_check(t, baseline=traced.run("run-a"))
+    assert t.ran == [] and section["status"] == "no-checkpoint"

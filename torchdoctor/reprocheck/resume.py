@@ -2,8 +2,10 @@
 
 One entry, :func:`resume_check` (called by ``commands/repro.py``), on the trials layer:
 
-1. **baseline**: the script as it is (or the caller's run, when it carries the save audit's
-   ``save`` events), every ``torch.save`` described, the loss and the LR of every step traced;
+1. **baseline**: the script as it is, every ``torch.save`` described, the loss, the LR (and a
+   GradScaler's scale) of every step traced — or the caller's run when it was made with
+   ``baseline_variation()``'s options and needs (``resume_trace``; ``save``, ``lr_trace``), which
+   saves one run;
 2. **the checkpoint**: the first training snapshot saved with steps after it (``saved.py``), and
    the states it lacks that something live needs (optimizer, scheduler, scaler, RNG);
 3. **one restart per missing state**: the same script again; at that save, right after it was
@@ -49,7 +51,8 @@ def restart_variation(save: dict, miss: Any) -> Variation:
 def resume_check(trials: Any, *, baseline: Any = None, after_steps: int = AFTER_STEPS
                  ) -> tuple[list[Finding], dict]:
     """(findings, the ``resume`` section of the report) for the script of ``trials``."""
-    base = baseline if baseline is not None and baseline.evidence.of("save") else trials.run(baseline_variation())
+    usable = baseline is not None and baseline.evidence.of("save") and baseline.evidence.of("lr_trace")
+    base = baseline if usable else trials.run(baseline_variation())
     section: dict[str, Any] = {"baseline": base.variation.name}
     why = base.failure()
     if why:

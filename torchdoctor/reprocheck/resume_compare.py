@@ -32,13 +32,18 @@ def _lrs(run: Any) -> dict[int, list]:
     return dict(zip(tr.get("steps") or [], tr.get("lrs") or []))
 
 
-def _losses(run: Any) -> list:
-    """Per-step losses; divided by the GradScaler's scale of that step when one was enabled (the
-    traced loss is ``scaler.scale(loss)``: a reset scale alone must not read as a changed loss)."""
-    losses = run.losses()
+def _scales(run: Any) -> dict[int, list]:
     tr = run.evidence.last("lr_trace") or {}
-    scales = dict(zip(tr.get("steps") or [], tr.get("scales") or []))
-    if not scales:
+    return dict(zip(tr.get("steps") or [], tr.get("scales") or []))
+
+
+def _losses(run: Any, unscale: bool) -> list:
+    """Per-step losses; with ``unscale`` divided by the GradScaler's scale of that step (the traced
+    loss is ``scaler.scale(loss)``: a reset scale alone must not read as a changed loss). Both runs
+    are unscaled or neither (a baseline the caller ran without the resume trace has no scales)."""
+    losses = run.losses()
+    scales = _scales(run)
+    if not unscale:
         return losses
     out = []
     for i, v in enumerate(losses):
@@ -52,7 +57,8 @@ def compare(base: Any, run: Any, k: int, miss: Any) -> dict:
     why = run.failure()
     if why:
         return {**out, "verdict": "failed", "reason": why}
-    bl, rl = _losses(base), _losses(run)
+    unscale = bool(_scales(base)) and bool(_scales(run))
+    bl, rl = _losses(base, unscale), _losses(run, unscale)
     before = _first_diff(bl[:k], rl[:k], 0)
     if before is not None or len(rl) < k:
         return {**out, "verdict": "not-reproducible",
