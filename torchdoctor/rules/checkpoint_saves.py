@@ -44,6 +44,7 @@ from torchdoctor.runner.frames import short_path
 PROBES = {"checkup", "repro"}
 NEEDS = {"save", "save_sites", "step"}
 FAMILY_EVIDENCE_DROPPED = ("optimizer_seen", "mode")  # file-audit wording; the save says it better
+FAMILY_EVIDENCE_RENAMED = {"optimizer": "optimizer_key_in_save"}  # the path in the saved object
 
 
 @rule("ckpt-saves", probes=PROBES, needs=NEEDS,
@@ -96,7 +97,7 @@ def _head(save: dict, n_saves: int) -> dict:
 
 def _finding(code: str, save: dict, head: dict, sev: str, title: str, evid: dict, fix: str) -> Finding:
     evidence = dict(head)
-    evidence.update({k: v for k, v in evid.items() if k not in FAMILY_EVIDENCE_DROPPED})
+    evidence.update({FAMILY_EVIDENCE_RENAMED.get(k, k): v for k, v in evid.items() if k not in FAMILY_EVIDENCE_DROPPED})
     if save.get("truncated"):
         evidence["described"] = save["truncated"]
     return finding(code, f"{head['call']} at {head['saved_at']}: {title}", evidence, fix=fix, severity=sev)
