@@ -48,7 +48,10 @@ class Live:
             def init(obj, *a, **k):
                 orig(obj, *a, **k)
                 if live.active and ctx.in_owner_process():
-                    live._add(kind, obj)
+                    try:
+                        live._add(kind, obj)
+                    except Exception:  # noqa: BLE001 - never into the user's constructor: unseen, not broken
+                        pass
             return init
         return make
 
