@@ -301,8 +301,11 @@ def test_safetensors_saves_are_audited(audited, tmp_path):
     st = pytest.importorskip("safetensors.torch")
     torch, model, opt, ctx = audited
     st.save_file(model.state_dict(), str(tmp_path / "m.safetensors"))
-    ev = ctx.events[0]
-    assert ev["fn"] == "safetensors.save_file" and ev["matched"]["models"] == ["identity"]
+    st.save_model(model, str(tmp_path / "n.safetensors"))
+    a, b = ctx.events
+    assert a["fn"] == "safetensors.save_file" and a["matched"]["models"] == ["identity"]
+    assert b["fn"] == "safetensors.save_model" and b["name"] == "n.safetensors"
+    assert b["matched"]["models"] == ["identity"]
 
 
 # ---------------------------------------------------------------- the fixtures' exact findings

@@ -25,7 +25,7 @@ from typing import Any
 from torchdoctor.checkpoint.parts import content_part
 from torchdoctor.checkpoint.roles import recognise
 from torchdoctor.checkpoint.values import TensorInfo, plain
-from torchdoctor.instruments.save_audit_live import Live, live_facts, models_with_weights
+from torchdoctor.instruments.save_audit_live import MAX_LIVE, Live, live_facts, models_with_weights
 from torchdoctor.instruments.save_audit_mirror import Mirror, mirror
 
 MAX_LISTED = 8
@@ -40,8 +40,8 @@ def describe(obj: Any, ctx: Any, live: Live) -> dict:
     summary = roles_summary(roles, mi)
     summary["part"] = content_part(SimpleNamespace(roles=roles, contents=SimpleNamespace(root=mi.root)))
     out = {"roles": summary, "live": live_facts(ctx, live),
-           "matched": {"models": _match_models(roles, mi, ctx),
-                       "optimizers": _match_optimizers(roles, mi, live.optimizers(ctx))},
+           "matched": {"models": _match_models(roles, mi, ctx)[:MAX_LIVE],
+                       "optimizers": _match_optimizers(roles, mi, live.optimizers(ctx)[:MAX_LIVE])},
            "nodes": mi.nodes}
     if mi.truncated:
         out["truncated"] = mi.truncated

@@ -20,6 +20,7 @@ import weakref
 from typing import Any, Callable
 
 MAX_GROUPS = 4  # param groups listed per optimizer
+MAX_LIVE = 16  # live objects of each kind described (a script rarely builds more)
 
 
 class Live:
@@ -92,9 +93,9 @@ def _num(v: Any) -> Any:
 
 def live_facts(ctx: Any, live: Live) -> dict:
     """What was live at the save: JSON-safe, bounded."""
-    models = models_with_weights(ctx)
-    opts = live.optimizers(ctx)
-    scheds = live.schedulers()
+    models = models_with_weights(ctx)[:MAX_LIVE]
+    opts = live.optimizers(ctx)[:MAX_LIVE]
+    scheds = live.schedulers()[:MAX_LIVE]
     out: dict[str, Any] = {
         "models": [{"cls": type(m).__name__, "params": sum(p.numel() for p in m.parameters()),
                     "device": str(next(m.parameters()).device)} for m in models],
@@ -105,6 +106,6 @@ def live_facts(ctx: Any, live: Live) -> dict:
         "schedulers": [{"cls": type(s).__name__, "last_epoch": _num(getattr(s, "last_epoch", None)),
                         "optimizer": next((i for i, o in enumerate(opts) if getattr(s, "optimizer", None) is o),
                                           None)} for s in scheds],
-        "scalers": [{"cls": type(s).__name__, "enabled": bool(s.is_enabled())} for s in live.scalers()],
+        "scalers": [{"cls": type(s).__name__, "enabled": bool(s.is_enabled())} for s in live.scalers()[:MAX_LIVE]],
     }
     return out
