@@ -196,7 +196,7 @@ def audited():
     model(torch.randn(2, 4)).sum().backward()
     opt.step()
     ctx = _Ctx([model], [opt])
-    inst = SaveAudit()
+    inst = ctx.inst = SaveAudit()
     inst.install(ctx)
     try:
         yield torch, model, opt, ctx
@@ -331,3 +331,27 @@ def test_checkup_of_the_complete_fixture_warns_about_nothing():
     run = run_fixture("repro/save_complete.py", "checkup --steps 0 -- {tmp} 12")
     assert [(f["code"], f["severity"]) for f in run.report["findings"] if f["code"].startswith("ckpt-")] == [
         ("ckpt-missing-rng", "info")]
+
+
+def test_schedulers_and_scalers_built_under_the_audit_copy_pickle_and_inspect_as_usual(audited):
+    import copy
+    import inspect
+    import pickle
+
+    torch, model, opt, ctx = audited
+    init = torch.optim.lr_scheduler.LRScheduler.__init__
+    assert str(inspect.signature(init)) == str(inspect.signature(init.__wrapped__))
+    sched = torch.optim.lr_scheduler.StepLR(opt, 3)
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt)
+    scaler = torch.amp.GradScaler("cpu")
+    for obj in (sched, plateau, scaler):
+        assert not [k for k in vars(obj) if "torchdoctor" in k or k.startswith("_td")]
+        copy.deepcopy(obj.state_dict())
+        pickle.loads(pickle.dumps(obj.state_dict()))
+    copy.deepcopy(scaler)
+    pickle.loads(pickle.dumps(scaler))
+    from torchdoctor.instruments.save_audit_live import live_facts
+
+    facts = live_facts(ctx, ctx.inst.live)
+    assert [s["cls"] for s in facts["schedulers"]] == ["StepLR", "ReduceLROnPlateau"]
+    assert facts["scalers"] == [{"cls": "GradScaler", "enabled": True}]
