@@ -15,12 +15,15 @@ from torchdoctor.pipeline.registry import instruments_for
 ARMED = {
     "run": ["dist_steps", "dist_collectives", "dist_sampler", "crashctx", "training_anomaly"],
     "checkup": ["data_source", "training_grads", "training_modes", "memory_sampler", "moved",
-                "nan_monitor", "cpu", "memory_grad_eval", "seeding"],
+                "nan_monitor", "cpu", "memory_grad_eval", "seeding", "save_audit"],
     "profile": ["data_source", "moved", "cpu", "profiler_window", "flop_count"],  # + the yardstick
     "memory": ["memory_detail", "memory_sampler", "memory_grad_eval"],
     "nan": ["training_grads", "training_modes", "nan_monitor", "nan_capture"],
     "memory-sampler": ["memory_sampler"],
     "gradcheck": ["autograd_capture"],
+    # `repro`: the save audit (rules/checkpoint_saves.py) is one of its rules; the repro helper's
+    # own instruments join this row when its rules land
+    "repro": ["save_audit"],
     "ranks": [],  # judged on the merged ranks' evidence: the instruments are armed by "run"
 }
 

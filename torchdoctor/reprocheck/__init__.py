@@ -1,0 +1,1 @@
+"""`torchdoctor repro`: runs of the same script compared (reproducibility, exact resume)."""

@@ -1,0 +1,176 @@
+"""The script's own checkpoints, judged at the ``torch.save`` line that wrote them (probes checkup, repro).
+
+Evidence: the ``save`` events of the save audit (``instruments/save_audit.py``): what each save
+held (the checkpoint family's roles) and the live models, optimizers, LR schedulers and
+GradScalers at that moment. A checkpoint is what one step saved into one folder (one file, or
+model, optimizer and scheduler in separate files: merged); one judgement per checkpoint's first
+save line, on the last such checkpoint (a save into an in-memory buffer — a best-model snapshot —
+is no checkpoint a preempted run could resume from). A save that alone is one part (only an
+optimizer state, only RNG states) is not asked for the rest, as ``checkpoint-audit`` does not ask
+a part file; a folder of a framework's multi-file layout (Trainer, accelerate, DeepSpeed, DCP,
+recognised by its file names as ``checkpoint/layout.py`` does) is left to
+``checkpoint-audit FOLDER``, which reads its JSON state files too.
+
+The decision is the checkpoint family's (``rules/checkpoint_training.py``), applied to the save
+as if it were the file (``rules/checkpoint_saves_roles.py``): a weights export is not asked for
+training state, a training snapshot is, with the same severities. The live objects settle what
+a file leaves open:
+
+* optimizer: a snapshot without optimizer state is not flagged when no live optimizer holds any
+  (plain SGD without momentum, and no scheduler driving it: nothing to lose); a snapshot that
+  saves some optimizers but not every stateful live one is (a GAN saving only one of two);
+* scheduler: with no optimizer state saved the file cannot tell whether a scheduler was used
+  (info); a live one says it was (warning), no live one that it was not (nothing); a saved
+  optimizer state without ``initial_lr`` says "no scheduler" to the file, but ReduceLROnPlateau
+  never sets it: a live one not saved is a warning;
+* scaler: an enabled live GradScaler is a float16 sign;
+* a weights-only save is the family's single info (``ckpt-weights-export``) only when training
+  went on after it and a live optimizer holds state: a periodic weights-only "checkpoint";
+  a final export (no step after it) raises nothing.
+
+A run without any save is judged healthy here (nothing saved, nothing missing), not skipped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchdoctor.findings import Finding, finding
+from torchdoctor.judge import NotApplicable, rule
+from torchdoctor.rules import checkpoint_training as fam
+from torchdoctor.rules.checkpoint_saves_roles import checkpoint_evidence, checkpoints, holds, live_names
+from torchdoctor.runner.frames import short_path
+
+PROBES = {"checkup", "repro"}
+NEEDS = {"save", "save_sites", "step"}
+FAMILY_EVIDENCE_DROPPED = ("optimizer_seen", "mode")  # file-audit wording; the save says it better
+FAMILY_EVIDENCE_RENAMED = {"optimizer": "optimizer_key_in_save"}  # the path in the saved object
+
+
+@rule("ckpt-saves", probes=PROBES, needs=NEEDS,
+      raises=[fam.MISSING_OPTIMIZER, fam.MISSING_SCHEDULER, fam.MISSING_SCALER, fam.MISSING_RNG,
+              fam.MISSING_PROGRESS])
+def ckpt_saves(ev) -> list[Finding]:
+    sites = ev.last("save_sites") or {}
+    judged = checkpoints(ev.of("save"), sites.get("layouts") or [])
+    if not judged:
+        return []
+    last_step = max((int(s.get("step") or 0) for s in ev.of("step")), default=0)
+    counts = sites.get("sites") or {}
+    out: list[Finding] = []
+    for save in judged:
+        if save.get("layout"):
+            continue  # a framework's multi-file folder (Trainer, accelerate, DeepSpeed, DCP): checkpoint-audit DIR
+        out += judge_save(save, last_step, counts.get(save.get("where"), 1))
+    return out
+
+
+def judge_save(save: dict, last_step: int, n_saves: int, expect: str = "auto") -> list[Finding]:
+    """The findings of one save (the resume check calls it with ``expect="resume"``)."""
+    cev = checkpoint_evidence(save, expect)
+    head = _head(save, n_saves)
+    if cev.mode == "weights":
+        return _weights_only(save, cev, head, last_step)
+    out = []
+    for fn, refine in ((fam.missing_optimizer, _optimizer), (fam.missing_scheduler, _scheduler),
+                       (fam.missing_scaler, None), (fam.missing_rng, None), (fam.missing_progress, None)):
+        try:
+            base = fn(cev)
+        except NotApplicable:
+            base = []
+        got = refine(save, base, cev) if refine else [(f.severity, f.title, f.evidence, f.fix) for f in base]
+        for sev, title, evid, fix in got:
+            code = fn.__name__.replace("missing_", "ckpt-missing-")
+            out.append(_finding(code, save, head, sev, title, evid, fix))
+    return out
+
+
+def _head(save: dict, n_saves: int) -> dict:
+    where = short_path(str(save.get("where")))
+    out = {"saved_at": where, "call": save.get("fn", "torch.save"), "judged_save_at_step": save.get("step"),
+           "saves_at_this_line": n_saves, "file": save.get("name"), "holds": holds(save) or ["nothing recognised"]}
+    if save.get("files"):  # several files saved at one step into one folder, judged as one checkpoint
+        out["file"] = save["files"]
+        out["save_lines"] = [short_path(w) for w in save.get("sites") or []]
+    return out
+
+
+def _finding(code: str, save: dict, head: dict, sev: str, title: str, evid: dict, fix: str) -> Finding:
+    evidence = dict(head)
+    evidence.update({FAMILY_EVIDENCE_RENAMED.get(k, k): v for k, v in evid.items() if k not in FAMILY_EVIDENCE_DROPPED})
+    if save.get("truncated"):
+        evidence["described"] = save["truncated"]
+    return finding(code, f"{head['call']} at {head['saved_at']}: {title}", evidence, fix=fix, severity=sev)
+
+
+def _stateful(save: dict) -> list[tuple[int, dict]]:
+    opts = (save.get("live") or {}).get("optimizers") or []
+    return [(i, o) for i, o in enumerate(opts) if o.get("stateful") or o.get("scheduled")]
+
+
+def _optimizer(save: dict, base: list[Finding], cev: Any) -> list[tuple]:
+    live = _stateful(save)
+    matched = (save.get("matched") or {}).get("optimizers") or []
+    if base:
+        if not live:
+            return []  # no live optimizer holds state or is scheduled: nothing lost
+        f = base[0]
+        names = ", ".join(o.get("cls", "?") for _i, o in live)
+        return [(f.severity, f"a training snapshot without the state of the live optimizer ({names}): on resume "
+                 "its momentum buffers / moments and step counts start again from zero",
+                 {**f.evidence, "live_optimizers": [_opt_text(o) for _i, o in live]}, f.fix)]
+    unsaved = [(i, o) for i, o in live if i < len(matched) and matched[i] is None]
+    if not unsaved or cev.mode != "resume":
+        return []
+    info = fam.MISSING_OPTIMIZER
+    return [(info.severity, f"{len(unsaved)} of {len(live)} live optimizers not saved "
+             f"({', '.join(o.get('cls', '?') for _i, o in unsaved)}): on resume their state starts from zero",
+             {"live_optimizers": [_opt_text(o) + (" (saved)" if matched[i] else " (not saved)")
+                                  for i, o in live if i < len(matched)]},
+             "Save every optimizer's state_dict() (one entry per optimizer) and restore each one.")]
+
+
+def _opt_text(o: dict) -> str:
+    lr = [x for x in o.get("lr") or [] if x is not None]
+    return f"{o.get('cls', '?')} ({sum(o.get('groups') or [])} params" + (f", lr {lr[0]:g}" if lr else "") + \
+        (", holds state" if o.get("stateful") else ", no state") + (", scheduled)" if o.get("scheduled") else ")")
+
+
+def _scheduler(save: dict, base: list[Finding], cev: Any) -> list[tuple]:
+    scheds = live_names(save, "schedulers")
+    if not base:
+        if cev.mode != "resume" or not scheds or cev.roles.schedulers or not cev.roles.optimizers:
+            return []
+        # the optimizer state is saved without initial_lr: ReduceLROnPlateau never sets it, so the
+        # file cannot tell; the live scheduler can
+        return [(fam.MISSING_SCHEDULER.severity,
+                 f"an LR scheduler ({', '.join(scheds)}) drives this optimizer but its state was not saved: on "
+                 "resume its counters (best value, patience, cooldown) restart", {"live_schedulers": scheds},
+                 "Save scheduler.state_dict() and call scheduler.load_state_dict() after creating the scheduler "
+                 "on resume.")]
+    f = base[0]
+    if f.severity != "info":  # initial_lr in the saved optimizer: the family knows a scheduler ran
+        return [(f.severity, f"{f.title}" + (f" (live: {', '.join(scheds)})" if scheds else ""),
+                 {**f.evidence, **({"live_schedulers": scheds} if scheds else {})}, f.fix)]
+    if not scheds:
+        return []  # no optimizer state to tell, and no live scheduler: none was used
+    return [(fam.MISSING_SCHEDULER.severity,
+             f"an LR scheduler ({', '.join(scheds)}) drives training but neither its state nor the optimizer's "
+             "was saved: on resume the schedule restarts from step 0", {"live_schedulers": scheds}, f.fix)]
+
+
+def _weights_only(save: dict, cev: Any, head: dict, last_step: int) -> list[Finding]:
+    step = int(save.get("step") or 0)
+    live = _stateful(save)
+    if not live or step >= last_step:
+        return []  # an export after the last step, or nothing a resume would miss
+    base = fam.weights_export(cev)
+    if not base:
+        return []
+    f = base[0]
+    names = ", ".join(o.get("cls", "?") for _i, o in live)
+    return [_finding(f.code, save, head, f.severity,
+                     f"saves weights only while {names} trains on (step {step} of {last_step} seen): fine as an "
+                     "export, but training cannot resume exactly from this file",
+                     {"live_optimizers": [_opt_text(o) for _i, o in live],
+                      "mode": "weights export (no training state in the save)"}, f.fix)]
