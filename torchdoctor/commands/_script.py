@@ -78,10 +78,13 @@ def _params(extra: list[ExtraOption], steps_default: int, timeout_default: float
 def script_command(app: typer.Typer, name: str, help: str, probe: str | None = None,
                    extra_options: list[ExtraOption] | tuple = (), *,
                    steps_default: int = DEFAULT_STEPS, timeout_default: float = DEFAULT_TIMEOUT_S,
-                   target_override: Callable[[], tuple[str, list[str]]] | None = None) -> Callable:
+                   target_override: Callable[[], tuple[str, list[str]]] | None = None,
+                   after: Callable[..., None] | None = None) -> Callable:
     """Register ``name`` on ``app`` as a script probe running ``probe`` (default: ``name``).
 
     ``target_override`` (for ``demo``): returns (script, args) to run when none is given.
+    ``after(report, target, args, options)`` (for ``compile``'s eager trial): completes the
+    report after the probe's run, before it is rendered.
     """
     probe = probe or name
     extra = list(extra_options)
@@ -129,6 +132,8 @@ def script_command(app: typer.Typer, name: str, help: str, probe: str | None = N
                f"{' ' + ' '.join(args) if args else ''} ({bound}timeout {timeout:g} s)")
 
         report = run_probe(probe, target, args, options)
+        if after is not None:
+            after(report, target, args, options)
         if name != probe:
             report.command = name
         emit(report, as_json, fail_on, out)
