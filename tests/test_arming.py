@@ -15,11 +15,12 @@ from torchdoctor.pipeline.registry import instruments_for
 ARMED = {
     "run": ["dist_steps", "dist_collectives", "dist_sampler", "crashctx", "training_anomaly"],
     "checkup": ["data_source", "training_grads", "training_modes", "memory_sampler", "moved",
-                "nan_monitor", "cpu", "memory_grad_eval", "seeding"],
+                "nan_monitor", "cpu", "memory_grad_eval", "seeding", "dynamo_counters"],
     "profile": ["data_source", "moved", "cpu", "profiler_window"],
     "memory": ["memory_detail", "memory_sampler", "memory_grad_eval"],
     "nan": ["training_grads", "training_modes", "nan_monitor", "nan_capture"],
     "memory-sampler": ["memory_sampler"],
+    "compile": ["dynamo_diag", "dynamo_counters"],
     "ranks": [],  # judged on the merged ranks' evidence: the instruments are armed by "run"
 }
 
@@ -33,7 +34,7 @@ def test_an_unknown_probe_arms_nothing():
     assert instruments_for("no-such-probe") == []
 
 
-@pytest.mark.parametrize("probe", ["checkup", "profile", "memory", "nan", "memory-sampler"])
+@pytest.mark.parametrize("probe", ["checkup", "profile", "memory", "nan", "memory-sampler", "compile"])
 def test_the_child_arms_from_the_parents_needs_what_the_probe_and_run_arm(probe):
     """launch.py writes ``armed_needs(probe)`` into meta.json; the child harness arms from those
     kinds without loading the rules: the same instruments as the probe's plus run's."""

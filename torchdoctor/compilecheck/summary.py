@@ -80,10 +80,12 @@ def break_sites(ev: Evidence) -> list[dict[str, Any]]:
 def recompiled_functions(ev: Evidence) -> list[dict[str, Any]]:
     funcs: dict[str, dict[str, Any]] = {}
     events = ev.of("dynamo_recompile")
-    if not events:  # no log channel: the compile records' reasons
+    if not events:  # dynamo logs recompiles only under TORCH_LOGS: its compile records' reasons
         events = [{"step": r.get("step"), "function": r.get("function"), "file": r.get("file"),
-                   "line": r.get("line"), "guard": r.get("recompile_guard")}
-                  for r in ev.of("dynamo_compile") if r.get("recompile_guard")]
+                   "line": r.get("line"), "guard": r.get("recompile_guard"),
+                   "user_file": r.get("recompile_file"), "user_line": r.get("recompile_line")}
+                  for r in ev.of("dynamo_compile")
+                  if r.get("recompile_guard") and (r.get("file") or r.get("function"))]
     for e in events:
         key = _loc(e.get("file"), e.get("line")) or str(e.get("function"))
         f = funcs.setdefault(key, {"function": e.get("function"), "where": key, "count": 0,
@@ -152,6 +154,6 @@ def summarize(ev: Evidence) -> dict[str, Any] | None:
         "compile_s": round(secs, 3) if records else c.get("compile_s"),
         "compile_steps": steps,
         "steady_steps": len(steady),
-        "compiled_step_ms": _median_ms(steady),
+        "compiled_step_ms": _median_ms(steady) if (c.get("frames") or records) else None,
     }
     return out

@@ -69,7 +69,7 @@ def _cut(s: str | None, n: int = MAX_TEXT) -> str | None:
     return s if len(s) <= n else s[: n - 1] + "…"
 
 
-def _user_frames(text: str, is_user=None) -> list[tuple[str, int, str | None]]:
+def user_frames(text: str, is_user=None) -> list[tuple[str, int, str | None]]:
     out = []
     for m in _FILE_LINE.finditer(text):
         f = m.group("file")
@@ -88,7 +88,7 @@ def parse_graph_break(msg: str, is_user=None) -> dict[str, Any]:
     if m:
         out["file"], out["line"] = m.group("file"), int(m.group("line"))
     if is_user is not None and out.get("file") and not is_user(out["file"]):
-        frames = _user_frames(msg.split("User code traceback:", 1)[-1], is_user)
+        frames = user_frames(msg.split("User code traceback:", 1)[-1], is_user)
         if frames:
             out["file"], out["line"] = frames[-1][0], frames[-1][1]
     body = msg.split("User code traceback:", 1)[0]
@@ -125,7 +125,7 @@ def parse_recompile(msg: str, is_user=None) -> dict[str, Any]:
     tail = msg.split("triggered by the following guard failure(s):", 1)[-1]
     g = _GUARD.search(tail)
     out["guard"] = _cut(g.group("guard")) if g else None
-    frames = _user_frames(tail, is_user)
+    frames = user_frames(tail, is_user)
     if frames:
         out["user_file"], out["user_line"] = frames[0][0], frames[0][1]
     return out
@@ -143,7 +143,7 @@ def parse_limit(msg: str, is_user=None) -> dict[str, Any] | None:
         out.update(function=f.group("fn"), file=f.group("file"), line=int(f.group("line")))
     r = _LAST_REASON.search(msg)
     out["guard"] = _cut(r.group("guard")) if r else None
-    frames = _user_frames(msg, is_user)
+    frames = user_frames(msg, is_user)
     if frames:
         out["user_file"], out["user_line"] = frames[0][0], frames[0][1]
     return out

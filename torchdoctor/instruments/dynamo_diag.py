@@ -136,7 +136,7 @@ class DynamoDiag(Instrument):
         seconds = 0.0
         new = self._new_records()
         for r in new:
-            rec = compile_record(r)
+            rec = compile_record(r, self.is_user)
             seconds += rec.get("seconds") or 0.0
             self._emit("dynamo_compile", step=step, **rec)
         entries = ti.dynamo_compile_time_entries()
@@ -178,8 +178,9 @@ class _Handler(logging.Handler):
         pass
 
 
-def compile_record(r: Any) -> dict[str, Any]:
-    """The fields of one of dynamo's compile records (absent fields: None)."""
+def compile_record(r: Any, is_user: Any = None) -> dict[str, Any]:
+    """The fields of one of dynamo's compile records (absent fields: None); the recompile
+    reason's failed guard and the user line it names (torch >= 2.8 adds a user stack)."""
     from torchdoctor.compilecheck import text
 
     g = lambda name: getattr(r, name, None)  # noqa: E731
@@ -192,11 +193,15 @@ def compile_record(r: Any) -> dict[str, Any]:
     first = str(fail).strip().splitlines()[0][:300] if fail else None
     gb, url = text.gb_of(str(fail) if fail else None)
     cid = g("compile_id")
+    why = g("recompile_reason")
+    frames = text.user_frames(str(why), is_user) if why else []
     return {"id": str(cid) if cid is not None else None, "function": g("co_name"),
             "file": g("co_filename"), "line": g("co_firstlineno"),
             "seconds": round(float(secs), 6) if isinstance(secs, (int, float)) else None,
             "forward": g("is_forward"), "fail": g("fail_type"), "fail_reason": first,
             "fail_gb": gb, "fail_url": url,
             "fail_file": g("fail_user_frame_filename"), "fail_line": g("fail_user_frame_lineno"),
-            "guarded": g("has_guarded_code"), "recompile_guard": text.first_guard(g("recompile_reason")),
+            "guarded": g("has_guarded_code"), "recompile_guard": text.first_guard(why),
+            "recompile_file": frames[0][0] if frames else None,
+            "recompile_line": frames[0][1] if frames else None,
             "ops": g("graph_op_count")}

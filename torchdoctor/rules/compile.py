@@ -131,7 +131,8 @@ def compile_recompile_limit(ev: Evidence) -> list[Finding]:
         times = cs.around(ev, int(step)) if step is not None else {}
         limit = f"{h['limit']} ({h['value']})" if h.get("limit") else "the recompile limit"
         title = (f"{h.get('function') or 'a function'} hit {limit} at step {step}: it runs eager "
-                 f"from then on; guard `{guard}` failed every time ({line})")
+                 f"from then on; guard `{guard}` failed ({line}), "
+                 f"{f.get('count') or 'several'} recompiles before")
         out.append(finding(
             "compile-recompile-limit", title,
             {"function": h.get("function"), "defined_at": _short(h["where"]), "read_at": line,
