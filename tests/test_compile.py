@@ -190,6 +190,8 @@ def test_compile_steps_are_left_out_of_the_steady_time_and_of_the_eager_side():
     got = compare_eager(m, eager, None)
     assert got == {"eager_step_ms": 20.0, "eager_steps": 4, "speedup": 2.0}
     assert "failed" in compare_eager(m, eager, "RuntimeError: boom")["eager_skipped"]
+    still = Evidence.from_events([*steps(6), counters(frames_ok=1)])  # the switch did not hold
+    assert "could not be switched off" in compare_eager(m, still, None)["eager_skipped"]
 
 
 def test_the_console_lines_say_compile_time_apart_and_the_speed_up():

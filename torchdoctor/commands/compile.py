@@ -6,7 +6,7 @@
    (``torchdoctor/rules/compile.py``): graph breaks by user line, recompiles by guard, the
    recompile limit, or no torch.compile at all.
 2. When something was compiled, the same script runs again for the same steps with dynamo
-   switched off from outside (a trial, ``TORCHDYNAMO_DISABLE=1``): the steady step time of the
+   switched off from outside (a trial, ``TORCH_COMPILE_DISABLE=1``): the steady step time of the
    compiled run (steps that compiled nothing, warm-up left out) is compared with the eager
    run's same steps: ``metrics.compile.speedup``. ``--no-eager`` skips that run.
 """
@@ -39,7 +39,7 @@ def eager_comparison(report: Any, target: str, args: list[str], options: dict[st
     from torchdoctor.compilecheck.compare import compare_eager
     from torchdoctor.trials import Trials, Variation
 
-    eager = Variation("eager", "torch.compile switched off (TORCHDYNAMO_DISABLE=1)", env=dict(EAGER_ENV))
+    eager = Variation("eager", "torch.compile switched off (TORCH_COMPILE_DISABLE=1)", env=dict(EAGER_ENV))
     eprint("torchdoctor compile: the same steps again with torch.compile switched off (eager)")
     opts = {k: v for k, v in options.items() if k != "nproc_per_node"}
     with Trials("compile", target, args, options=opts,

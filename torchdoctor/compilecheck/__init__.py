@@ -17,7 +17,10 @@ from __future__ import annotations
 # the evidence kinds of the diagnostics: add them to a Variation's needs to get them in a trial
 DIAG_NEEDS = frozenset({"dynamo_break", "dynamo_recompile", "dynamo_limit", "dynamo_compile",
                         "dynamo_step", "dynamo_counters"})
-# switch dynamo off in the child, no edit of the script: torch.compile then returns the model
-# itself (TORCHDYNAMO_DISABLE, read at each torch.compile call) and dynamo.config.disable is set
-# at import (TORCH_COMPILE_DISABLE); checked on torch 2.13 (CPU) and 2.11 (GPU box)
-EAGER_ENV = {"TORCHDYNAMO_DISABLE": "1", "TORCH_COMPILE_DISABLE": "1"}
+# switch dynamo off in the child, no edit of the script: dynamo's own setting ``config.disable``,
+# read from TORCH_COMPILE_DISABLE at its import (every torch 2.x) and checked at each frame:
+# torch.compile still returns its wrapper (a script that reads ``model._orig_mod`` runs as it
+# is) and the wrapper runs the function eager. (TORCHDYNAMO_DISABLE=1 instead makes
+# torch.compile return the bare model, which such a script cannot run.) Checked on 2.13; the
+# eager run's own counters confirm that nothing was compiled (compare.py).
+EAGER_ENV = {"TORCH_COMPILE_DISABLE": "1"}

@@ -20,6 +20,10 @@ def compare_eager(m: dict[str, Any], eager: Evidence, failure: str | None) -> di
 
     if failure:
         return {"eager_skipped": f"the eager run failed: {failure}"}
+    c = eager.last("dynamo_counters") or {}
+    if c.get("frames_ok") or eager.of("dynamo_compile"):
+        return {"eager_skipped": "compilation could not be switched off from outside "
+                                 "(dynamo compiled in the eager run)"}
     skip = set(m.get("compile_steps") or [])
     walls = [float(s["wall_s"]) for s in judged_steps(eager)
              if int(s.get("step", 0)) not in skip and s.get("wall_s") is not None]
