@@ -251,3 +251,28 @@ def test_the_instrument_reads_a_real_break_prints_nothing_and_restores_dynamos_l
     assert "Graph break in user code" not in err  # the channel was read, not printed
     assert {q: (logging.getLogger(q).level, logging.getLogger(q).propagate) for q in names} == before
     assert Path(__file__).exists()
+
+
+def test_the_compiled_wrapper_carries_our_hooks_into_no_copy_or_pickle():
+    """torch.compile's wrapper takes per-root hooks (a global stand-in would be a change of the
+    global hook set that dynamo guards on: a recompile of every compiled function)."""
+    torch = pytest.importorskip("torch")
+    import copy
+    import pickle
+
+    from torchdoctor.runner.userhooks import hookable, register_on
+
+    inner = torch.nn.Linear(2, 2)
+    wrapped = torch.compile(inner, backend="eager")
+    assert hookable(wrapped) and hookable(inner)
+    calls = []
+    handle, hook = register_on(wrapped, "forward", lambda m, a, o: calls.append(1))  # a lambda: unpicklable
+    try:
+        wrapped(torch.ones(1, 2))
+        assert calls == [1]
+        twin = copy.deepcopy(wrapped)
+        assert not twin._forward_hooks and not twin._orig_mod._forward_hooks
+        pickle.dumps(wrapped)
+    finally:
+        handle.remove()
+        torch._dynamo.reset()

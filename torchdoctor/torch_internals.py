@@ -19,6 +19,7 @@ called, and belong to the file format, not to the running torch.
 | CUDA allocator | ``torch._C._cuda_memoryStats``, ``_cuda_attach_out_of_memory_observer``, ``torch.cuda.memory._record_memory_history`` / ``_snapshot``, ``torch.cuda._lazy_call`` | :mod:`torchdoctor.memory.cuda` |
 | flight recorder | ``torch._C._distributed_c10d`` | dist collectives |
 | dynamo counters, compile records | ``torch._dynamo.utils.counters``, ``get_compilation_metrics``, ``compilation_time_metrics``, ``torch._dynamo.config.recompile_limit`` (``cache_size_limit`` before 2.6) | dynamo diagnostics, dynamo counters |
+| the compiled-module wrapper | ``torch._dynamo.eval_frame.OptimizedModule`` | user hooks (a wrapper rebuilt from ``_orig_mod`` by its ``__reduce__``) |
 | dynamo's log channels | the ``graph_breaks`` / ``recompiles`` artifact loggers (``torch._dynamo.<module>.__<artifact>``), ``torch._logging._internal.log_state`` / ``log_registry`` | dynamo diagnostics |
 """
 
@@ -152,6 +153,22 @@ def dynamo_compile_time_entries() -> int | None:
         return sum(len(v) for v in list(ctm.values()))
     except Exception:  # noqa: BLE001
         return None
+
+
+def dynamo_compiled_anything() -> bool:
+    """True once dynamo has tried to compile a frame in this process (cheap: a counter read)."""
+    c = dynamo_counters()
+    try:
+        return bool(c is not None and (c.get("frames") or {}).get("total", 0))
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def dynamo_wrapper_class() -> Any:
+    """``torch._dynamo.eval_frame.OptimizedModule`` (what ``torch.compile(module)`` returns), or
+    None before dynamo is imported."""
+    ef = sys.modules.get("torch._dynamo.eval_frame")
+    return getattr(ef, "OptimizedModule", None)
 
 
 def dynamo_recompile_limit() -> tuple[str, int] | None:

@@ -130,9 +130,17 @@ class StepClock:
 
         Only when every root's copies and pickles leave the hooks out (:func:`hookable`): a
         root whose class has its own ``__getstate__`` (``nn.LSTM``) keeps the global hooks on,
-        so that nothing of torchdoctor's travels into the user's ``deepcopy`` or saved file."""
+        so that nothing of torchdoctor's travels into the user's ``deepcopy`` or saved file.
+        Not once torch.compile has compiled something: the global hooks stay (they return at
+        once inside compiled code) because changing them is a recompile of every compiled
+        function."""
+        from torchdoctor import torch_internals as ti
         from torchdoctor.runner.userhooks import hookable, register_on
 
+        if ti.dynamo_compiled_anything():
+            # dynamo guards on the set of global module hooks: removing ours now would make
+            # every function it compiled recompile (a compiled submodule, a compiled root)
+            return
         roots = self.ctx.models()
         try:
             if not all(hookable(m) for m in roots):
