@@ -34,6 +34,9 @@ def eager_comparison(report: Any, target: str, args: list[str], options: dict[st
     if report.run_status in ("crashed", "timeout", "interrupted"):
         m["eager_skipped"] = "the compiled run did not finish"
         return
+    if options.get("nproc_per_node"):
+        m["eager_skipped"] = "not measured under --nproc-per-node (run the script alone for it)"
+        return
     from torchdoctor.commands._common import eprint
     from torchdoctor.compilecheck import EAGER_ENV
     from torchdoctor.compilecheck.compare import compare_eager
@@ -41,8 +44,7 @@ def eager_comparison(report: Any, target: str, args: list[str], options: dict[st
 
     eager = Variation("eager", "torch.compile switched off (TORCH_COMPILE_DISABLE=1)", env=dict(EAGER_ENV))
     eprint("torchdoctor compile: the same steps again with torch.compile switched off (eager)")
-    opts = {k: v for k, v in options.items() if k != "nproc_per_node"}
-    with Trials("compile", target, args, options=opts,
+    with Trials("compile", target, args, options=options,
                 budget_s=float(options.get("timeout") or 300.0)) as trials:
         run = trials.run(eager)
         m.update(compare_eager(m, run.evidence, run.failure()))
