@@ -7,7 +7,9 @@ of the healthy compiled CNN (tests/fixtures/scripts/compile/healthy_cnn.py, 30 s
 * ``run``      the harness with only the step clock (probe ``run``)
 * ``compile``  the ``compile`` probe's run (dynamo_diag + dynamo_counters), no eager trial
 
-The probe's own cost beyond the script's compile time is ``compile / bare`` (harness start-up
+Inductor's on-disk caches are disabled in every run (``TORCHINDUCTOR_FORCE_DISABLE_CACHES=1``):
+otherwise the first run compiles and the later ones load, which is the order of the configs,
+not their cost. The probe's own cost beyond the script's compile time is ``compile / bare`` (harness start-up
 included) and ``compile / run`` (the diagnostics alone). Acceptance (issue 19): compile / bare
 ≤ 1.10 with inductor.
 
@@ -43,7 +45,8 @@ CHILD = ("import json, sys\n"
 def run_once(kind: str, backend: str, timeout: float) -> dict:
     args = [str(SCRIPT), "--backend", backend]
     cmd = [sys.executable, *args] if kind == "bare" else [sys.executable, "-c", CHILD % timeout, kind, *args]
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               TORCHINDUCTOR_FORCE_DISABLE_CACHES="1")  # every run compiles from scratch
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout + 60)
     wall = time.perf_counter() - t0
