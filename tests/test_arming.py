@@ -15,12 +15,13 @@ from torchdoctor.pipeline.registry import instruments_for
 ARMED = {
     "run": ["dist_steps", "dist_collectives", "dist_sampler", "crashctx", "training_anomaly"],
     "checkup": ["data_source", "training_grads", "training_modes", "memory_sampler", "moved",
-                "nan_monitor", "cpu", "memory_grad_eval", "seeding", "save_audit"],
+                "nan_monitor", "cpu", "memory_grad_eval", "seeding", "save_audit", "dynamo_counters"],
     "profile": ["data_source", "moved", "cpu", "profiler_window", "flop_count"],  # + the yardstick
     "memory": ["memory_detail", "memory_sampler", "memory_grad_eval"],
     "nan": ["training_grads", "training_modes", "nan_monitor", "nan_capture"],
     "memory-sampler": ["memory_sampler"],
     "gradcheck": ["autograd_capture"],
+    "compile": ["dynamo_diag", "dynamo_counters"],
     # `repro`: the save audit (rules/checkpoint_saves.py) is one of its rules; the repro helper's
     # own instruments join this row when its rules land
     "repro": ["save_audit"],
@@ -37,7 +38,8 @@ def test_an_unknown_probe_arms_nothing():
     assert instruments_for("no-such-probe") == []
 
 
-@pytest.mark.parametrize("probe", ["checkup", "profile", "memory", "nan", "memory-sampler", "gradcheck"])
+@pytest.mark.parametrize("probe", ["checkup", "profile", "memory", "nan", "memory-sampler", "gradcheck",
+                                   "compile"])
 def test_the_child_arms_from_the_parents_needs_what_the_probe_and_run_arm(probe):
     """launch.py writes ``armed_needs(probe)`` into meta.json; the child harness arms from those
     kinds without loading the rules: the same instruments as the probe's plus run's."""

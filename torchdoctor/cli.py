@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "env",
     "checkup",
     "profile",
+    "compile",
     "memory",
     "nan",
     "treat",

@@ -22,6 +22,9 @@ called, and belong to the file format, not to the running torch.
 | flight recorder | ``torch._C._distributed_c10d`` | dist collectives |
 | compile start/end callbacks | ``torch._dynamo.callback.callback_handler`` (``register_start_callback``…) | ``treat``'s compile trial |
 | custom ops | ``torch._library.custom_ops.CustomOpDef`` (``__call__``, ``_qualname``, ``_init_fn``, ``_backward_fn``) | gradcheck capture |
+| dynamo counters, compile records | ``torch._dynamo.utils.counters``, ``get_compilation_metrics``, ``compilation_time_metrics``, ``torch._dynamo.config.recompile_limit`` (``cache_size_limit`` before 2.6) | dynamo diagnostics, dynamo counters |
+| the compiled-module wrapper | ``torch._dynamo.eval_frame.OptimizedModule`` | user hooks (a wrapper rebuilt from ``_orig_mod`` by its ``__reduce__``) |
+| dynamo's log channels | the ``graph_breaks`` / ``recompiles`` artifact loggers (``torch._dynamo.<module>.__<artifact>``), ``torch._logging._internal.log_state`` / ``log_registry`` | dynamo diagnostics |
 """
 
 from __future__ import annotations
@@ -141,6 +144,101 @@ def compile_callbacks() -> Any:
     if not all(hasattr(callback_handler, n) for n in needed):
         return None
     return _CompileCallbacks(callback_handler)
+# ---- torch.compile (dynamo) -------------------------------------------------------------------
+# The artifact loggers dynamo writes its graph-break and recompile reasons to (torch 2.4–2.13):
+# created here by name before dynamo is imported, so the first compile is seen too.
+DYNAMO_ARTIFACT_LOGGERS = {
+    "graph_breaks": ("torch._dynamo.symbolic_convert.__graph_breaks",
+                     "torch._dynamo.convert_frame.__graph_breaks"),
+    "recompiles": ("torch._dynamo.guards.__recompiles",),
+}
+# the logger of the "torch._dynamo hit config.recompile_limit (8)" warning
+DYNAMO_LIMIT_LOGGER = "torch._dynamo.convert_frame"
+
+
+def dynamo_artifact_loggers(artifact: str) -> list[str]:
+    """The qualified names of dynamo's loggers for ``artifact`` ("graph_breaks", "recompiles"):
+    the known names plus those the running torch registered (when torch._logging has a registry)."""
+    names = list(DYNAMO_ARTIFACT_LOGGERS.get(artifact, ()))
+    mod = sys.modules.get("torch._logging._internal")
+    reg = getattr(mod, "log_registry", None)
+    try:
+        for q in sorted(getattr(reg, "artifact_log_qnames", ()) or ()):
+            if q.startswith("torch._dynamo.") and q.endswith(f".__{artifact}") and q not in names:
+                names.append(q)
+    except Exception:  # noqa: BLE001 - another registry layout: the known names
+        pass
+    return names
+
+
+def dynamo_artifact_enabled(artifact: str) -> bool:
+    """True when the user switched the artifact on (``TORCH_LOGS`` / ``set_logs``)."""
+    mod = sys.modules.get("torch._logging._internal")
+    state = getattr(mod, "log_state", None)
+    try:
+        return bool(state.is_artifact_enabled(artifact))
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def dynamo_counters() -> Any:
+    """``torch._dynamo.utils.counters`` ({group: Counter}), or None before dynamo is imported."""
+    if "torch._dynamo" not in sys.modules:
+        return None
+    utils = sys.modules.get("torch._dynamo.utils")
+    return getattr(utils, "counters", None)
+
+
+def dynamo_compilation_records() -> list[Any] | None:
+    """Dynamo's records of its recent compiles (``CompilationMetrics``, newest last; a bounded
+    deque in torch), or None where the running torch has none."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    fn = getattr(utils, "get_compilation_metrics", None)
+    if fn is None:
+        return None
+    try:
+        return list(fn())
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def dynamo_compile_time_entries() -> int | None:
+    """How many timed compile phases dynamo has recorded (``compilation_time_metrics``): grows
+    whenever something is compiled, forward or backward."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    ctm = getattr(utils, "compilation_time_metrics", None)
+    if not isinstance(ctm, dict):
+        return None
+    try:
+        return sum(len(v) for v in list(ctm.values()))
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def dynamo_compiled_anything() -> bool:
+    """True once dynamo has tried to compile a frame in this process (cheap: a counter read)."""
+    c = dynamo_counters()
+    try:
+        return bool(c is not None and (c.get("frames") or {}).get("total", 0))
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def dynamo_wrapper_class() -> Any:
+    """``torch._dynamo.eval_frame.OptimizedModule`` (what ``torch.compile(module)`` returns), or
+    None before dynamo is imported."""
+    ef = sys.modules.get("torch._dynamo.eval_frame")
+    return getattr(ef, "OptimizedModule", None)
+
+
+def dynamo_recompile_limit() -> tuple[str, int] | None:
+    """(config name, value) of dynamo's per-function recompile limit, or None."""
+    cfg = sys.modules.get("torch._dynamo.config")
+    for name in ("recompile_limit", "cache_size_limit"):
+        v = getattr(cfg, name, None)
+        if isinstance(v, int):
+            return name, v
+    return None
 
 
 # ---- autograd saved tensors -------------------------------------------------------------------

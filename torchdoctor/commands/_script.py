@@ -95,12 +95,15 @@ def script_command(app: typer.Typer, name: str, help: str, probe: str | None = N
                    extra_options: list[ExtraOption] | tuple = (), *,
                    steps_default: int = DEFAULT_STEPS, timeout_default: float = DEFAULT_TIMEOUT_S,
                    target_override: Callable[[], tuple[str, list[str]]] | None = None,
-                   resolve_target: Callable[..., Resolved | None] | None = None) -> Callable:
+                   resolve_target: Callable[..., Resolved | None] | None = None,
+                   after: Callable[..., None] | None = None) -> Callable:
     """Register ``name`` on ``app`` as a script probe running ``probe`` (default: ``name``).
 
     ``target_override`` (for ``demo``): returns (script, args) to run when none is given.
     ``resolve_target(target, module, args, options)`` (for ``gradcheck``): a :class:`Resolved`
     that replaces the target, or None to run it as given; raises DoctorError on bad input.
+    ``after(report, target, args, options)`` (for ``compile``'s eager trial): completes the
+    report after the probe's run, before it is rendered.
     """
     probe = probe or name
     extra = list(extra_options)
@@ -164,6 +167,8 @@ def script_command(app: typer.Typer, name: str, help: str, probe: str | None = N
         eprint(f"torchdoctor {name}: running {shown} ({bound}timeout {timeout:g} s)")
 
         report = run_probe(probe, target, args, options)
+        if after is not None:
+            after(report, target, args, options)
         if name != probe:
             report.command = name
         if resolved is not None:

@@ -81,6 +81,9 @@ class Core(StepClock, OptimizerCycle, ThreadFollow):
         from torchdoctor.runner.userhooks import install_state_filter
 
         self._torch = torch
+        from torchdoctor.runner.stepclock import set_compiling_check
+
+        set_compiling_check(getattr(getattr(torch, "compiler", None), "is_compiling", None))
         # hooks on the user's modules never travel into a deepcopy or a pickle of them
         self._undo.append(install_state_filter())
         h1 = optim_mod.register_optimizer_step_pre_hook(self._opt_pre)

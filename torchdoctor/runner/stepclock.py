@@ -34,6 +34,23 @@ _get_ident = threading.get_ident
 DISCOVERY_STEPS = 2  # global forward hooks find the root modules during the first steps
 
 
+def _not_compiling() -> bool:
+    return False
+
+
+# ``torch.compiler.is_compiling`` once the core is installed (set_compiling_check). Each forward
+# hook returns at once while dynamo traces it: under torch.compile the hooks of the modules
+# inside the compiled region are traced into the graph, and their Python (thread ids, the
+# clock) would make dynamo break the graph — or skip the user's whole function — where the
+# script alone compiles cleanly. Traced as the constant True, the check leaves nothing behind.
+_is_compiling = _not_compiling
+
+
+def set_compiling_check(fn: Any) -> None:
+    global _is_compiling
+    _is_compiling = fn or _not_compiling
+
+
 def _builds_graph(output: Any) -> bool:
     """True if a module's output (a tensor, or one in a tuple/list/dict) requires grad."""
     if isinstance(output, dict):
@@ -53,6 +70,8 @@ class StepClock:
         self.global_fwd_handles = []
 
     def _g_fwd_pre(self, module, args):
+        if _is_compiling():
+            return None
         if not self._here():
             return None
         if self.fwd_depth == 0:
@@ -73,6 +92,8 @@ class StepClock:
                           params=sum(p.numel() for p in module.parameters()))
 
     def _g_fwd_post(self, module, args, output):
+        if _is_compiling():
+            return None
         if self.fwd_depth > 0 and self._here():
             self.fwd_depth -= 1
             if self.fwd_depth == 0:
@@ -85,6 +106,8 @@ class StepClock:
         return None
 
     def _root_pre(self, module, args):
+        if _is_compiling():
+            return None
         if not self._here():
             return None
         if (self.fwd_depth == 0 and not self.bwd_depth and os.getpid() == self.ctx._owner_pid
@@ -94,6 +117,8 @@ class StepClock:
         return None
 
     def _root_post(self, module, args, output):
+        if _is_compiling():
+            return None
         if self.fwd_depth > 0 and self._here():
             self.fwd_depth -= 1
             if self.fwd_depth == 0:
@@ -105,9 +130,17 @@ class StepClock:
 
         Only when every root's copies and pickles leave the hooks out (:func:`hookable`): a
         root whose class has its own ``__getstate__`` (``nn.LSTM``) keeps the global hooks on,
-        so that nothing of torchdoctor's travels into the user's ``deepcopy`` or saved file."""
+        so that nothing of torchdoctor's travels into the user's ``deepcopy`` or saved file.
+        Not once torch.compile has compiled something: the global hooks stay (they return at
+        once inside compiled code) because changing them is a recompile of every compiled
+        function."""
+        from torchdoctor import torch_internals as ti
         from torchdoctor.runner.userhooks import hookable, register_on
 
+        if ti.dynamo_compiled_anything():
+            # dynamo guards on the set of global module hooks: removing ours now would make
+            # every function it compiled recompile (a compiled submodule, a compiled root)
+            return
         roots = self.ctx.models()
         try:
             if not all(hookable(m) for m in roots):

@@ -129,7 +129,14 @@ def hookable(module: Any) -> bool:
     checks the module stands in, which costs more but leaves nothing on it."""
     from torch import nn
 
+    from torchdoctor import torch_internals as ti
+
     cls = type(module)
+    if cls is ti.dynamo_wrapper_class():
+        # torch.compile's wrapper: its __reduce__ rebuilds it from the wrapped module alone, so
+        # a copy or pickle never carries the wrapper's own hooks; and dynamo does not guard on
+        # them (a global hook added instead would make every compiled function recompile)
+        return True
     Module = nn.Module
     return (getattr(cls, "__getstate__", None) is Module.__getstate__
             and cls.__reduce_ex__ is object.__reduce_ex__ and cls.__reduce__ is object.__reduce__
