@@ -47,7 +47,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from realworld_cases import Case, by_name  # noqa: E402
 
-ALL_PROBES = ("checkup", "profile", "memory", "nan", "dist")
+ALL_PROBES = ("checkup", "profile", "memory", "nan", "dist", "treat", "repro", "compile", "gradcheck")
+# options a probe gets beyond the shared ones: treat's whole run is bounded by a budget
+PROBE_OPTS = {"treat": ["--budget", "300"]}
 INTERNAL = "internal-error"
 
 
@@ -174,6 +176,7 @@ class Bench:
         if rep_dir.exists():
             shutil.rmtree(rep_dir)
         opts = ["--json", "--out", str(rep_dir), "--steps", "0", "--timeout", str(self.timeout)]
+        opts += PROBE_OPTS.get(probe, [])
         if case.nproc:
             opts += ["--nproc-per-node", str(case.nproc)]
         argv = [self.python, "-m", "torchdoctor", probe] + opts + [script] + args
@@ -306,9 +309,34 @@ def parse_report(stdout: str) -> dict:
         if f.get("code") == "script-crashed":
             crash = f"{f.get('title', '')}"[:200]
     return {"status": rep.get("status"), "findings": codes, "internal": internal,
-            "outcome": run.get("outcome"), "crash": crash,
+            "outcome": run.get("outcome"), "crash": crash, "detail": probe_detail(metrics),
             "steps": run.get("steps", steps.get("count") if isinstance(steps, dict) else None),
             "titles": {f"{f.get('code')}": f"{f.get('title', '')}"[:300] for f in findings}}
+
+
+def probe_detail(metrics: dict) -> str:
+    """One line on what the many-run probes measured (treat's verdicts, repro's comparison,
+    compile's graphs and speed-up, gradcheck's Functions), for the bench tables."""
+    out = []
+    for t in metrics.get("trials") or []:
+        if isinstance(t, dict) and t.get("verdict") != "skipped":
+            sp = t.get("speedup")
+            out.append(f"{t.get('name')}={t.get('verdict')}" + (f" {sp:.2f}x" if isinstance(sp, (int, float)) else ""))
+    rp = metrics.get("repro")
+    if isinstance(rp, dict):
+        out.append("identical" if rp.get("identical") else
+                   f"diverged at step {rp.get('first_divergent_step')} "
+                   f"({(rp.get('diverged') or {}).get('what')})" if rp.get("compared") else
+                   f"not compared: {rp.get('reason')}")
+    cp = metrics.get("compile")
+    if isinstance(cp, dict):
+        out.append(f"graphs={cp.get('graphs')} breaks={len(cp.get('graph_breaks') or [])} "
+                   f"recompiles={cp.get('recompiles') if not isinstance(cp.get('recompiles'), list) else len(cp['recompiles'])} "
+                   f"compile_s={cp.get('compile_s')} speedup={cp.get('speedup')}")
+    gc = metrics.get("gradcheck")
+    if isinstance(gc, dict):
+        out.append(f"custom Functions={len(gc.get('functions') or [])}")
+    return "; ".join(out)
 
 
 def _union(per_round: list[list[str]]) -> list[str]:

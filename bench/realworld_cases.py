@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-SINGLE_PROBES = ("checkup", "profile", "memory", "nan")
+# the probes that run the script many times (treat, repro, compile's eager run) or check
+# after it (gradcheck) come after the one-run probes; pick them with --probes
+SINGLE_PROBES = ("checkup", "profile", "memory", "nan", "treat", "repro", "compile", "gradcheck")
 DDP_PROBES = ("checkup", "profile", "memory", "nan", "dist")
 
 
