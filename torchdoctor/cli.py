@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "nan",
     "dist",
     "checkpoint_audit",
+    "repro",
     "explain",
     "demo",
 ]
