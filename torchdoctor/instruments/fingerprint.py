@@ -6,7 +6,8 @@ the order one step's values depend on each other:
 * ``batch``: every tensor of every batch the DataLoader iterators returned during the step (the
   iterators' common ``__next__`` wrapped; its result is only read);
 * ``init``: the parameters before the first optimizer step (step 1 only: initialisation);
-* ``forward``: the outputs of the root modules' calls (global forward hooks: nothing is put on
+* ``forward``: the outputs of the root modules' calls, ``model`` then ``model#1`` … for more
+  calls in one step (global forward hooks: nothing is put on
   the user's modules; module calls inside ``Dataset.__getitem__`` and in backward are skipped);
 * ``grad``: the gradients the optimizer is about to apply (global optimizer step pre-hook, so a
   ``zero_grad`` after ``step`` does not hide them), named ``model.layer.weight``;
@@ -143,7 +144,7 @@ class Fingerprint(Instrument):
             n = self.calls.get(key, 0)
             self.calls[key] = n + 1
             for label, t in self._leaves(self.torch, output):
-                self._add("forward", f"{name}#{n}{label}", t)
+                self._add("forward", f"{name}{f'#{n}' if n else ''}{label}", t)
         except Exception:  # noqa: BLE001
             self.hook_failed(self.ctx, "forward")
             self.active = False

@@ -13,7 +13,7 @@ so that initialisation is seen too) are recorded, then the run ends at S (its ``
 * engine ``dispatch`` (older torch, or option ``engine``): a ``TorchDispatchMode`` that does the
   same.
 
-Per op: its name, the phase (forward, backward, optimizer, data, other: the step clock's), the
+Per op: its name (``aten::index_add_``), the phase (forward, backward, optimizer, data, other: the step clock's), the
 module running it (global forward hooks: the innermost module called, named under its root)
 and the user's file:line. The tensors of one op's inputs (and of its outputs) are combined into
 one position-weighted ``[sum, sumsq, strided]``; ``empty*`` ops (uninitialised memory) are not
@@ -195,9 +195,9 @@ class FingerprintOps(Instrument):
             op = getattr(call, "op", None)
             if not log or op is None or "td_where" not in log:
                 continue
-            name = getattr(getattr(op, "overloadpacket", None), "__name__", None) or str(op)
+            name = _qualname(op)
             ih = log.get("input_hash")
-            if name in OVERWRITE_OPS and isinstance(ih, (tuple, list)) and ih and isinstance(ih[0], (tuple, list)):
+            if name.rpartition("::")[2] in OVERWRITE_OPS and isinstance(ih, (tuple, list)) and ih and isinstance(ih[0], (tuple, list)):
                 ih = (_inputs(name, ih[0]), *ih[1:])
             self._record(name, self._fp(ih), self._fp(log.get("hash")),
                          log["td_where"], log.get("td_scalars", ""))
@@ -238,9 +238,17 @@ class FingerprintOps(Instrument):
         self.recs = []
 
 
+def _qualname(func: Any) -> str:
+    """``aten::index_add_``, ``mylib::scatter_sum``: the op's namespace and overload packet."""
+    packet = getattr(getattr(func, "overloadpacket", None), "__name__", None)
+    if packet is None:
+        return str(func)
+    return f"{getattr(func, 'namespace', 'aten')}::{packet}"
+
+
 def _inputs(name: str, args: Any) -> Any:
     """An op's positional inputs, without the first when the op only overwrites it."""
-    if name in OVERWRITE_OPS and args:
+    if name.rpartition("::")[2] in OVERWRITE_OPS and args:
         return tuple(args[1:])
     return args
 
@@ -255,7 +263,7 @@ def _make_mode(TorchDispatchMode: Any, inst: FingerprintOps) -> Any:
                 if os.getpid() == inst.pid:
                     inst.truncated = True
                 return func(*args, **kwargs)
-            name = str(func.overloadpacket.__name__) if hasattr(func, "overloadpacket") else str(func)
+            name = _qualname(func)
             skip = "empty" in name
             fin = None if skip else inst._fp((_inputs(name, args), kwargs))
             out = func(*args, **kwargs)

@@ -30,7 +30,7 @@ RANDOM_OPS = frozenset({
 def _op(trace: dict[str, Any], i: int) -> dict[str, Any]:
     name, phase, mi, wi = trace["ops"][i][:4]
     strings = trace.get("strings") or []
-    return {"op": f"aten::{name}", "phase": phase,
+    return {"op": name, "phase": phase,
             "module": strings[mi] if mi < len(strings) else "",
             "where": strings[wi] if wi < len(strings) else "", "index": i}
 
@@ -44,7 +44,7 @@ def first_divergent_op(ta: dict[str, Any] | None, tb: dict[str, Any] | None) -> 
     for i, (a, b) in enumerate(zip(oa, ob)):
         if a[0] != b[0]:
             out = _op(ta, i)
-            out.update(kind="control-flow", op_b=f"aten::{b[0]}")
+            out.update(kind="control-flow", op_b=b[0])
             return out
         ins_equal = a[4] == b[4] and (a[6] if len(a) > 6 else "") == (b[6] if len(b) > 6 else "")
         if ins_equal and a[5] == b[5]:
@@ -52,7 +52,7 @@ def first_divergent_op(ta: dict[str, Any] | None, tb: dict[str, Any] | None) -> 
         out = _op(ta, i)
         if not ins_equal:
             out["kind"] = "inputs"
-        elif a[0] in RANDOM_OPS:
+        elif a[0].rpartition("::")[2] in RANDOM_OPS:
             out["kind"] = "random"
         else:
             out["kind"] = "nondeterministic"
