@@ -20,6 +20,10 @@ ARMED = {
     "memory": ["memory_detail", "memory_sampler", "memory_grad_eval"],
     "nan": ["training_grads", "training_modes", "nan_monitor", "nan_capture"],
     "memory-sampler": ["memory_sampler"],
+    # judged on the parent's comparison of two runs (repro_compare); its trials arm the
+    # fingerprint, rng_draws, fingerprint_ops and fingerprint_determinism instruments by the
+    # variations' needs (reprocheck/flow.py REPRO_NEEDS)
+    "repro": [],
     "ranks": [],  # judged on the merged ranks' evidence: the instruments are armed by "run"
 }
 
