@@ -13,6 +13,12 @@ of the fingerprint instrument (reductions of every parameter, gradient, batch an
 one read at the end).
 
     python bench/repro_cost.py [--workload cpu_mlp] [--steps 40] [--rounds 3] [--json OUT]
+    python bench/repro_cost.py --micro [--device cuda]
+
+``--micro``: in one process, the cpu_mlp model's training step alone and with the fingerprint
+work of one step (``reduce3`` of the batch, the output, every gradient and every parameter,
+stacked per kind), alternating blocks of steps; prints the median ms per step of each and the
+difference: the instrument's reductions without the noise of separate processes.
 """
 
 from __future__ import annotations
@@ -43,13 +49,68 @@ def machine() -> str:
     return f"{platform.node()} ({os.cpu_count()} CPUs, {dev}, torch {tv}, {platform.python_version()})"
 
 
+def micro(device: str, blocks: int = 15, per_block: int = 20) -> dict:
+    import torch
+
+    from torchdoctor.instruments.fingerprint_reduce import reduce3
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+                                torch.nn.ReLU(), torch.nn.Linear(512, 10)).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x, y = torch.randn(64, 256, device=device), torch.randint(0, 10, (64,), device=device)
+    params = list(model.parameters())
+    kept = []
+
+    def step(fp: bool) -> None:
+        out = model(x)
+        loss = torch.nn.functional.cross_entropy(out, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if fp:
+            kept.append(torch.stack([reduce3(torch, t) for t in (x, y)]))
+            kept.append(torch.stack([reduce3(torch, out)]))
+            kept.append(torch.stack([reduce3(torch, p.grad) for p in params]))
+        opt.step()
+        if fp:
+            kept.append(torch.stack([reduce3(torch, p) for p in params]))
+
+    def block(fp: bool) -> float:
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(per_block):
+            step(fp)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / per_block * 1e3
+
+    for _ in range(3):
+        block(False), block(True)
+    plain, with_fp = [], []
+    for _ in range(blocks):
+        plain.append(block(False))
+        with_fp.append(block(True))
+        kept.clear()
+    p, f = statistics.median(plain), statistics.median(with_fp)
+    return {"machine": machine(), "device": device, "plain_step_ms": p, "fingerprint_step_ms": f,
+            "added_ms": f - p, "ratio": f / p, "tensors_per_step": 2 + 1 + 2 * len(params)}
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
+    p.add_argument("--micro", action="store_true")
+    p.add_argument("--device", default="cpu")
     p.add_argument("--workload", default="cpu_mlp")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--json", default=None)
     a = p.parse_args()
+    if a.micro:
+        out = micro(a.device)
+        print(json.dumps(out, indent=1))
+        return 0
 
     from torchdoctor.reprocheck.flow import measure
     from torchdoctor.trials import BASELINE, Trials
