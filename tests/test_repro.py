@@ -45,6 +45,14 @@ def test_the_first_divergence_is_the_earliest_kind_of_the_earliest_step():
     assert describe(div) == "gradient of parameter model.2.weight (and 1 more)"
 
 
+def test_what_diverged_is_said_for_people():
+    assert describe({"what": "batch", "names": ["batch0[0]", "batch0[1]"], "count": 2}) == \
+        "data batch: batch0[0] (and 1 more)"
+    assert describe({"what": "init", "names": ["m.weight"], "count": 1}) == "initial value of parameter m.weight"
+    assert describe({"what": "forward", "names": ["model"], "count": 1}) == "forward output of module model"
+    assert describe({"what": "update", "names": ["w"], "count": 1}) == "optimizer update of parameter w"
+
+
 def test_a_loss_difference_counts_after_equal_forward_outputs():
     ev = [_fp(1, forward=[["model", 2.0, 4.0, 2.0]])]
     div, _ = first_divergence(by_step(ev), by_step(ev), [1.0], [1.0000001])
@@ -127,6 +135,16 @@ def _judged(**compare) -> Report:
 
 DIVERGED = {"identical": False, "first_divergent_step": 3, "steps_compared": 3,
             "diverged": {"step": 3, "what": "forward", "description": "forward output of module model"}}
+
+
+def test_torchs_generator_is_named_with_the_op_that_drew_from_it():
+    gen = {"implicated": [{"generator": "torch", "label": "torch CPU generator", "first_step": 1}],
+           "ruled_out": []}
+    r = _judged(**DIVERGED, generators=gen,
+                first_divergent_op={"kind": "random", "op": "aten::uniform_", "where": "t.py:3"})
+    assert [f.code for f in r.findings] == ["unseeded-rng"]
+    assert r.findings[0].title.endswith("first draw at t.py:3 (aten::uniform_)")
+    assert "torch.manual_seed" in r.findings[0].fix
 
 
 def test_identical_runs_raise_nothing():

@@ -76,6 +76,7 @@ class FingerprintOps(Instrument):
         self.dm = None
         self.mstack: list[Any] = []
         self.namer = None
+        self.namer_seen = -1
         self.handles = [mod_mod.register_module_forward_pre_hook(self._pre),
                         mod_mod.register_module_forward_hook(self._post, always_call=True)]
         if self.step <= 1:
@@ -97,9 +98,11 @@ class FingerprintOps(Instrument):
         if m is None:
             mod = ""
         else:
-            if self.namer is None or id(m) not in self.namer.modules:
+            if self.namer is None or (id(m) not in self.namer.modules
+                                      and self.ctx.models_seen != self.namer_seen):
                 from torchdoctor.numerics.names import Namer
 
+                self.namer_seen = self.ctx.models_seen  # rebuilt only when a new root appeared
                 self.namer = Namer(self.ctx.models())
             mod = self.namer.modules.get(id(m)) or type(m).__name__
         uf = user_frame(3)

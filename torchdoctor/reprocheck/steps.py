@@ -13,8 +13,9 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 ORDER = ("batch", "init", "forward", "loss", "grad", "update")
-WHAT = {"batch": "data batch", "init": "initial parameters", "forward": "forward output",
-        "loss": "loss", "grad": "gradient", "update": "optimizer update"}
+WHAT = {"batch": "data batch", "init": "initial value", "forward": "forward output", "loss": "loss",
+        "grad": "gradient", "update": "optimizer update"}
+OF = {"init": "of parameter", "forward": "of module", "grad": "of parameter", "update": "of parameter"}
 MAX_NAMES = 8
 
 
@@ -62,7 +63,8 @@ def first_divergence(fa: dict[int, dict[str, list]], fb: dict[int, dict[str, lis
 
 
 def describe(div: dict[str, Any]) -> str:
-    """'gradient of model.2.weight (and 3 more)' — for people."""
+    """'gradient of parameter model.2.weight (and 3 more)', 'data batch: batch0[0]' — for
+    people."""
     what = WHAT.get(div["what"], div["what"])
     names = div.get("names") or []
     if div["what"] == "loss" or not names:
@@ -70,6 +72,6 @@ def describe(div: dict[str, Any]) -> str:
             return f"{what}: the runs saw different tensors"
         return what
     more = f" (and {div['count'] - 1} more)" if div.get("count", 1) > 1 else ""
-    of = {"batch": "tensor", "forward": "module", "init": "parameter", "grad": "parameter",
-          "update": "parameter"}.get(div["what"], "")
-    return f"{what} of {of} {names[0]}{more}".replace("  ", " ")
+    if div["what"] == "batch":
+        return f"{what}: {names[0]}{more}"
+    return f"{what} {OF.get(div['what'], 'of')} {names[0]}{more}"

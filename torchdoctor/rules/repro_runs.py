@@ -69,6 +69,10 @@ def unseeded_rng(ev: Evidence) -> list[Finding]:
         return []
     names = ", ".join(g["label"] for g in gens)
     site = next((s for g in gens for s in g.get("sites") or [] if s.get("where")), None)
+    op = c.get("first_divergent_op") or {}
+    if site is None and op.get("kind") == "random" and op.get("where"):
+        # torch's own draws are not counted: the localising pair saw the op that drew
+        site = {"where": op["where"], "fn": op.get("op")}
     at = f"; first draw at {site['where']} ({site['fn']})" if site else ""
     ev_out = {**_divergence(c), "generators": gens,
               "ruled_out": (c.get("generators") or {}).get("ruled_out") or []}
