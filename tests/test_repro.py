@@ -229,7 +229,7 @@ def test_a_wall_clock_schedule_is_a_nondeterministic_run_with_what_was_ruled_out
     assert [f["code"] for f in findings] == ["nondeterministic-run"]
     ev = findings[0]["evidence"]
     assert ev["first_divergent_op"]["kind"] == "inputs"
-    assert ev["first_divergent_op"]["where"].endswith("run_wallclock_schedule.py:28")
+    assert ev["first_divergent_op"]["where"].endswith("run_wallclock_schedule.py:29")
     assert any("same state in both runs" in r for r in ev["ruled_out"])
 
 
