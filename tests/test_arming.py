@@ -22,8 +22,10 @@ ARMED = {
     "memory-sampler": ["memory_sampler"],
     "gradcheck": ["autograd_capture"],
     "compile": ["dynamo_diag", "dynamo_counters"],
-    # `repro`: the save audit (rules/checkpoint_saves.py) is one of its rules; the repro helper's
-    # own instruments join this row when its rules land
+    # `repro`: the save audit (rules/checkpoint_saves.py) is one of its rules; the comparison of
+    # the two runs (repro_compare) is built in the parent: its trials arm the fingerprint,
+    # rng_draws, fingerprint_ops and fingerprint_determinism instruments by the variations'
+    # needs (reprocheck/flow.py REPRO_NEEDS)
     "repro": ["save_audit"],
     "ranks": [],  # judged on the merged ranks' evidence: the instruments are armed by "run"
 }

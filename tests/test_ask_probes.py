@@ -16,7 +16,7 @@ import pytest
 from torchdoctor.triage import matcher
 from torchdoctor.triage.handoff import command_of, script_of
 
-PENDING_COMMANDS = frozenset({"repro"})
+PENDING_COMMANDS: frozenset[str] = frozenset()
 
 
 def registered_commands() -> set[str]:

@@ -26,6 +26,7 @@ COMMAND_MODULES = [
     "gradcheck",
     "dist",
     "checkpoint_audit",
+    "repro",
     "explain",
     "demo",
 ]

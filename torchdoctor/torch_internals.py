@@ -12,6 +12,8 @@ called, and belong to the file format, not to the running torch.
 | DataLoader iterator base (data wait) | ``torch.utils.data.dataloader._BaseDataLoaderIter`` | step clock, data source |
 | iterator facts | ``it._dataset``, ``_num_workers``, ``_pin_memory``, ``_prefetch_factor``, ``_persistent_workers``, ``_index_sampler`` | :func:`loader_iter_facts` |
 | first batch of an iterator | ``it._next_data`` | dist sampler |
+| DataLoader workers' base seed | ``it._base_seed`` | :func:`loader_base_seed` (repro's RNG draws) |
+| tensor-hashing debug mode | ``torch.utils._debug_mode.DebugMode`` (``log_tensor_hashes``, ``dispatch_hooks``; torch ≥ 2.13) | :func:`debug_mode_class` (repro's op trace) |
 | fused norms | ``torch._foreach_norm`` | nan monitor, gradient norms |
 | grad mode setter | ``torch._C._set_grad_enabled`` | nan monitor |
 | dispatch modes | ``torch.utils._python_dispatch.TorchDispatchMode`` | NaN replay, memory sites |
@@ -62,6 +64,12 @@ def loader_iter_facts(it: Any) -> dict[str, Any]:
             "batch_size": getattr(getattr(it, "_index_sampler", None), "batch_size", None)}
 
 
+def loader_base_seed(it: Any) -> Any:
+    """The base seed a multi-process iterator gives its workers (worker i: base + i), or None."""
+    seed = getattr(it, "_base_seed", None)
+    return int(seed) if isinstance(seed, int) else None
+
+
 NEXT_DATA = "_next_data"  # the iterator's method that fetches one batch (after sampling)
 
 
@@ -82,6 +90,18 @@ def dispatch_mode_base() -> Any:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     return TorchDispatchMode
+
+
+def debug_mode_class() -> Any:
+    """torch's ``DebugMode`` when it can hash tensors op by op (``log_tensor_hashes`` and
+    ``dispatch_hooks``, torch 2.13), else None (torch 2.11: use a TorchDispatchMode)."""
+    try:
+        from torch.utils._debug_mode import DebugMode
+    except Exception:  # noqa: BLE001 - absent or broken on this torch
+        return None
+    if not (hasattr(DebugMode, "log_tensor_hashes") and hasattr(DebugMode, "dispatch_hooks")):
+        return None
+    return DebugMode
 
 
 def dynamo_loaded() -> bool:

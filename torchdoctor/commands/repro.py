@@ -1,0 +1,82 @@
+"""``torchdoctor repro [OPTS] SCRIPT [ARGS]...``: does the same script give the same run?
+
+Runs SCRIPT twice (same argv and environment, bounded by ``--steps``; torchdoctor seeds
+nothing), compares the runs step by step and, when they differ, localises the first differing
+op and attributes the cause (``torchdoctor/reprocheck``, rules in ``rules/repro_runs.py``).
+The options are the script probes' (``commands/_script.py``) without ``--nproc-per-node``, plus
+``--op-engine``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Annotated, Any
+
+import typer
+
+from torchdoctor.commands._common import emit, eprint, guarded
+from torchdoctor.errors import DoctorError
+
+HELP = ("Run SCRIPT twice and compare the runs step by step (data batch, forward outputs, "
+        "loss, gradients, update; bitwise). When they differ: the first divergent step and what "
+        "diverged first, the first differing op (op, module, file:line; a second bounded pair), "
+        "and the cause: unseeded-rng (which global generator, where it was drawn), "
+        "nondeterministic-op (with the measured cost of deterministic mode) or "
+        "nondeterministic-run. torchdoctor never seeds the script.")
+DEFAULT_STEPS = 20
+ENGINES = ("auto", "debug_mode", "dispatch")
+
+
+def register(app: typer.Typer) -> None:
+    from torchdoctor.commands._script import CONTEXT_SETTINGS, _params
+
+    @guarded
+    def repro(**kw: Any) -> None:
+        ctx: typer.Context = kw.pop("ctx")
+        script, module = kw.pop("script"), kw.pop("module")
+        steps, timeout = kw.pop("steps"), kw.pop("timeout")
+        as_json, out, fail_on = kw.pop("json_out"), kw.pop("out"), kw.pop("fail_on")
+        engine = str(kw.pop("op_engine")).strip().lower()
+        args = list(ctx.args)
+        if module:
+            target = module
+            if script is not None:
+                args = [script] + args
+        elif script is not None:
+            target = script
+        else:
+            raise DoctorError("missing SCRIPT (or -m MODULE)", hint="torchdoctor repro train.py --your-args ...")
+        if steps < 1:
+            raise DoctorError(f"--steps must be >= 1 for repro (the runs are bounded), not {steps}")
+        if not timeout > 0:
+            raise DoctorError(f"--timeout must be > 0 seconds, not {timeout}")
+        if engine not in ENGINES:
+            raise DoctorError(f"--op-engine must be one of {', '.join(ENGINES)}, not {engine!r}")
+        from torchdoctor.commands._common import check_fail_on, prepare_out
+        from torchdoctor.pipeline.run import check_target
+
+        check_fail_on(fail_on)
+        check_target(target, bool(module))
+        out = prepare_out(out)
+        eprint(f"torchdoctor repro: running {'-m ' if module else ''}{target}"
+               f"{' ' + ' '.join(args) if args else ''} twice (up to {steps} steps each, "
+               f"timeout {timeout:g} s per run)")
+        from torchdoctor.reprocheck.flow import repro_report
+
+        options = {"steps": steps, "timeout": timeout, "out": out, "module": bool(module),
+                   "steps_default": DEFAULT_STEPS}
+        # --resume-check (issue 17 item 4) will be an option here, passed to repro_report,
+        # which calls the resume check's entry point (torchdoctor/reprocheck/resume*.py).
+        report = repro_report(target, args, options, engine=engine)
+        emit(report, as_json, fail_on, out)
+
+    P = inspect.Parameter
+    params = [p for p in _params([], DEFAULT_STEPS, 300.0) if p.name != "nproc_per_node"]
+    params.append(P("op_engine", P.KEYWORD_ONLY, default="auto", annotation=Annotated[str, typer.Option(
+        "--op-engine", metavar="auto|debug_mode|dispatch",
+        help="How the localising pair hashes ops: torch's DebugMode where the installed torch "
+             "has log_tensor_hashes (auto), or a TorchDispatchMode.")]))
+    repro.__signature__ = inspect.Signature(params)
+    repro.__name__ = "repro"
+    repro.__doc__ = HELP
+    app.command("repro", help=HELP, context_settings=dict(CONTEXT_SETTINGS))(repro)
