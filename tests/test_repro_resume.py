@@ -172,21 +172,29 @@ def test_missing_states_follow_the_live_objects():
 
 # ---------------------------------------------------------------- end to end, on the trials layer
 @pytest.mark.slow
-def test_resume_check_end_to_end_names_the_scheduler(tmp_path):
-    pytest.importorskip("torch")
-    from torchdoctor.reprocheck.resume import resume_check, supersede
-    from torchdoctor.trials import Trials
+def test_repro_resume_check_end_to_end_replaces_the_save_audit_with_the_measured_finding(tmp_path):
+    """`torchdoctor repro --resume-check` (the command's wiring, the trials layer, the rules):
+    the two runs are identical, and the save audit's ckpt-missing-scheduler at the save line is
+    replaced by the measured one (the LR and the losses part after the restart)."""
+    import json
+    import subprocess
+    import sys
 
-    with Trials("repro", str(SICK), [str(tmp_path), "12"], options={"steps": 12, "timeout": 300},
-                budget_s=900) as trials:
-        findings, section = resume_check(trials)
-        assert [r.variation.name for r in trials.runs] == ["resume-baseline", "resume-without-scheduler",
-                                                           "resume-without-rng"]
-    assert [(f.code, f.severity) for f in findings] == [("ckpt-missing-scheduler", "warning")]
-    assert section["status"] == "inexact" and section["checkpoint"]["step"] == 4
-    assert [(r["state"], r["verdict"]) for r in section["restarts"]] == [("scheduler", "differs"), ("rng", "same")]
-    audit = [f for f in findings]  # the save audit's finding of the same code and line is replaced
-    assert supersede(audit, findings) == findings
+    pytest.importorskip("torch")
+    r = subprocess.run([sys.executable, "-m", "torchdoctor", "repro", "--json", "--resume-check",
+                        "--steps", "12", str(SICK), str(tmp_path), "12"],
+                       capture_output=True, text=True, timeout=600,
+                       cwd=Path(__file__).resolve().parents[1])
+    rep = json.loads(r.stdout)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert rep["metrics"]["repro"]["identical"] is True
+    sec = rep["metrics"]["resume"]
+    assert sec["status"] == "inexact" and sec["checkpoint"]["step"] == 4
+    assert [(x["state"], x["verdict"]) for x in sec["restarts"]] == [("scheduler", "differs"), ("rng", "same")]
+    sched = [f for f in rep["findings"] if f["code"] == "ckpt-missing-scheduler"]
+    assert len(sched) == 1 and sched[0]["severity"] == "warning"
+    assert "is not exact" in sched[0]["title"] and "save_missing_scheduler.py:29" in sched[0]["title"]
+    assert {f["code"] for f in rep["findings"]} == {"ckpt-missing-scheduler", "ckpt-missing-rng"}
 
 
 def test_without_the_rng_state_dropout_masks_differ_from_the_first_step_after_the_save(tmp_path):

@@ -37,6 +37,7 @@ def register(app: typer.Typer) -> None:
         steps, timeout = kw.pop("steps"), kw.pop("timeout")
         as_json, out, fail_on = kw.pop("json_out"), kw.pop("out"), kw.pop("fail_on")
         engine = str(kw.pop("op_engine")).strip().lower()
+        resume, html = kw.pop("resume_check"), kw.pop("html")
         args = list(ctx.args)
         if module:
             target = module
@@ -52,12 +53,13 @@ def register(app: typer.Typer) -> None:
             raise DoctorError(f"--timeout must be > 0 seconds, not {timeout}")
         if engine not in ENGINES:
             raise DoctorError(f"--op-engine must be one of {', '.join(ENGINES)}, not {engine!r}")
-        from torchdoctor.commands._common import check_fail_on, prepare_out
+        from torchdoctor.commands._common import check_fail_on, prepare_html, prepare_out
         from torchdoctor.pipeline.run import check_target
 
         check_fail_on(fail_on)
         check_target(target, bool(module))
         out = prepare_out(out)
+        html_path = prepare_html(html, out)
         eprint(f"torchdoctor repro: running {'-m ' if module else ''}{target}"
                f"{' ' + ' '.join(args) if args else ''} twice (up to {steps} steps each, "
                f"timeout {timeout:g} s per run)")
@@ -65,13 +67,17 @@ def register(app: typer.Typer) -> None:
 
         options = {"steps": steps, "timeout": timeout, "out": out, "module": bool(module),
                    "steps_default": DEFAULT_STEPS}
-        # --resume-check (issue 17 item 4) will be an option here, passed to repro_report,
-        # which calls the resume check's entry point (torchdoctor/reprocheck/resume*.py).
-        report = repro_report(target, args, options, engine=engine)
-        emit(report, as_json, fail_on, out)
+        report = repro_report(target, args, options, engine=engine, resume=resume)
+        emit(report, as_json, fail_on, out, html=html_path)
 
     P = inspect.Parameter
-    params = [p for p in _params([], DEFAULT_STEPS, 300.0) if p.name != "nproc_per_node"]
+    one_process = {"nproc_per_node", "nnodes", "node_rank", "rdzv_endpoint", "rdzv_backend",
+                   "rdzv_id", "rdzv_timeout", "max_restarts"}
+    params = [p for p in _params([], DEFAULT_STEPS, 300.0) if p.name not in one_process]
+    params.append(P("resume_check", P.KEYWORD_ONLY, default=False, annotation=Annotated[bool, typer.Option(
+        "--resume-check", help="Also prove the script's own checkpoint resumes exactly: after its "
+                               "save, reset each state the file lacks (one more run each) and "
+                               "measure what differs (docs/resume.md).")]))
     params.append(P("op_engine", P.KEYWORD_ONLY, default="auto", annotation=Annotated[str, typer.Option(
         "--op-engine", metavar="auto|debug_mode|dispatch",
         help="How the localising pair hashes ops: torch's DebugMode where the installed torch "

@@ -128,23 +128,40 @@ def _deterministic(trials: Trials, a: TrialRun, b: TrialRun) -> dict[str, Any]:
 
 
 def repro_report(target: str, script_args: list[str], options: dict[str, Any],
-                 engine: str = "auto") -> Report:
-    """Run ``repro`` on ``target`` and return its Report (not yet printed)."""
+                 engine: str = "auto", resume: bool = False) -> Report:
+    """Run ``repro`` on ``target`` and return its Report (not yet printed). ``resume``: then the
+    resume check (``reprocheck/resume.py``) on the same Trials session: the state the script's
+    own checkpoint lacks is reset after its save in one more run each, and what differs is
+    measured; its findings replace the save audit's for the same code and save line."""
     from torchdoctor.judge import judge
     from torchdoctor.pipeline.judging import judge_run
 
     label = " ".join(["-m", target] if options.get("module") else [target])
-    # --resume-check (issue 17 item 4, built in this package's resume*.py modules) hooks in
-    # here: it takes the same Trials session and adds its runs and its section to the report.
     with Trials("repro", target, script_args, options=options) as trials:
         data = measure(trials, engine=engine)
         first = trials.runs[0]
         failed = next((r for r in trials.runs[:2] if r.failure()), None)
-        report = judge_run("run", (failed or first).evidence, target=label)
+        run_ev = (failed or first).evidence
+        report = judge_run("run", run_ev, target=label)
+        resumed = None
+        if resume:
+            from torchdoctor.reprocheck.resume import resume_check
+
+            resumed = resume_check(trials)
     report.command = "repro"
+    # the repro rules read the comparison; the save audit (rules/checkpoint_saves.py) reads run
+    # A's saves: one evidence holds both
+    events = list(run_ev.events)
     if data.get("compared"):
-        judge("repro", Evidence.from_events([{"kind": "repro_compare", **data}]), report)
-    else:
+        events.append({"kind": "repro_compare", **data})
+    judge("repro", Evidence(meta=run_ev.meta, events=events, result=run_ev.result), report)
+    if not data.get("compared"):
         report.skip("repro", data.get("reason") or "the runs could not be compared")
+    if resumed is not None:
+        from torchdoctor.reprocheck.resume import supersede
+
+        measured, section = resumed
+        report.findings = supersede(report.findings, measured)
+        report.metrics["resume"] = section
     report.metrics["repro"] = data
     return report
