@@ -34,7 +34,7 @@ def test_a_gpu_session_plans_no_cpu_fixture_run(tmp_path):
 
 
 def test_the_plan_is_the_selected_cpu_fixtures_and_their_tests_run_last(tmp_path):
-    planned, ids = _collect(tmp_path, "-k", "not nan", "tests/test_fixtures.py", "tests/test_profile_instrument.py")
+    planned, ids = _collect(tmp_path, "-k", "not nan", "tests/test_fixtures.py")  # e2e tests first in the file
     cpu = [h.rel for h in headed_fixtures() if not h.requires and not h.skip and "nan" not in h.rel]
     assert planned == cpu and cpu
     e2e = [i for i, t in enumerate(ids) if "test_fixture_raises_its_header" in t]
