@@ -278,6 +278,8 @@ def _text_subs() -> list[tuple[re.Pattern, str]]:
             (re.compile(r"\b(pid|pids|process|PID)\s+\d+"), r"\1 <pid>"),
             (re.compile(r"-?\d+(?:\.\d+)?\s?(?:[KMGT]i?B|bytes|B)\b"), "<bytes>"),
             (re.compile(r"-?\d+(?:\.\d+)?\s?(?:ms|µs|us|ns|s|min|h|d|days?|hours?|minutes?)\b"), "<dur>"),
+            # "(2 of 3.4 ms)": a measured share printed with :.3g is a whole number at times
+            (re.compile(r"\(\d+ of <dur>\)"), "(<num> of <dur>)"),
             (re.compile(r"-?\d+(?:\.\d+)?\s?%"), "<pct>"),
             (re.compile(r"-?\d+\.\d+(?:[eE][-+]?\d+)?"), "<num>"),
             (re.compile(r"-?\d+(?:\.\d+)?[eE][-+]?\d+"), "<num>"),

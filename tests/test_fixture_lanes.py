@@ -97,3 +97,13 @@ def test_background_launches_ignore_what_a_running_test_patches(monkeypatch):
                env=ENV) as p:
         assert p.wait(60) == 0
     assert "TD_LANES_PROBE" not in ENV
+
+
+def test_a_timed_share_printed_as_a_whole_number_is_masked():
+    """profile/cpu_slow_python.py's golden differed under load: `({py_ms:.3g} of {step_ms:.3g} ms)`
+    printed "(2 of 3.41 ms)", and only decimal numbers were masked."""
+    from fixture_runs import norm_text
+
+    masked = "Python outside torch ops takes <pct> of the step (<num> of <dur>); hottest: f at x.py:17"
+    for got in ("(2 of 3.41 ms)", "(2.25 of 3.41 ms)", "(12 of 30 ms)"):
+        assert norm_text(f"Python outside torch ops takes 40% of the step {got}; hottest: f at x.py:17") == masked
