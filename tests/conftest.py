@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+import fixture_lanes  # first: its environment snapshot (ENV) is taken before any test runs
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
 
@@ -16,6 +18,13 @@ def _has_cuda(min_devices: int = 1) -> bool:
         return torch.cuda.is_available() and torch.cuda.device_count() >= min_devices
     except Exception:
         return False
+
+
+def _e2e_header(item):
+    """The fixture header of an end-to-end fixture test (tests/test_fixtures.py), else None."""
+    cs = getattr(item, "callspec", None)
+    h = cs.params.get("h") if cs else None
+    return h if h is not None and hasattr(h, "rel") else None
 
 
 def pytest_collection_modifyitems(config, items):
@@ -31,24 +40,36 @@ def pytest_collection_modifyitems(config, items):
             has1 = _has_cuda(1) if has1 is None else has1
             if not has1:
                 item.add_marker(skip_gpu)
+    # the e2e fixture tests last: their runs go on in a background lane while the others run
+    # (tests/fixture_lanes.py); the main thread joins in when it reaches them
+    items.sort(key=lambda item: _e2e_header(item) is not None)  # stable: order kept otherwise
 
 
 def pytest_collection_finish(session):
     # after every plugin's selection (-m, -k, deselect): plan only the tests that will run
-    _plan_fixture_runs(session.items)
+    rels = planned_fixture_runs(session.items)
+    if os.environ.get("FIXTURE_PLAN_FILE"):  # tests/test_fixture_lanes.py reads what was planned
+        Path(os.environ["FIXTURE_PLAN_FILE"]).write_text("\n".join(rels))
+    if rels and not session.config.option.collectonly:
+        import fixture_runs
+
+        fixture_runs.plan_runs(rels)
 
 
-def _plan_fixture_runs(items) -> None:
-    """The headed fixtures this session checks end to end (tests/test_fixtures.py): the first
-    cached fixture run of the session launches them all, two at a time (tests/fixture_runs.py)."""
-    import fixture_runs
+def pytest_sessionfinish(session):
+    fixture_lanes.SESSION.stop()
 
+
+def planned_fixture_runs(items) -> list[str]:
+    """The headed CPU fixtures this session checks end to end (tests/test_fixtures.py), in test
+    order: launched ahead in the background (tests/fixture_runs.py plan_runs). GPU fixtures and
+    skipped ones are not: a GPU session (-m "gpu or multigpu") launches no CPU fixture."""
+    rels = []
     for item in items:
-        cs = getattr(item, "callspec", None)
-        h = cs.params.get("h") if cs else None
-        if h is not None and hasattr(h, "rel") and not h.requires and not any(
-                m.name == "skip" for m in item.iter_markers()):  # GPU fixtures: one at a time
-            fixture_runs.PREFETCH.append(h.rel)
+        h = _e2e_header(item)
+        if h is not None and not h.requires and not any(m.name == "skip" for m in item.iter_markers()):
+            rels.append(h.rel)
+    return rels
 
 
 def run_cli(*args, input=None, timeout=300, env=None, cwd=None):

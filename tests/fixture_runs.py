@@ -13,7 +13,8 @@ fixture runs with its own folder as the working directory and its file name as S
 
 ``run_fixture(path)`` runs one fixture under its header command with ``--json`` and caches the
 result for the whole test session, so the end-to-end test (tests/test_fixtures.py) and any other
-test that needs the same fixture under the same command share one launch.
+test that needs the same fixture under the same command share one launch. ``plan_runs`` (conftest,
+at collection) launches the e2e tests' runs ahead in a background lane (tests/fixture_lanes.py).
 ``normalise(report)`` masks what differs between two runs of the same code (see NORMALISED).
 """
 
@@ -31,6 +32,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import fixture_lanes
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "tests" / "fixtures" / "scripts"
@@ -129,8 +132,10 @@ class Run:
 def launch(h: Header, timeout: float = 300, keep: bool = False) -> Run:
     """One run of the fixture under its header command with --json. `{tmp}` (in options or the
     script's args) is a fresh folder: kept until the process exits when `keep` (tests read the
-    pid files or rank dirs the run left there), else removed at once."""
-    tmp = tempfile.mkdtemp(prefix="td-fixture-")
+    pid files or rank dirs the run left there), else removed at once. The environment and temp
+    folder are the session's as collected (fixture_lanes.ENV): not what a test running meanwhile
+    set."""
+    tmp = tempfile.mkdtemp(prefix="td-fixture-", dir=fixture_lanes.TMPDIR)
     if keep:
         atexit.register(shutil.rmtree, tmp, True)
     try:
@@ -142,55 +147,53 @@ def launch(h: Header, timeout: float = 300, keep: bool = False) -> Run:
         else:
             cwd = h.path.parent
             argv = [cmd, "--json", *opts, h.path.name, *sargs]
-        env = dict(os.environ)
+        env = dict(fixture_lanes.ENV)
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
         env.setdefault("COLUMNS", "120")
         if not h.requires:
             env["CUDA_VISIBLE_DEVICES"] = ""  # CPU fixtures stay on CPU on a GPU machine too
         t0 = time.monotonic()
-        p = subprocess.run([sys.executable, "-m", "torchdoctor", *argv], cwd=cwd, env=env, text=True,
-                           capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        with fixture_lanes.Popen([sys.executable, "-m", "torchdoctor", *argv], cwd=cwd, env=env, text=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 stdin=subprocess.DEVNULL) as p:
+            fixture_lanes.SESSION.track(p, True)
+            try:
+                out, err = p.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, err = p.communicate()
+                raise RuntimeError(f"{h.rel}: no report within {timeout:.0f} s (killed):\n{err[-3000:]}") from None
+            finally:
+                fixture_lanes.SESSION.track(p, False)
         wall = time.monotonic() - t0
-        if not p.stdout.strip():
-            raise RuntimeError(f"{h.rel}: no JSON on stdout (exit {p.returncode}):\n{p.stderr[-3000:]}")
-        return Run(h, p.returncode, json.loads(p.stdout), p.stderr, Path(tmp), wall)
+        if not out.strip():
+            raise RuntimeError(f"{h.rel}: no JSON on stdout (exit {p.returncode}):\n{err[-3000:]}")
+        return Run(h, p.returncode, json.loads(out), err, Path(tmp), wall)
     finally:
         if not keep:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-_CACHE: dict[tuple, Run] = {}
-# fixtures this session will check end to end (set by conftest at collection); the first
-# run_fixture() call launches them all, JOBS at a time, before it returns
-PREFETCH: list[str] = []
 JOBS = int(os.environ.get("FIXTURE_JOBS", "2"))
-_prefetched = False
 
 
-def prefetch() -> None:
-    """Launch every fixture in PREFETCH (once per session), FIXTURE_JOBS at a time (default 2:
-    CI's two cores); failures are left for the test of that fixture to raise again."""
-    global _prefetched
-    if _prefetched:
-        return
-    _prefetched = True
-    todo = list(dict.fromkeys(PREFETCH))
-    if JOBS <= 1 or len(todo) < 2:
-        return
-    from concurrent.futures import ThreadPoolExecutor
+def _key(h: Header) -> tuple:
+    return (h.rel, tuple(h.args), tuple(h.script_args))
 
-    def one(rel):
-        try:
-            run_fixture(rel)
-        except Exception:  # noqa: BLE001 - the test of that fixture re-raises it
-            pass
 
-    with ThreadPoolExecutor(JOBS) as pool:
-        list(pool.map(one, todo))
+def plan_runs(rels: list[str]) -> None:
+    """Launch the session's runs of these fixtures (the e2e tests', in test order) in
+    FIXTURE_JOBS - 1 background lanes (default 2: CI's two cores, the main thread being the
+    other lane); see fixture_lanes. FIXTURE_JOBS=1: each run is launched by its first test."""
+    heads = [read_header(SCRIPTS / rel) for rel in dict.fromkeys(rels)]
+    jobs = [(_key(h), lambda h=h: launch(h, keep=True)) for h in heads if h is not None]
+    if JOBS > 1 and jobs:
+        fixture_lanes.SESSION.plan(jobs, JOBS - 1)
 
 
 def run_fixture(rel: str | Path, command: str | None = None) -> Run:
-    """The session's one run of a fixture under its header command (launched on first use).
+    """The session's one run of a fixture under its header command (launched on first use,
+    or by a background lane: plan_runs).
 
     `command`: the command line the calling test assumes (the header's `# torchdoctor:` text);
     a mismatch fails loudly instead of silently testing another run."""
@@ -201,11 +204,7 @@ def run_fixture(rel: str | Path, command: str | None = None) -> Run:
     if command is not None:
         have = " ".join([*h.args, *(["--", *h.script_args] if h.script_args else [])])
         assert have == command, f"{h.rel}: header runs `{have}`, the test assumes `{command}`"
-    prefetch()
-    key = (h.rel, tuple(h.args), tuple(h.script_args))
-    if key not in _CACHE:
-        _CACHE[key] = launch(h, keep=True)
-    return _CACHE[key]
+    return fixture_lanes.SESSION.once(_key(h), lambda: launch(h, keep=True))
 
 
 # ----------------------------------------------------------------------------- normalising
@@ -279,6 +278,8 @@ def _text_subs() -> list[tuple[re.Pattern, str]]:
             (re.compile(r"\b(pid|pids|process|PID)\s+\d+"), r"\1 <pid>"),
             (re.compile(r"-?\d+(?:\.\d+)?\s?(?:[KMGT]i?B|bytes|B)\b"), "<bytes>"),
             (re.compile(r"-?\d+(?:\.\d+)?\s?(?:ms|µs|us|ns|s|min|h|d|days?|hours?|minutes?)\b"), "<dur>"),
+            # "(2 of 3.4 ms)": a measured share printed with :.3g is a whole number at times
+            (re.compile(r"\(\d+ of <dur>\)"), "(<num> of <dur>)"),
             (re.compile(r"-?\d+(?:\.\d+)?\s?%"), "<pct>"),
             (re.compile(r"-?\d+\.\d+(?:[eE][-+]?\d+)?"), "<num>"),
             (re.compile(r"-?\d+(?:\.\d+)?[eE][-+]?\d+"), "<num>"),

@@ -10,8 +10,10 @@ GPU-only fixtures (`# requires: cuda` / `2 gpus`) are skipped without CUDA and h
 (they are checked on their code set only). The checkpoint fixtures' goldens are compared by one
 test that audits them all in one process (tests/golden/ckpt_driver.py).
 
-The runs are launched ahead, FIXTURE_JOBS at a time (default 2: CI's two cores), at the
-session's first cached fixture run, for the fixtures this session collected (conftest.py).
+These tests run last (conftest.py); their runs, for the fixtures this session selected, start
+at collection in a background lane while the other tests run, and the main thread joins in as
+the second lane when it reaches them (FIXTURE_JOBS in all, default 2: CI's two cores; see
+tests/fixture_lanes.py).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 from torchdoctor.instruments import profiler_window as pw  # noqa: E402
 from torchdoctor.instruments.profiler_window import ProfilerWindow, plan_budget  # noqa: E402
 
-from test_profile_instrument import FakeCtx  # noqa: E402
+from test_profile_instrument import FakeCtx, run_window  # noqa: E402
 
 SCRIPTS = Path(__file__).resolve().parent / "fixtures" / "scripts" / "profile"
 
@@ -47,33 +47,15 @@ def _decode(i):
     return [min(1, max(0, _pixel(i, j) / 255)) for j in range(600)]
 
 
-def _loop(ctx, n_steps, heavy=True):
-    torch.manual_seed(0)
-    inst = ProfilerWindow()
-    inst.install(ctx)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    try:
-        for step in range(1, n_steps + 1):
-            if heavy:
-                rows = [_decode(step * 8 + k)[:16] for k in range(8)]  # ~10k Python calls
-                x = torch.tensor(rows, dtype=torch.float32)
-            else:
-                x = torch.randn(8, 16)
-            loss = model(x).pow(2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            inst.on_step_end(ctx, step)
-    finally:
-        inst.uninstall(ctx)
-    return inst
+def _heavy_batch(step):
+    rows = [_decode(step * 8 + k)[:16] for k in range(8)]  # ~10k Python calls
+    return torch.tensor(rows, dtype=torch.float32)
 
 
 def test_a_python_heavy_step_gets_a_shorter_window(tmp_path, monkeypatch):
     monkeypatch.setattr(pw, "PY_EVENT_BUDGET", 12_000)
     ctx = FakeCtx(tmp_path, {"steps": 0, "profile_skip": 3, "profile_active": 3})
-    _loop(ctx, 10)
+    run_window(ctx, 10, _heavy_batch)
     (w,) = ctx.of("profile_window")
     b = w["budget"]
     assert 8_000 < b["py_calls_per_step"] < 20_000, b  # _decode: 8 x 1200 calls + the loop's own
@@ -84,7 +66,7 @@ def test_a_python_heavy_step_gets_a_shorter_window(tmp_path, monkeypatch):
 def test_a_very_heavy_step_is_recorded_without_python_stacks(tmp_path, monkeypatch):
     monkeypatch.setattr(pw, "PY_EVENT_BUDGET", 1_000)
     ctx = FakeCtx(tmp_path, {"steps": 0, "profile_skip": 3, "profile_active": 3, "profile_dump_flat": 1})
-    _loop(ctx, 10)
+    run_window(ctx, 10, _heavy_batch)
     (w,) = ctx.of("profile_window")
     assert w["budget"]["with_stack"] is False and w["active_steps"] == 1
     assert ctx.of("profile_ops")[0]["by_self_cpu"]  # the torch-op view stays
@@ -96,14 +78,14 @@ def test_a_very_heavy_step_is_recorded_without_python_stacks(tmp_path, monkeypat
 
 def test_a_light_step_keeps_the_full_window(tmp_path):
     ctx = FakeCtx(tmp_path, {"steps": 0, "profile_skip": 3, "profile_active": 3})
-    _loop(ctx, 10, heavy=False)
+    run_window(ctx, 10)
     (w,) = ctx.of("profile_window")
     assert w["active_steps"] == 3 and w["budget"]["py_calls_per_step"] < 5_000
 
 
 def test_leaf_c_calls_are_not_kept(tmp_path):
     ctx = FakeCtx(tmp_path, {"steps": 0, "profile_skip": 3, "profile_active": 1, "profile_dump_flat": 1})
-    _loop(ctx, 8)
+    run_window(ctx, 8, _heavy_batch)
     import gzip
 
     flat = json.load(gzip.open(ctx.run_dir / "profile_flat.json.gz", "rt"))
@@ -116,7 +98,7 @@ def test_recorded_steps_far_slower_than_plain_stop_the_window(tmp_path, monkeypa
     monkeypatch.setattr(pw, "RECORD_MIN_S", 0.0)
     monkeypatch.setattr(pw, "RECORD_SLOWDOWN_MAX", 0.01)  # any recorded step is "too slow"
     ctx = FakeCtx(tmp_path, {"steps": 0, "profile_skip": 3, "profile_active": 3})
-    inst = _loop(ctx, 10, heavy=False)
+    inst = run_window(ctx, 10)
     (w,) = ctx.of("profile_window")
     assert w["status"] == "ok" and w["active_steps"] == 1 and "stopped after 1" in w["stopped_early"]
     assert inst.prof is None and inst.closed

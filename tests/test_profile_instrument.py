@@ -42,7 +42,9 @@ class FakeCtx:
         return [e for e in self.events if e["kind"] == kind]
 
 
-def _loop(ctx, n_steps):
+def run_window(ctx, n_steps, batch=None):
+    """A tiny SGD loop under a ProfilerWindow driven by ``ctx``; ``batch(step)`` makes each
+    step's input (default: an 8x16 random batch). Returns the uninstalled instrument."""
     torch.manual_seed(0)
     inst = ProfilerWindow()
     inst.install(ctx)
@@ -50,7 +52,8 @@ def _loop(ctx, n_steps):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     try:
         for step in range(1, n_steps + 1):
-            loss = model(torch.randn(8, 16)).pow(2).mean()
+            x = batch(step) if batch is not None else torch.randn(8, 16)
+            loss = model(x).pow(2).mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -67,7 +70,7 @@ def test_registered_for_the_profile_probe_only():
 
 def test_window_is_analysed_into_compact_events_and_the_trace_kept(tmp_path):
     ctx = FakeCtx(tmp_path, {"steps": 8, "profile_skip": 2, "profile_active": 2}, out=True)
-    _loop(ctx, 8)
+    run_window(ctx, 8)
     (w,) = ctx.of("profile_window")
     assert w["status"] == "ok" and w["steps"] == [4, 5] and w["first_step"] == 4
     assert w["cuda"] in (True, False)
@@ -84,14 +87,14 @@ def test_window_is_analysed_into_compact_events_and_the_trace_kept(tmp_path):
 
 def test_a_run_shorter_than_the_window_says_so(tmp_path):
     ctx = FakeCtx(tmp_path, {"steps": 0, "profile_skip": 5})
-    _loop(ctx, 3)
+    run_window(ctx, 3)
     (w,) = ctx.of("profile_window")
     assert w["status"] == "not-reached" and w["steps_seen"] == 3 and w["steps_needed"] == 9
 
 
 def test_a_run_that_ends_inside_the_window_is_analysed_as_partial(tmp_path):
     ctx = FakeCtx(tmp_path, {"steps": 0, "profile_skip": 1, "profile_active": 4})
-    _loop(ctx, 4)
+    run_window(ctx, 4)
     (w,) = ctx.of("profile_window")
     assert w["status"] == "partial" and w["active_steps"] >= 1
 
