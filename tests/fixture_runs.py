@@ -228,7 +228,12 @@ NORMALISED = """What normalise() masks (everything that differs between two runs
   thread stacks of timed-out runs (main_thread, other_threads: "<stack>"), rankings by measured
   time (top_ops, python_hotspots: "<ranked>"), numbers with thousands separators, gloo ip:port;
 - a run killed at --timeout (status "timeout"): its metrics and skipped rules ("<timeout-run>"),
-  steps_done and "killed after N steps" (how far it got is timing).
+  steps_done and "killed after N steps" (how far it got is timing);
+- a ranked run where a rank died by a signal (a SIGABRT after a collective mismatch): how far the
+  killed rank got before it died is timing: metrics.ranks and metrics.steps ("<killed-rank-run>"),
+  the step counts and time to first step in metrics.run;
+- the memory probe's site window (metrics.memory.sites): it opens when the heap grows in the
+  first steps, which on a healthy-but-noisy heap is timing (a growing site is in the finding).
 Kept exactly: codes, severities, skills, docs, fix texts (numbers masked), skipped rules and
 their reasons, evidence keys and their deterministic values (lines, steps, names, ints).
 """
@@ -242,7 +247,8 @@ VOLATILE_INT_KEYS = {
 # keys whose presence or text depends on timing: the memory probe's time-budgeted tracemalloc
 # window (site_window, python_sites, skipped in metrics) and a non-growth reason on noisy heaps
 DROP_KEYS = {"site_window"}
-DROP_METRIC_KEYS = {"python_sites", "skipped", "partial"}  # partial: a window cut by its time budget
+DROP_METRIC_KEYS = {"python_sites", "skipped", "partial",  # partial: a window cut by its time budget
+                    "sites"}  # the memory site window: opened on early heap growth (timing)
 MASK_TEXT_KEYS = {"not_growth"}
 # lists whose content is where a timed-out script happened to be (thread stacks), or a ranking by
 # measured time (the profile's top ops and Python hotspots): "<stack>" / "<ranked>"
@@ -351,6 +357,22 @@ def normalise(report: dict) -> dict:
             for k in ("title", "fix"):
                 if isinstance(f.get(k), str):
                     f[k] = re.sub(r"killed after \d+ steps", "killed after <n> steps", f[k])
+    metrics = report.get("metrics") if isinstance(report.get("metrics"), dict) else {}
+    run = metrics.get("run") if isinstance(metrics.get("run"), dict) else {}
+    if any(isinstance(r, dict) and r.get("outcome") == "signal" for r in run.get("ranks") or []):
+        # a rank killed by a signal: how far it got before it died is timing
+        m = out.get("metrics")
+        if isinstance(m, dict):
+            for k in ("ranks", "steps"):
+                m.pop(k, None)
+            m["<killed-rank-run>"] = True
+            r = m.get("run")
+            if isinstance(r, dict):
+                r.pop("time_to_first_step_s", None)
+                r["steps"] = "<int>"
+                for x in r.get("ranks") or []:
+                    if isinstance(x, dict) and "steps" in x:
+                        x["steps"] = "<int>"
     if out.get("status") == "findings" and not out.get("findings"):
         out["status"] = "ok"  # what it would say without the host-load finding dropped above
     return out

@@ -107,3 +107,32 @@ def test_a_timed_share_printed_as_a_whole_number_is_masked():
     masked = "Python outside torch ops takes <pct> of the step (<num> of <dur>); hottest: f at x.py:17"
     for got in ("(2 of 3.41 ms)", "(2.25 of 3.41 ms)", "(12 of 30 ms)"):
         assert norm_text(f"Python outside torch ops takes 40% of the step {got}; hottest: f at x.py:17") == masked
+
+
+def test_how_far_a_killed_rank_got_is_masked():
+    """dist/mismatch.py's golden differed between two regens on one box: rank 0 dies by SIGABRT
+    after the mismatched collective, having reported 0 or 3 steps."""
+    from fixture_runs import normalise
+
+    def report(steps0):
+        ranks = [{"outcome": "signal", "rank": 0, "signal": "SIGABRT", "steps": steps0},
+                 {"exit_code": 1, "outcome": "crash", "rank": 1, "steps": 3}]
+        metrics = {"run": {"ranks": ranks, "steps": steps0, "wall_s": 1.0}}
+        if steps0:
+            metrics["ranks"] = {"judged_steps": 2, "per_rank": [{"rank": 0, "steps": steps0}]}
+            metrics["steps"] = {"count": steps0}
+            metrics["run"]["time_to_first_step_s"] = 0.5
+        return {"status": "crashed", "findings": [], "metrics": metrics}
+
+    assert normalise(report(0)) == normalise(report(3))
+    healthy = {"status": "ok", "findings": [], "metrics": {"run": {"ranks": [{"rank": 0, "steps": 3}]}}}
+    assert normalise(healthy)["metrics"]["run"]["ranks"][0]["steps"] == 3  # kept where none died
+
+
+def test_the_memory_site_window_is_masked():
+    """memory/eval_with_grad.py: the site window opened in one regen and not in the next."""
+    from fixture_runs import normalise
+
+    a = {"status": "ok", "findings": [], "metrics": {"memory": {"sites": {"reason": "heap"}, "x": 1}}}
+    b = {"status": "ok", "findings": [], "metrics": {"memory": {"x": 1}}}
+    assert normalise(a) == normalise(b)
