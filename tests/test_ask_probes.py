@@ -152,3 +152,16 @@ def test_ask_json_lists_after_only_where_there_is_one(cli):
     assert d["routes"][0]["after"] == "torchdoctor treat SCRIPT" and d["next"] == "torchdoctor profile SCRIPT"
     d = json.loads(cli("ask", "graph breaks with torch.compile", "--json").stdout)
     assert d["routes"][0]["probe"] == "torchdoctor compile SCRIPT" and "after" not in d["routes"][0]
+
+
+def test_the_attached_route_is_for_one_report_only(monkeypatch):
+    """Regression: the route `ask --run` attached stayed in ATTACHED_METRICS, so a later report in
+    the same process (a checkpoint audit in the test session) carried `metrics.route`."""
+    import torchdoctor.cli
+    from torchdoctor.commands._common import ATTACHED_METRICS
+    from torchdoctor.triage.handoff import run_probe_for_route
+
+    seen = []
+    monkeypatch.setattr(torchdoctor.cli, "run_app", lambda argv: seen.append(dict(ATTACHED_METRICS)) or 0)
+    assert run_probe_for_route("profile", ["train.py"], route={"skill": "x"}) == 0
+    assert seen == [{"route": {"skill": "x"}}] and ATTACHED_METRICS == {}

@@ -84,6 +84,21 @@ def ckpt_goldens() -> dict[str, dict]:
     return {p.stem: json.loads(p.read_text()) for p in sorted((GOLDEN / "checkpoint").glob("*.json"))}
 
 
+def first_difference(a, b, path="") -> str:
+    """Where two JSON values first differ, for a readable failure."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            if k not in a or k not in b:
+                return f"{path}/{k}: only in {'got' if k in a else 'golden'}"
+            if a[k] != b[k]:
+                return first_difference(a[k], b[k], f"{path}/{k}")
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b)):
+            if x != y:
+                return first_difference(x, y, f"{path}[{i}]")
+    return f"{path}: got {str(a)[:300]!r}, golden {str(b)[:300]!r}"
+
+
 def test_checkpoint_fixtures_match_their_goldens():
     pytest.importorskip("torch")
     sys.path.insert(0, str(GOLDEN))
@@ -97,4 +112,5 @@ def test_checkpoint_fixtures_match_their_goldens():
         got = {"args": r["args"], "exit": r["exit"],
                "codes": sorted(f"{f['code']}@{f['severity']}" for f in r["report"]["findings"]),
                "report": normalise(r["report"])}
-        assert got == golden[name], f"checkpoint/{name} differs from its golden (tests/golden/regen.py --ckpt)"
+        assert got == golden[name], (f"checkpoint/{name} differs from its golden (tests/golden/regen.py "
+                                     f"--ckpt): {first_difference(got, golden[name])}")

@@ -101,4 +101,7 @@ def run_probe_for_route(skill: str, script_argv: list[str], as_json: bool = Fals
 
     if route is not None:
         ATTACHED_METRICS["route"] = route
-    return run_app(probe_argv(skill, script_argv, as_json))
+    try:
+        return run_app(probe_argv(skill, script_argv, as_json))
+    finally:  # for this one report: a later command in the same process must not carry it
+        ATTACHED_METRICS.pop("route", None)
