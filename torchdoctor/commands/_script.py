@@ -58,6 +58,37 @@ class Resolved:
     post: Callable[[Any], None] | None = None
 
 
+# the options of several processes or machines: not for commands that run one process at a
+# time (treat, repro: see one_process_params)
+MULTI_PROCESS_OPTIONS = frozenset({"nproc_per_node", "nnodes", "node_rank", "rdzv_endpoint",
+                                   "rdzv_backend", "rdzv_id", "rdzv_timeout", "max_restarts"})
+
+
+def script_target(name: str, script: str | None, module: str | None,
+                  args: list[str]) -> tuple[str, list[str]] | None:
+    """(target, args) from SCRIPT / ``-m MODULE`` (with -m, a SCRIPT word is the module's first
+    argument); None when neither was given."""
+    if module:
+        return module, ([script] if script is not None else []) + list(args)
+    if script is not None:
+        return script, list(args)
+    return None
+
+
+def require_target(name: str, script: str | None, module: str | None,
+                   args: list[str]) -> tuple[str, list[str]]:
+    """As :func:`script_target`; neither given is bad usage (exit 2)."""
+    got = script_target(name, script, module, args)
+    if got is None:
+        raise DoctorError("missing SCRIPT (or -m MODULE)", hint=f"torchdoctor {name} train.py --your-args ...")
+    return got
+
+
+def one_process_params(steps_default: int, timeout_default: float) -> list:
+    """The shared options without those of several processes or machines."""
+    return [p for p in _params([], steps_default, timeout_default) if p.name not in MULTI_PROCESS_OPTIONS]
+
+
 def _params(extra: list[ExtraOption], steps_default: int, timeout_default: float) -> list:
     P = inspect.Parameter
     kw = P.KEYWORD_ONLY
@@ -119,18 +150,10 @@ def script_command(app: typer.Typer, name: str, help: str, probe: str | None = N
         node = resolve_node(kw)  # --nnodes & co., or SLURM_*: one agent per node (exit 2 if unfit)
         if node is not None and nproc is None:
             nproc = 1  # torchrun's own default
-        args = list(ctx.args)
-        if module:
-            target = module
-            if script is not None:
-                args = [script] + args
-        elif script is not None:
-            target = script
-        elif target_override is not None:
-            target, args = target_override()
-        else:
-            raise DoctorError("missing SCRIPT (or -m MODULE)",
-                              hint=f"torchdoctor {name} train.py --your-args ...")
+        got = script_target(name, script, module, list(ctx.args))
+        if got is None and target_override is not None:
+            got = target_override()
+        target, args = got if got is not None else require_target(name, script, module, [])
         if steps < 0:
             raise DoctorError(f"--steps must be >= 0, not {steps}")
         if not timeout > 0:

@@ -28,7 +28,7 @@ ENGINES = ("auto", "debug_mode", "dispatch")
 
 
 def register(app: typer.Typer) -> None:
-    from torchdoctor.commands._script import CONTEXT_SETTINGS, _params
+    from torchdoctor.commands._script import CONTEXT_SETTINGS, one_process_params
 
     @guarded
     def repro(**kw: Any) -> None:
@@ -38,15 +38,9 @@ def register(app: typer.Typer) -> None:
         as_json, out, fail_on = kw.pop("json_out"), kw.pop("out"), kw.pop("fail_on")
         engine = str(kw.pop("op_engine")).strip().lower()
         resume, html = kw.pop("resume_check"), kw.pop("html")
-        args = list(ctx.args)
-        if module:
-            target = module
-            if script is not None:
-                args = [script] + args
-        elif script is not None:
-            target = script
-        else:
-            raise DoctorError("missing SCRIPT (or -m MODULE)", hint="torchdoctor repro train.py --your-args ...")
+        from torchdoctor.commands._script import require_target
+
+        target, args = require_target("repro", script, module, list(ctx.args))
         if steps < 1:
             raise DoctorError(f"--steps must be >= 1 for repro (the runs are bounded), not {steps}")
         if not timeout > 0:
@@ -71,9 +65,7 @@ def register(app: typer.Typer) -> None:
         emit(report, as_json, fail_on, out, html=html_path)
 
     P = inspect.Parameter
-    one_process = {"nproc_per_node", "nnodes", "node_rank", "rdzv_endpoint", "rdzv_backend",
-                   "rdzv_id", "rdzv_timeout", "max_restarts"}
-    params = [p for p in _params([], DEFAULT_STEPS, 300.0) if p.name not in one_process]
+    params = one_process_params(DEFAULT_STEPS, 300.0)  # one process: no ranks, no nodes
     params.append(P("resume_check", P.KEYWORD_ONLY, default=False, annotation=Annotated[bool, typer.Option(
         "--resume-check", help="Also prove the script's own checkpoint resumes exactly: after its "
                                "save, reset each state the file lacks (one more run each) and "

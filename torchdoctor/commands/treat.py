@@ -28,14 +28,11 @@ CONTEXT_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True,
 
 
 def _params() -> list:
-    from torchdoctor.commands._script import DEFAULT_TIMEOUT_S, _params as shared
+    from torchdoctor.commands._script import DEFAULT_TIMEOUT_S, one_process_params
 
     P = inspect.Parameter
     kw = P.KEYWORD_ONLY
-    # the shared options of the script probes, but one process: no --nproc-per-node, no nodes
-    one_process = {"nproc_per_node", "nnodes", "node_rank", "rdzv_endpoint", "rdzv_backend",
-                   "rdzv_id", "rdzv_timeout", "max_restarts"}
-    params = [p for p in shared([], DEFAULT_STEPS, DEFAULT_TIMEOUT_S) if p.name not in one_process]
+    params = one_process_params(DEFAULT_STEPS, DEFAULT_TIMEOUT_S)  # one process: no ranks, no nodes
     return params + [
         P("try_", kw, default=None, annotation=Annotated[Optional[list[str]], typer.Option(
             "--try", metavar="NAME[=VALUE]", show_default=False,
@@ -87,15 +84,10 @@ def treat(**kw: Any) -> None:
     if kw["list_"]:
         print_catalogue(as_json)
         return
-    script, module, args = kw["script"], kw["module"], list(ctx.args)
-    if module:
-        target = module
-        if script is not None:
-            args = [script] + args
-    elif script is not None:
-        target = script
-    else:
-        raise DoctorError("missing SCRIPT (or -m MODULE)", hint="torchdoctor treat train.py --your-args ...")
+    from torchdoctor.commands._script import require_target
+
+    target, args = require_target("treat", kw["script"], kw["module"], list(ctx.args))
+    module = kw["module"]
     steps, timeout, budget = kw["steps"], kw["timeout"], kw["budget"]
     if steps < 0:
         raise DoctorError(f"--steps must be >= 0, not {steps}")
