@@ -231,7 +231,8 @@ NORMALISED = """What normalise() masks (everything that differs between two runs
   steps_done and "killed after N steps" (how far it got is timing);
 - a ranked run where a rank died by a signal (a SIGABRT after a collective mismatch): how far the
   killed rank got before it died is timing: metrics.ranks and metrics.steps ("<killed-rank-run>"),
-  the step counts and time to first step in metrics.run;
+  the step counts and time to first step in metrics.run, the skipped rules (their reasons say
+  what the killed rank had reached: a DataLoader iterated or not);
 - the memory probe's site window (metrics.memory.sites): it opens when the heap grows in the
   first steps, which on a healthy-but-noisy heap is timing (a growing site is in the finding).
 Kept exactly: codes, severities, skills, docs, fix texts (numbers masked), skipped rules and
@@ -366,6 +367,7 @@ def normalise(report: dict) -> dict:
             for k in ("ranks", "steps"):
                 m.pop(k, None)
             m["<killed-rank-run>"] = True
+            out["skipped"] = "<killed-rank-run>"
             r = m.get("run")
             if isinstance(r, dict):
                 r.pop("time_to_first_step_s", None)

@@ -122,7 +122,9 @@ def test_how_far_a_killed_rank_got_is_masked():
             metrics["ranks"] = {"judged_steps": 2, "per_rank": [{"rank": 0, "steps": steps0}]}
             metrics["steps"] = {"count": steps0}
             metrics["run"]["time_to_first_step_s"] = 0.5
-        return {"status": "crashed", "findings": [], "metrics": metrics}
+        skipped = [{"rule": "sampler-epoch-not-set",
+                    "reason": "no DataLoader with a DistributedSampler" if steps0 else "no DataLoader was iterated"}]
+        return {"status": "crashed", "findings": [], "metrics": metrics, "skipped": skipped}
 
     assert normalise(report(0)) == normalise(report(3))
     healthy = {"status": "ok", "findings": [], "metrics": {"run": {"ranks": [{"rank": 0, "steps": 3}]}}}
