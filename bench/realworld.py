@@ -49,7 +49,8 @@ from realworld_cases import Case, by_name  # noqa: E402
 
 ALL_PROBES = ("checkup", "profile", "memory", "nan", "dist", "treat", "repro", "compile", "gradcheck")
 # options a probe gets beyond the shared ones: treat's whole run is bounded by a budget
-PROBE_OPTS = {"treat": ["--budget", "180"]}
+PROBE_OPTS = {"treat": ["--budget", "180"],
+              "repro": ["--steps", "30"]}  # repro compares bounded runs (>= 1 step)
 INTERNAL = "internal-error"
 
 
