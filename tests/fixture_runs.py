@@ -232,7 +232,11 @@ NORMALISED = """What normalise() masks (everything that differs between two runs
 - a ranked run where a rank died by a signal (a SIGABRT after a collective mismatch): how far the
   killed rank got before it died is timing: metrics.ranks and metrics.steps ("<killed-rank-run>"),
   the step counts and time to first step in metrics.run, the skipped rules (their reasons say
-  what the killed rank had reached: a DataLoader iterated or not);
+  what the killed rank had reached: a DataLoader iterated or not) and the header's device (written
+  by a rank at its first step);
+- torchrun's own return code (`launcher_returncode`) of a ranked run: it returned 1 in 2 of ~8 runs
+  of dist/epoch_not_set.py under load although both ranks reported exit 0 (a teardown race, to
+  investigate; the ranks' outcomes and the findings are kept exactly);
 - the memory probe's site window (metrics.memory.sites): it opens when the heap grows in the
   first steps, which on a healthy-but-noisy heap is timing (a growing site is in the finding).
 Kept exactly: codes, severities, skills, docs, fix texts (numbers masked), skipped rules and
@@ -368,6 +372,8 @@ def normalise(report: dict) -> dict:
                 m.pop(k, None)
             m["<killed-rank-run>"] = True
             out["skipped"] = "<killed-rank-run>"
+            if isinstance(out.get("context"), dict):
+                out["context"].pop("device", None)
             r = m.get("run")
             if isinstance(r, dict):
                 r.pop("time_to_first_step_s", None)
@@ -375,6 +381,9 @@ def normalise(report: dict) -> dict:
                 for x in r.get("ranks") or []:
                     if isinstance(x, dict) and "steps" in x:
                         x["steps"] = "<int>"
+    r = out.get("metrics", {}).get("run") if isinstance(out.get("metrics"), dict) else None
+    if isinstance(r, dict) and "launcher_returncode" in r:
+        r["launcher_returncode"] = "<int>"
     if out.get("status") == "findings" and not out.get("findings"):
         out["status"] = "ok"  # what it would say without the host-load finding dropped above
     return out
