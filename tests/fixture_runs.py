@@ -43,7 +43,14 @@ GOLDEN = ROOT / "tests" / "golden"
 # because *other* processes load the machine (evidence `other_processes_cores`) may appear on any
 # fixture. It is left out of the code set and of the golden comparison (and out of the goldens).
 def host_noise(f: dict) -> bool:
-    return f.get("code") == "cpu-oversubscribed" and "other_processes_cores" in (f.get("evidence") or {})
+    """cpu-oversubscribed from other processes, or an info-level memory-growth with no growing
+    site named (a short run's heap drift on a loaded box: memory/eval_with_grad.py raised one,
+    "full in ~12 min", in 1 of 4 fresh-clone CI runs)."""
+    ev = f.get("evidence") or {}
+    if f.get("code") == "cpu-oversubscribed" and "other_processes_cores" in ev:
+        return True
+    return (f.get("code") == "memory-growth" and f.get("severity") == "info"
+            and not ev.get("graph_growth") and not ev.get("tensor_sites") and not ev.get("sites"))
 
 
 @dataclass
