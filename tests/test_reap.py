@@ -67,3 +67,28 @@ def test_kill_all_reaches_a_grandchild_that_left_the_session_after_a_snapshot():
         time.sleep(0.05)
     else:
         pytest.fail("the grandchild survived")
+
+
+def test_adoption_takes_orphans_not_the_hosts_other_children():
+    """Regression: adoption took every child of this process started after the run, so a run
+    launched in-process (treat's trials, the tests) SIGKILLed the host's unrelated children:
+    pytest's background fixture runs died with exit -9 while an in-process run ended. An orphan
+    of the run (re-parented to us, its own session, no marker) is still adopted."""
+    root = _spawn(None, start_new_session=True)
+    time.sleep(0.05)
+    tr = Tracker(root.pid, adopt_after=time.monotonic(), marker="ours")
+    time.sleep(0.02)  # /proc start times are in clock ticks: the others start after the root
+    host_child = _spawn(None)  # the host's own child: our session
+    other_run = _spawn("theirs", start_new_session=True)  # a run started beside ours
+    orphan = _spawn(None, start_new_session=True)  # what a setsid'd orphan looks like to us
+    try:
+        time.sleep(0.2)
+        members = tr._members(all_stats())
+        assert root.pid in members and orphan.pid in members
+        assert host_child.pid not in members and other_run.pid not in members
+        assert tr.kill_all() == []
+        assert host_child.poll() is None and other_run.poll() is None
+    finally:
+        for p in (root, host_child, other_run, orphan):
+            p.kill()
+            p.wait()

@@ -101,6 +101,7 @@ class Tracker:
         self.sessions: set[int] = {root}  # started with start_new_session=True
         self.seen: dict[int, int] = {}  # pid -> start ticks
         self.me = os.getpid()
+        self.my_sid = os.getsid(0)
         self.keep = _ancestors()  # never ourselves or whoever started us
         root_stat = read_stat(root)
         self.root_start = root_stat.start if root_stat else None
@@ -119,6 +120,25 @@ class Tracker:
         sub = self.marker + b"."
         return any(e == self.marker or e.startswith(sub) for e in entries)
 
+    def _foreign(self, pid: int) -> bool:
+        """The process carries another run's marker (a run this process started beside ours)."""
+        try:
+            with open(f"{PROC}/{pid}/environ", "rb") as f:
+                entries = f.read().split(b"\0")
+        except OSError:
+            return False
+        key = f"{RUN_ID_ENV}=".encode()
+        return any(e.startswith(key) for e in entries) and not self._marked(pid)
+
+    def _adopted(self, st: Stat) -> bool:
+        """An orphan of the run re-parented to us (subreaper): our child, started after the run,
+        that left our session (a child we started ourselves without a session of its own, such
+        as another torchdoctor run or a helper of the program hosting us, stays in it) and that
+        carries no other run's marker (a run we started beside this one)."""
+        return (self.adopt and st.ppid == self.me and self.root_start is not None
+                and st.start >= self.root_start and st.sid != self.my_sid
+                and not (self.marker is not None and self._foreign(st.pid)))
+
     def _members(self, stats: dict[int, Stat], by_marker: bool = False) -> dict[int, Stat]:
         """Processes of the run now: tracked sessions, tracked pids, their descendants (and,
         ``by_marker``, every process whose environment carries the run's marker)."""
@@ -129,8 +149,7 @@ class Tracker:
                 continue
             if (st.sid in self.sessions or self.seen.get(st.pid) == st.start
                     or (by_marker and st.state not in ("Z", "X") and self._marked(st.pid))
-                    or (self.adopt and st.ppid == self.me and self.root_start is not None
-                        and st.start >= self.root_start)):
+                    or self._adopted(st)):
                 found[st.pid] = st
         children: dict[int, list[Stat]] = {}
         for st in stats.values():
