@@ -246,7 +246,11 @@ NORMALISED = """What normalise() masks (everything that differs between two runs
   of dist/epoch_not_set.py under load although both ranks reported exit 0 (a teardown race, to
   investigate; the ranks' outcomes and the findings are kept exactly);
 - the memory probe's site window (metrics.memory.sites): it opens when the heap grows in the
-  first steps, which on a healthy-but-noisy heap is timing (a growing site is in the finding).
+  first steps, which on a healthy-but-noisy heap is timing (a growing site is in the finding);
+- the host heap trend's verdict (metrics.memory.trend.heap.growth): glibc's heap drifts by tens
+  of KiB per step over a 16-step run on a loaded box (memory/eval_with_grad.py: "not growth" in
+  most runs, growth "full in ~11 min" in 2 of 6; the finding it gives is info with no site, dropped
+  as host noise above); a real host leak is asserted by its finding, which names its site.
 Kept exactly: codes, severities, skills, docs, fix texts (numbers masked), skipped rules and
 their reasons, evidence keys and their deterministic values (lines, steps, names, ints).
 """
@@ -389,6 +393,10 @@ def normalise(report: dict) -> dict:
                 for x in r.get("ranks") or []:
                     if isinstance(x, dict) and "steps" in x:
                         x["steps"] = "<int>"
+    mem = out.get("metrics", {}).get("memory") if isinstance(out.get("metrics"), dict) else None
+    heap = (mem.get("trend") or {}).get("heap") if isinstance(mem, dict) and isinstance(mem.get("trend"), dict) else None
+    if isinstance(heap, dict) and "growth" in heap:
+        heap["growth"] = "<heap-verdict>"  # the host heap's drift on a short run: host noise
     r = out.get("metrics", {}).get("run") if isinstance(out.get("metrics"), dict) else None
     if isinstance(r, dict) and "launcher_returncode" in r:
         r["launcher_returncode"] = "<int>"

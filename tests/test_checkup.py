@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -77,7 +78,11 @@ def test_cpu_oversubscribed():
 def test_console_report_has_step_table_and_footer():
     p = run_cli("checkup", "--steps", "10", "slow_loader.py", cwd=PERF, timeout=120)
     assert "Step time" in p.stdout and "data wait" in p.stdout
-    assert "dataloader-bound" in p.stdout and "1 finding" in p.stdout
+    # the footer counts what was found: on a loaded box cpu-oversubscribed (other processes on
+    # the cores) may join dataloader-bound; the exact findings are the golden's (perf/slow_loader.py)
+    assert "dataloader-bound" in p.stdout
+    assert re.search(r"\n(1 finding|2 findings) \(", p.stdout), p.stdout[-600:]
+    assert "cpu-oversubscribed" in p.stdout or "1 finding" in p.stdout
     assert "torchdoctor checkup: running slow_loader.py" in p.stderr
 
 
