@@ -81,6 +81,15 @@ def become_subreaper(on: bool = True) -> bool:
         return False
 
 
+def _environ(pid: int) -> list[bytes]:
+    """The process's environment entries (empty when it is gone or not ours to read)."""
+    try:
+        with open(f"{PROC}/{pid}/environ", "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return []
+
+
 def _ancestors() -> set[int]:
     out, pid = set(), os.getpid()
     while pid > 1:
@@ -110,25 +119,19 @@ class Tracker:
             self.seen[root] = root_stat.start
         self.last_snapshot = 0.0
 
-    def _marked(self, pid: int) -> bool:
-        try:
-            with open(f"{PROC}/{pid}/environ", "rb") as f:
-                entries = f.read().split(b"\0")
-        except OSError:
-            return False
+    def _ours(self, entries: list[bytes]) -> bool:
         # the run's token, or a process's narrowed one below it ("<token>.<pid>", lifeline)
         sub = self.marker + b"."
         return any(e == self.marker or e.startswith(sub) for e in entries)
 
+    def _marked(self, pid: int) -> bool:
+        return self._ours(_environ(pid))
+
     def _foreign(self, pid: int) -> bool:
         """The process carries another run's marker (a run this process started beside ours)."""
-        try:
-            with open(f"{PROC}/{pid}/environ", "rb") as f:
-                entries = f.read().split(b"\0")
-        except OSError:
-            return False
+        entries = _environ(pid)
         key = f"{RUN_ID_ENV}=".encode()
-        return any(e.startswith(key) for e in entries) and not self._marked(pid)
+        return any(e.startswith(key) for e in entries) and not self._ours(entries)
 
     def _adopted(self, st: Stat) -> bool:
         """An orphan of the run re-parented to us (subreaper): our child, started after the run,
