@@ -95,22 +95,7 @@ class AutogradCapture(Instrument):
             if (not inst.live or inst.busy or not inst._wanted(cls) or compiling()
                     or not inst.ctx.in_owner_thread()):
                 return orig(cls, *args, **kwargs)
-            pre = None
-            try:
-                pre = inst._before(cls, args)
-            except Exception:  # noqa: BLE001
-                inst._failed("apply")
-            inst.busy = True
-            try:
-                out = orig(cls, *args, **kwargs)
-            finally:
-                inst.busy = False
-            if pre is not None:
-                try:
-                    inst._after(cls, args, out, pre)
-                except Exception:  # noqa: BLE001
-                    inst._failed("apply")
-            return out
+            return inst._captured(orig, cls, args, kwargs, "apply", True)
 
         self._patches.set(torch.autograd.Function, "apply", classmethod(apply), raw)
         self._patch_custom_ops(compiling)
@@ -132,26 +117,31 @@ class AutogradCapture(Instrument):
                 if (not inst.live or inst.busy or kwargs or compiling()
                         or not inst.ctx.in_owner_thread()):
                     return orig(op, *args, **kwargs)
-                pre = None
-                try:
-                    pre = inst._before(op, args, watch=False)
-                except Exception:  # noqa: BLE001
-                    inst._failed("custom_op")
-                inst.busy = True
-                try:
-                    out = orig(op, *args, **kwargs)
-                finally:
-                    inst.busy = False
-                if pre is not None:
-                    try:
-                        inst._after(op, args, out, pre)
-                    except Exception:  # noqa: BLE001
-                        inst._failed("custom_op")
-                return out
+                return inst._captured(orig, op, args, kwargs, "custom_op", False)
             return call
 
         if self._patches.wrap(cod, "__call__", make, tag="td-custom-op", require=False) is not None:
             self.capture += " + CustomOpDef.__call__"
+
+    def _captured(self, orig: Any, target: Any, args: tuple, kwargs: dict, where: str, watch: bool) -> Any:
+        """One captured call of ``orig(target, *args, **kwargs)``: inputs recorded before, outputs
+        after; a failure of the capture turns it off and never reaches the script."""
+        pre = None
+        try:
+            pre = self._before(target, args, watch=watch)
+        except Exception:  # noqa: BLE001
+            self._failed(where)
+        self.busy = True
+        try:
+            out = orig(target, *args, **kwargs)
+        finally:
+            self.busy = False
+        if pre is not None:
+            try:
+                self._after(target, args, out, pre)
+            except Exception:  # noqa: BLE001
+                self._failed(where)
+        return out
 
     def _failed(self, where: str) -> None:
         self.live = False

@@ -262,6 +262,14 @@ def _return_detail(c: dict[str, Any], r: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------------- misuse in forward
+def _library_note(record: dict, evidence: dict) -> bool:
+    """True when the Function is a library's (not the script's files): said in the evidence."""
+    lib = record.get("user_code") is False
+    if lib:
+        evidence["note"] = "the Function is defined in a library, not in the script's files"
+    return lib
+
+
 @rule("custom-function-dirty-input", probes=PROBES, needs={"autograd_dirty", "autograd_function"},
       raises=[DIRTY])
 def dirty_input(ev: Evidence) -> list[Finding]:
@@ -277,9 +285,7 @@ def dirty_input(ev: Evidence) -> list[Finding]:
         evidence = {"function": fn, "input": name, "shape": d.get("shape"), "is": what,
                     "forward_at": short_path(d.get("forward_at")), "call_site": short_path(d.get("call_site")),
                     "first_seen_on_call": d.get("call")}
-        lib = d.get("user_code") is False
-        if lib:
-            evidence["note"] = "the Function is defined in a library, not in the script's files"
+        lib = _library_note(d, evidence)
         out.append(finding("custom-function-dirty-input",
                            f"{fn}.forward modifies {name} in place without ctx.mark_dirty: autograd "
                            f"does not know the value changed ({what})"
@@ -310,9 +316,7 @@ def ctx_tensors(ev: Evidence) -> list[Finding]:
                "in-place changes go unchecked and saved-tensor hooks (checkpointing, offloading) "
                "do not see them" if graph else
                "saved-tensor hooks (checkpointing, offloading) do not see them")
-        lib = e.get("user_code") is False
-        if lib:
-            evidence["note"] = "the Function is defined in a library, not in the script's files"
+        lib = _library_note(e, evidence)
         out.append(finding("custom-function-ctx-tensors",
                            f"{e.get('function')}.forward keeps tensors as ctx attributes instead of "
                            f"ctx.save_for_backward: {listed}; {why}"

@@ -85,13 +85,18 @@ def node_env_mismatch(ev: Evidence) -> list[Finding]:
             "collectives")]
 
 
+def _missing(ev: Evidence) -> tuple[int, dict, list[int]]:
+    """(nodes in the job, the nodes that reported by node rank, the node ranks that did not)."""
+    n = int(ev.meta.get("nnodes") or 0)
+    by = nodes(ev)
+    return n, by, [k for k in range(n) if k not in by]
+
+
 @rule("node-never-joined", probes={"nodes"}, needs={"node_summary"}, raises=[NODE_NEVER_JOINED])
 def node_never_joined(ev: Evidence) -> list[Finding]:
     if not ev.meta.get("rendezvous_failed"):
         return []  # the rendezvous completed: every node joined
-    n = int(ev.meta.get("nnodes") or 0)
-    by = nodes(ev)
-    missing = [k for k in range(n) if k not in by]
+    n, by, missing = _missing(ev)
     if not missing:
         return []
     names = ", ".join(f"node {k}" for k in missing)
@@ -117,9 +122,7 @@ def node_lost(ev: Evidence) -> list[Finding]:
         raise NotApplicable("judged on node 0, which gathers the job")
     if ev.meta.get("gather_error"):
         raise NotApplicable(f"the gather store did not open: {ev.meta['gather_error']}")
-    n = int(ev.meta.get("nnodes") or 0)
-    by = nodes(ev)
-    missing = [k for k in range(n) if k not in by]
+    n, by, missing = _missing(ev)
     if not missing:
         return []
     names = ", ".join(f"node {k}" for k in missing)
