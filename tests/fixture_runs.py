@@ -236,7 +236,10 @@ NORMALISED = """What normalise() masks (everything that differs between two runs
   thread stacks of timed-out runs (main_thread, other_threads: "<stack>"), rankings by measured
   time (top_ops, python_hotspots: "<ranked>"), numbers with thousands separators, gloo ip:port;
 - a run killed at --timeout (status "timeout"): its metrics and skipped rules ("<timeout-run>"),
-  steps_done and "killed after N steps" (how far it got is timing);
+  steps_done and "killed after N steps" (how far it got is timing); for a run that kept stepping
+  past the clean stop (evidence clean_stop_grace_s: proc/swallows_stop.py), where the kill landed
+  (stuck_at, waiting_in, code, the title's "at FILE:LINE"): the sleep at :19 in one run, opt.step()
+  at :16 in the next fresh-clone CI;
 - a ranked run where a rank died by a signal (a SIGABRT after a collective mismatch): how far the
   killed rank got before it died is timing: metrics.ranks and metrics.steps ("<killed-rank-run>"),
   the step counts and time to first step in metrics.run, the skipped rules (their reasons say
@@ -371,9 +374,16 @@ def normalise(report: dict) -> dict:
             ev = f.get("evidence")
             if isinstance(ev, dict) and "steps_done" in ev:
                 ev["steps_done"] = "<int>"
+            if isinstance(ev, dict) and "clean_stop_grace_s" in ev:
+                # it kept stepping past the clean stop: where the kill landed is timing
+                for k in ("stuck_at", "waiting_in", "code"):
+                    if k in ev:
+                        ev[k] = "<where-killed>"
             for k in ("title", "fix"):
                 if isinstance(f.get(k), str):
                     f[k] = re.sub(r"killed after \d+ steps", "killed after <n> steps", f[k])
+                    if isinstance(ev, dict) and "clean_stop_grace_s" in ev:
+                        f[k] = re.sub(r"(killed after <n> steps) at .*$", r"\1 at <where-killed>", f[k])
     metrics = report.get("metrics") if isinstance(report.get("metrics"), dict) else {}
     run = metrics.get("run") if isinstance(metrics.get("run"), dict) else {}
     if any(isinstance(r, dict) and r.get("outcome") == "signal" for r in run.get("ranks") or []):

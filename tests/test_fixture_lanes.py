@@ -157,6 +157,21 @@ def test_the_host_heap_verdict_is_masked_and_a_cuda_one_is_kept():
     assert normalise(rep({"not_growth": "x"}, {"severity": "error"})) != normalise(calm)
 
 
+def test_where_a_run_stepping_past_the_clean_stop_was_killed_is_masked():
+    """proc/swallows_stop.py: killed in its sleep (:19) in one run, in opt.step() (:16) in the next."""
+    from fixture_runs import normalise
+
+    def rep(line, code):
+        return {"status": "timeout", "metrics": {}, "skipped": [], "findings": [{
+            "code": "script-hung", "title": f"did not stop; killed after 61 steps at s.py:{line} in <module>",
+            "evidence": {"clean_stop_grace_s": 5.0, "stuck_at": f"s.py:{line} in <module>",
+                         "waiting_in": f"s.py:{line} in <module>", "code": code, "steps_done": 61}}]}
+    assert normalise(rep(19, "time.sleep(0.2)")) == normalise(rep(16, "opt.step()"))
+    hang = rep(19, "time.sleep(0.2)")
+    del hang["findings"][0]["evidence"]["clean_stop_grace_s"]  # a real hang: its line is kept
+    assert "s.py:19" in normalise(hang)["findings"][0]["evidence"]["stuck_at"]
+
+
 # ---- host noise ---------------------------------------------------------------------------
 def _growth(**ev):
     return {"code": "memory-growth", "severity": "info", "evidence": ev}
