@@ -1,0 +1,79 @@
+"""One notion of step time on CUDA (GPU-truth issue): the longer of host wall and device span,
+phase shares by device time when the GPU is the bottleneck, and the CPU reports unchanged."""
+
+from __future__ import annotations
+
+import pytest
+
+from torchdoctor.evidence import Evidence
+from torchdoctor.pipeline.steps import CUDA_BASIS, step_seconds, step_summary
+
+
+def _steps(n, host_ms, phases=None):
+    ph = phases or {}
+    return [{"kind": "step", "step": i, "wall_s": host_ms / 1e3,
+             **{f"{p}_s": v / 1e3 for p, v in ph.items()}} for i in range(1, n + 1)]
+
+
+def _dev(n, span, fwd, bwd, opt):
+    return [{"kind": "step_device", "step": i, "device": 0, "span_ms": span if i > 1 else None,
+             "forward_ms": fwd, "backward_ms": bwd, "optimizer_ms": opt, "busy": 1.0}
+            for i in range(1, n + 1)]
+
+
+def test_a_cpu_run_keeps_its_report_keys_and_host_wall():
+    m = step_summary(Evidence.from_events(_steps(6, 10.0, {"forward": 4, "backward": 5})))
+    assert m["median_step_ms"] == pytest.approx(10.0)
+    assert "step_time_basis" not in m and "share_basis" not in m and "device" not in m
+
+
+def test_the_host_blocking_in_the_optimizer_does_not_make_it_the_dominant_phase():
+    # regression (H200, fp32 MLP with foreach AdamW): the host blocked in optimizer.step (78 ms
+    # host) while CUDA events gave forward 39, backward 68, optimizer 5.1 of a 113 ms step; the
+    # share column said "optimizer 80%"
+    ev = Evidence.from_events(_steps(10, 113.0, {"forward": 14.0, "backward": 20.0, "optimizer": 78.0})
+                              + _dev(10, 113.0, 39.0, 68.0, 5.1))
+    m = step_summary(ev)
+    assert m["step_time_basis"] == CUDA_BASIS and m["share_basis"] == "device"
+    assert m["share"]["backward"] == pytest.approx(68 / 113, abs=1e-3)
+    assert m["share"]["forward"] == pytest.approx(39 / 113, abs=1e-3)
+    assert m["share"]["optimizer"] < 0.05
+    assert m["host_share"]["optimizer"] > 0.6  # both columns kept
+    assert max(m["share"], key=m["share"].get) == "backward"
+
+
+def test_a_host_bound_gpu_step_keeps_host_shares():
+    # a data-bound loop: the GPU idles most of the step; the host's data wait is the story
+    ev = Evidence.from_events(_steps(10, 100.0, {"data": 90.0, "forward": 3.0, "backward": 4.0})
+                              + _dev(10, 100.0, 2.0, 3.0, 0.5))
+    m = step_summary(ev)
+    assert m["share_basis"] == "host" and m["device"]["bound"] == "host"
+    assert m["share"]["data"] == pytest.approx(0.9, abs=1e-3)
+    assert m["device"]["busy_share"] == pytest.approx(0.055, abs=1e-3)
+
+
+def test_a_host_running_ahead_is_timed_by_the_device_span():
+    ev = Evidence.from_events(_steps(10, 7.0, {"forward": 2.0, "backward": 3.0, "optimizer": 1.0})
+                              + _dev(10, 111.0, 38.0, 68.0, 4.0))
+    m = step_summary(ev)
+    assert m["median_step_ms"] == pytest.approx(111.0) and m["host_mean_step_ms"] == pytest.approx(7.0)
+    assert m["series"]["wall_ms"][1:] == [111.0] * 9  # the plot follows the same basis
+    times, basis = step_seconds(ev, ev.of("step"))
+    assert times[0] == pytest.approx(0.007) and basis == CUDA_BASIS  # step 1: no span read
+
+
+def test_the_console_table_shows_both_columns_and_says_which_basis():
+    from rich.console import Console
+
+    from torchdoctor.findings import Report
+    from torchdoctor.report.sections.steps import step_breakdown
+
+    ev = Evidence.from_events(_steps(10, 7.0, {"forward": 2.0, "backward": 3.0, "optimizer": 1.0})
+                              + _dev(10, 111.0, 38.0, 68.0, 4.0))
+    r = Report(command="checkup")
+    r.metrics["steps"] = step_summary(ev)
+    con = Console(width=160, record=True)
+    con.print(step_breakdown(r))
+    out = con.export_text()
+    assert "host share" in out and "GPU share" in out and "GPU ms" in out
+    assert "bars by GPU time" in out and "host wall alone 7 ms" in out
