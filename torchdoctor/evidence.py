@@ -53,3 +53,29 @@ class Evidence:
     @property
     def options(self) -> dict[str, Any]:
         return self.meta.get("options", {})
+
+
+# ---- derived views every layer reads -------------------------------------------------------
+HOST_BASIS = "host wall"
+CUDA_BASIS = "device span or host wall, the longer, per step"
+
+
+def device_spans(ev: Evidence) -> dict[int, float]:
+    """Seconds of device time between consecutive step ends, by step (CUDA runs only)."""
+    return {int(d["step"]): float(d["span_ms"]) / 1e3 for d in ev.of("step_device")
+            if d.get("span_ms") is not None and d.get("step") is not None}
+
+
+def step_seconds(ev: Evidence, steps: list[dict[str, Any]]) -> tuple[list[float], str]:
+    """(time of each step in seconds, basis): **the one notion of step time**.
+
+    The host runs ahead of a GPU and blocks wherever the launch queue fills, so on CUDA a step's
+    time is the longer of its host wall and its device span (the CUDA events recorded at the
+    previous and at this step end); a step whose span was not read (the first, or events
+    dropped) keeps its host wall. On a CPU, the host wall (``HOST_BASIS``)."""
+    span = device_spans(ev)
+    walls = [float(s["wall_s"]) for s in steps]
+    if not span:
+        return walls, HOST_BASIS
+    return [max(w, span.get(int(s.get("step", 0)), 0.0)) for w, s in zip(walls, steps)], CUDA_BASIS
+

@@ -25,7 +25,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from torchdoctor.evidence import Evidence
+from torchdoctor.evidence import CUDA_BASIS, HOST_BASIS, Evidence, device_spans, step_seconds  # noqa: F401
 from torchdoctor.pipeline.registry import metrics_provider
 
 PHASES = ("data", "forward", "backward", "optimizer", "other")
@@ -33,26 +33,6 @@ SERIES_MAX = 2000  # points of the per-step series kept in the report (every k-t
 WARMUP_STEPS = 1
 WARMUP_MIN_STEPS = 3
 DEVICE_BOUND_BUSY = 0.9  # GPU busy share from which the phase shares are by device time
-HOST_BASIS = "host wall"
-CUDA_BASIS = "device span or host wall, the longer, per step"
-
-
-def device_spans(ev: Evidence) -> dict[int, float]:
-    """Seconds of device time between consecutive step ends, by step (CUDA runs only)."""
-    return {int(d["step"]): float(d["span_ms"]) / 1e3 for d in ev.of("step_device")
-            if d.get("span_ms") is not None and d.get("step") is not None}
-
-
-def step_seconds(ev: Evidence, steps: list[dict[str, Any]]) -> tuple[list[float], str]:
-    """(time of each step in seconds, basis): the one notion of step time (module docstring).
-
-    On CUDA a step's time is max(host wall, device span); a step whose span was not read (the
-    first step, or events dropped) keeps its host wall."""
-    span = device_spans(ev)
-    walls = [float(s["wall_s"]) for s in steps]
-    if not span:
-        return walls, HOST_BASIS
-    return [max(w, span.get(int(s.get("step", 0)), 0.0)) for w, s in zip(walls, steps)], CUDA_BASIS
 
 
 def counted_steps(ev: Evidence) -> set[int]:
