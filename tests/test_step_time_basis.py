@@ -77,3 +77,38 @@ def test_the_console_table_shows_both_columns_and_says_which_basis():
     out = con.export_text()
     assert "host share" in out and "GPU share" in out and "GPU ms" in out
     assert "bars by GPU time" in out and "host wall alone 7 ms" in out
+
+
+def test_a_kept_loss_never_holds_the_loss_buffer():
+    # regression (H200, treat baseline): the trial trace kept loss.detach() per step; mse_loss's
+    # 0-d result is a view of the whole elementwise buffer (16 MiB a step there), so treat
+    # created a memory-growth error and blamed the user's loss line
+    import torch
+
+    from torchdoctor.numerics.tensors import kept_scalar
+
+    x = torch.randn(512, 512, requires_grad=True)
+    loss = torch.nn.functional.mse_loss(x, torch.zeros(512, 512))
+    assert loss.untyped_storage().nbytes() > 1024  # the torch behaviour the fix is about
+    k = kept_scalar(loss)
+    assert k.untyped_storage().nbytes() <= 8 and float(k) == float(loss) and not k.requires_grad
+    own = torch.tensor(3.0)
+    assert kept_scalar(own).untyped_storage().data_ptr() == own.untyped_storage().data_ptr()  # no copy
+
+
+def test_the_trial_trace_and_the_nan_monitor_keep_no_loss_buffer():
+    import types
+
+    import torch
+
+    from torchdoctor.instruments.trial_trace import TrialTrace
+
+    x = torch.randn(256, 256, requires_grad=True)
+    loss = torch.nn.functional.mse_loss(x, torch.zeros(256, 256))
+    ctx = types.SimpleNamespace(last_backward_tensor=loss, options={}, emit=lambda *a, **k: None)
+    tt = TrialTrace()
+    tt.install(ctx)
+    for step in range(1, 4):
+        tt.on_backward_begin(ctx)
+        tt.on_step_end(ctx, step)
+    assert all(t.untyped_storage().nbytes() <= 8 for _s, t in tt.kept)

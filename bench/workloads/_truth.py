@@ -40,7 +40,7 @@ class Clock:
         self.ev: dict[str, list] = {p: [] for p in self.PHASES}
         self.host: dict[str, float] = {p: 0.0 for p in self.PHASES}
         self.mem: list[int] = []
-        self.losses: list = []
+        self.last_loss = None
 
     @property
     def total(self) -> int:
@@ -78,8 +78,8 @@ class Clock:
 
     def end(self, loss=None):
         """Call at the bottom of every step (after optimizer.step())."""
-        if self.timed() and loss is not None:
-            self.losses.append(loss.detach())
+        if loss is not None:  # only the last one: a loss may be a view of a large buffer
+            self.last_loss = loss.detach()
         if self.cuda:
             self.mem.append(int(self.torch.cuda.memory_allocated()))
         self.i += 1
@@ -101,8 +101,8 @@ class Clock:
             out["device_name"] = self.torch.cuda.get_device_name()
         else:
             out["phase_ms"] = {p: self.host[p] / n * 1e3 for p in self.PHASES}
-        if self.losses:
-            out["last_loss"] = float(self.losses[-1])
+        if self.last_loss is not None:
+            out["last_loss"] = float(self.last_loss)
         out.update(extra)
         if self.a.result:
             with open(self.a.result, "w") as f:

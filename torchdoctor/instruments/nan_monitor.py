@@ -55,6 +55,7 @@ from torchdoctor.instruments._nan_window import (FLUSH_AT, FLUSH_MIN_BYTES, FORC
 from torchdoctor.runner.patching import Patches
 from torchdoctor.torch_internals import foreach_norm, set_grad_enabled_raw
 from torchdoctor.numerics.locate import Locator
+from torchdoctor.numerics.tensors import kept_scalar
 
 @register
 class NanMonitor(WindowQueue, RowReader, Instrument):
@@ -287,7 +288,8 @@ class NanMonitor(WindowQueue, RowReader, Instrument):
         t = ctx.last_backward_tensor
         if (type(t) is self._Tensor and t.numel() == 1 and self._ok(t)
                 and not t.is_complex()):  # a real scalar loss: inlined
-            w.losses.append(t.detach())
+            # kept until the window is read: a copy when the loss is a view of a larger storage
+            w.losses.append(kept_scalar(t))
             w.loss_info.append(LossInfo(t.shape, t.dtype, True, len(w.recs), ctx.step + 1))
             return
         ts = self._float_tensors(t, limit=4)
@@ -297,7 +299,7 @@ class NanMonitor(WindowQueue, RowReader, Instrument):
         for t in ts:
             d = self._as_real(t.detach())  # detached: not recorded for autograd; complex: real
             scalar = d.numel() == 1
-            w.losses.append(d if scalar else self._keep(torch.stack(torch.aminmax(d))))
+            w.losses.append(kept_scalar(d) if scalar else self._keep(torch.stack(torch.aminmax(d))))
             w.loss_info.append(LossInfo(t.shape, t.dtype, scalar, len(w.recs), ctx.step + 1))
 
     # ------------------------------------------------------------------ gradients / rows

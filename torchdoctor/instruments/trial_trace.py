@@ -56,12 +56,15 @@ class TrialTrace(Instrument):
         torch = self.torch
         if not isinstance(t, torch.Tensor) or not (t.is_floating_point() or t.is_complex()):
             return
+        from torchdoctor.numerics.tensors import kept_scalar
+
         d = t.detach()
         if d.is_complex():
             d = d.real
         if d.numel() != 1:
             d = d.float().mean() if d.numel() else None
-        self.pending = d.reshape(()) if d is not None else None
+        # kept until the end of the run: never a view of the loss's (possibly large) storage
+        self.pending = kept_scalar(d.reshape(())) if d is not None else None
 
     def on_step_end(self, ctx: Any, step: int) -> None:
         if self.pending is not None and len(self.kept) < MAX_STEPS:

@@ -90,10 +90,12 @@ def bare_clock(ev: Evidence, w: dict[str, Any]) -> dict[str, Any]:
         source = "profiled"
     if not bare:
         raise NotApplicable("no step time was measured")
-    walls = [float(s.get("wall_s", 0.0)) for s in bare]
+    from torchdoctor.evidence import step_seconds
+
+    walls = step_seconds(ev, bare)[0]  # on CUDA: the longer of host wall and device span
     total = sum(walls) or 1e-12
     data = sum(float(s.get("data_s", 0.0)) for s in bare)
-    no_data = [float(s.get("wall_s", 0.0)) - float(s.get("data_s", 0.0)) for s in bare]
+    no_data = [w - float(s.get("data_s", 0.0)) for w, s in zip(walls, bare)]
     return {"step_ms": round(statistics.median(walls) * 1e3, 4), "data_share": round(data / total, 4),
             "data_ms": round(data / len(bare) * 1e3, 4), "min_step_ms": round(min(walls) * 1e3, 4),
             "min_step_no_data_ms": round(min(no_data) * 1e3, 4),
