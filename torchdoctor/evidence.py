@@ -57,7 +57,7 @@ class Evidence:
 
 # ---- derived views every layer reads -------------------------------------------------------
 HOST_BASIS = "host wall"
-CUDA_BASIS = "device span or host wall, the longer, per step"
+CUDA_BASIS = "device span between step ends (CUDA events; host wall where none was read)"
 
 
 def device_spans(ev: Evidence) -> dict[int, float]:
@@ -69,13 +69,19 @@ def device_spans(ev: Evidence) -> dict[int, float]:
 def step_seconds(ev: Evidence, steps: list[dict[str, Any]]) -> tuple[list[float], str]:
     """(time of each step in seconds, basis): **the one notion of step time**.
 
-    The host runs ahead of a GPU and blocks wherever the launch queue fills, so on CUDA a step's
-    time is the longer of its host wall and its device span (the CUDA events recorded at the
-    previous and at this step end); a step whose span was not read (the first, or events
-    dropped) keeps its host wall. On a CPU, the host wall (``HOST_BASIS``)."""
+    On CUDA a step's time is its **device span**: the time between the CUDA events recorded on
+    the stream at the previous and at this step end, stamped by the GPU when it reaches them. The
+    GPU reaches a step-end event no earlier than the host recorded it and no earlier than it
+    finished the step's kernels, so the span is the step's period whichever side is the
+    bottleneck: a host that runs ahead of the GPU (a fused optimizer queues 30 steps at 6.9 ms
+    while each takes 111 ms on the device) or a GPU that waits for the host (a data-bound loop).
+    The host wall alone is wrong in the first case; the longer of host wall and span (tried first)
+    over-reads when the host blocks unevenly — measured on an H200, 1.23-1.29x the script's own
+    synchronised time on an fp32 MLP and a conv net whose hosts block in alternate steps, while
+    the spans summed to it within 1%. A step without a span (the first, or events dropped) keeps
+    its host wall. On a CPU, the host wall (``HOST_BASIS``)."""
     span = device_spans(ev)
     walls = [float(s["wall_s"]) for s in steps]
     if not span:
         return walls, HOST_BASIS
-    return [max(w, span.get(int(s.get("step", 0)), 0.0)) for w, s in zip(walls, steps)], CUDA_BASIS
-
+    return [span.get(int(s.get("step", 0)), w) for w, s in zip(walls, steps)], CUDA_BASIS

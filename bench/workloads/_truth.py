@@ -4,8 +4,9 @@ against it in the same process.
 
 * **Step time**: one ``torch.cuda.synchronize()`` at the start and at the end of the timed window
   (after ``--warmup`` steps), none inside it: window wall / timed steps is exact.
-* **Phase times**: CUDA events recorded around forward, backward and optimizer (no sync; read
-  once at the end): the device time of each phase, mean per timed step.
+* **Phase times**: CUDA events recorded around forward (the model call: the loss computed
+  outside the model is not forward, as for torchdoctor, whose forward is the root module's),
+  backward and optimizer (no sync; read once at the end): device time per phase, mean per step.
 * **Memory**: ``torch.cuda.memory_allocated()`` at every step end (an allocator counter read,
   no sync) and ``max_memory_allocated()`` over the run.
 

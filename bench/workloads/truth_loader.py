@@ -11,11 +11,11 @@ from torch.utils.data import DataLoader, Dataset
 
 from _truth import Clock, parser
 
-p = parser(steps=20, warmup=6)
+p = parser(steps=16, warmup=4)
 p.add_argument("--workers", type=int, default=0)
 p.add_argument("--pin", action="store_true")
-p.add_argument("--batch", type=int, default=32)
-p.add_argument("--work", type=int, default=6)
+p.add_argument("--batch", type=int, default=16)
+p.add_argument("--work", type=int, default=2)
 a = p.parse_args()
 torch.manual_seed(0)
 dev = torch.device(a.device)
@@ -45,7 +45,8 @@ for x, y in loader:
     clock.begin()
     x, y = x.to(dev, non_blocking=a.pin), y.to(dev, non_blocking=a.pin)
     with clock.phase("forward"):
-        loss = nn.functional.cross_entropy(model(x), y)
+        out = model(x)
+    loss = nn.functional.cross_entropy(out, y)
     opt.zero_grad(set_to_none=True)
     with clock.phase("backward"):
         loss.backward()

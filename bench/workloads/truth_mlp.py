@@ -4,6 +4,8 @@ The case of the GPU-truth issue: fp32 matmuls dominate, the foreach AdamW blocks
 Changes applied by hand for treat's A/B: ``--fused`` (AdamW(fused=True)), ``--tf32``
 (``set_float32_matmul_precision('high')``), ``--bf16`` (forward and loss under bf16 autocast).
 """
+from contextlib import nullcontext
+
 import torch
 from torch import nn
 
@@ -30,10 +32,12 @@ clock = Clock(a, torch)
 while not clock.done():
     clock.begin()
     x, y = xs[clock.i % 4], ys[clock.i % 4]
-    with clock.phase("forward"):
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=a.bf16):
+    # autocast only when asked: an autocast(enabled=False) region would switch off one that
+    # treat's bf16-autocast trial opens around the step
+    with torch.autocast(dev.type, dtype=torch.bfloat16) if a.bf16 else nullcontext():
+        with clock.phase("forward"):
             out = model(x)
-            loss = nn.functional.mse_loss(out.float(), y)
+        loss = nn.functional.mse_loss(out.float(), y)
     opt.zero_grad(set_to_none=True)
     with clock.phase("backward"):
         loss.backward()

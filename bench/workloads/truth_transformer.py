@@ -63,10 +63,10 @@ while not clock.done():
     clock.begin()
     batch = data[clock.i % 4]
     x, y = batch[:, :-1], batch[:, 1:]
-    with clock.phase("forward"):
-        with torch.autocast(dev.type, dtype=torch.bfloat16):
+    with torch.autocast(dev.type, dtype=torch.bfloat16):
+        with clock.phase("forward"):
             logits = model(x)
-            loss = F.cross_entropy(logits.view(-1, a.vocab).float(), y.reshape(-1))
+        loss = F.cross_entropy(logits.view(-1, a.vocab).float(), y.reshape(-1))
     opt.zero_grad(set_to_none=True)
     with clock.phase("backward"):
         loss.backward()

@@ -60,8 +60,8 @@ def step_breakdown(report) -> Table | None:
         notes.append(f"GPU busy ≤ {dev['busy']:.0%} of the step (CUDA events, median)")
     if (m.get("step_time_basis") and m.get("step_time_basis") != "host wall"
             and float(m.get("host_mean_step_ms") or 0) < 0.95 * float(m["mean_step_ms"])):
-        notes.append(f"step time: {m['step_time_basis']} (host wall alone "
-                     f"{m.get('host_mean_step_ms', 0):.3g} ms: the host runs ahead of the GPU)")
+        notes.append(f"step time from the GPU's step-end events (the host's own wall: "
+                     f"{m.get('host_mean_step_ms', 0):.3g} ms, it runs ahead of the GPU)")
     if notes:
         t.caption = "; ".join(notes)
         t.caption_justify = "left"
