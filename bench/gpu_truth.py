@@ -121,8 +121,9 @@ class Harness:
     def probe(self, name: str, probe: str) -> tuple[dict | None, dict | None]:
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
             res = f.name
+        extra = ["--skip", "2", "--window", "2"] if probe == "profile" else []
         cmd = [sys.executable, "-m", "torchdoctor", probe, "--json", "--steps", "0", "--timeout", "300",
-               *self.wargs(name), "--result", res]
+               *extra, *self.wargs(name), "--result", res]
         p = self._run(cmd, 360)
         rep = None
         if p is not None:
@@ -157,17 +158,18 @@ class Harness:
             rep, truth = self.probe(name, probe)
             self.raw[name][probe] = {"truth": truth, "metrics": (rep or {}).get("metrics"),
                                      "findings": [(f["code"], f["severity"], f["title"])
-                                                  for f in (rep or {}).get("findings", [])]}
+                                                  for f in (rep or {}).get("findings", [])],
+                                     "internal_errors": [f.get("evidence") for f in (rep or {}).get("findings", [])
+                                                         if f["code"] == "internal-error"]}
             if rep is None or truth is None:
                 self.row(name, f"{probe}: run", None, None, None, ok=False,
                          note="no report" if rep is None else "the workload wrote no result under the probe")
                 continue
             m = rep.get("metrics") or {}
             st = m.get("steps") or {}
-            if probe == "profile":
-                # profile's step figures leave the profiled steps out (bare steps): the truth is
-                # the plain run's, not this run's window, which holds the profiler's own time
-                truth = {**truth, "step_ms": base["step_ms"], "phase_ms": base.get("phase_ms")}
+            # profile records steps 3-4 (--skip 2 --window 2) and counts FLOPs in a step after
+            # them: all inside the workloads' warm-up, so the workload's timed window holds no
+            # profiled step and is this run's truth as for the other probes
             ser = st.get("series") or {}
             lo, hi = truth["warmup"] + 1, truth["warmup"] + truth["steps"]
             win = [w for s_, w in zip(ser.get("step") or [], ser.get("wall_ms") or []) if lo <= s_ <= hi]
@@ -181,6 +183,10 @@ class Harness:
             for ph in ("forward", "backward", "optimizer"):
                 t = (truth.get("phase_ms") or {}).get(ph)
                 v = dev.get(f"{ph}_ms")
+                if ph == "forward" and st.get("forward_unseen"):
+                    self.row(name, f"{probe}: forward device ms", "not seen", t, None, ok=True,
+                             note="said so in the report (forward_unseen), not shown as 0")
+                    continue
                 if t is None or v is None or t < MIN_PHASE_SHARE * truth["step_ms"]:
                     continue
                 self.row(name, f"{probe}: {ph} device ms", v, t, TOL_PHASE)

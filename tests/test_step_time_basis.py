@@ -124,3 +124,25 @@ def test_the_trial_trace_and_the_nan_monitor_keep_no_loss_buffer():
         tt.on_backward_begin(ctx)
         tt.on_step_end(ctx, step)
     assert all(t.untyped_storage().nbytes() <= 8 for _s, t in tt.kept)
+
+
+def test_a_forward_the_clock_never_saw_is_not_shown_as_zero():
+    # measured on the H200: a torch.compile'd model's forward runs without module hooks; the
+    # table showed "forward 0%" with its time in other
+    ev = Evidence.from_events(_steps(10, 19.5, {"forward": 0.0, "backward": 11.0, "optimizer": 1.0})
+                              + _dev(10, 19.5, 0.0, 11.3, 1.0))
+    m = step_summary(ev)
+    assert "torch.compile" in m["forward_unseen"] and "forward_ms" not in m["device"]
+    from rich.console import Console
+
+    from torchdoctor.findings import Report
+    from torchdoctor.report.sections.steps import step_breakdown
+
+    r = Report(command="checkup")
+    r.metrics["steps"] = m
+    con = Console(width=160, record=True)
+    con.print(step_breakdown(r))
+    out = " ".join(con.export_text().split())
+    assert "forward not seen" in out and "forward 0 " not in out
+    # a CPU report keeps its keys
+    assert "forward_unseen" not in step_summary(Evidence.from_events(_steps(6, 10.0, {"backward": 5})))

@@ -11,13 +11,16 @@ from torch.utils.data import DataLoader, Dataset
 
 from _truth import Clock, parser
 
-p = parser(steps=16, warmup=4)
+p = parser(steps=16, warmup=8)
 p.add_argument("--workers", type=int, default=0)
 p.add_argument("--pin", action="store_true")
 p.add_argument("--batch", type=int, default=16)
 p.add_argument("--work", type=int, default=2)
 a = p.parse_args()
 torch.manual_seed(0)
+# one intra-op thread for the per-sample work (as in a DataLoader worker): tiny matmuls on every
+# core of a 32-core host made the step time swing 10x run to run
+torch.set_num_threads(1)
 dev = torch.device(a.device)
 
 

@@ -94,11 +94,17 @@ def step_summary(ev: Evidence) -> dict[str, Any] | None:
         out["flop_count_step_skipped"] = left_out
     if overlap > 0.01 * host_total:
         out["phase_overlap_ms"] = round(overlap / len(steps) * 1e3, 3)
+    if sums["forward"] == 0.0 and sums["backward"] > 0.0 and ev.of("step_device"):
+        # no root forward was seen (a torch.compile'd model runs without module hooks, a model
+        # called through a function the hooks do not see): its time is in "other", not zero
+        # (said on CUDA runs, whose table has the GPU columns; a CPU report keeps its keys)
+        out["forward_unseen"] = ("no model forward was seen by the step clock (torch.compile runs "
+                                 "the model without module hooks): the forward's time is in other")
     dev = device_summary(ev)
     if dev:  # a CUDA run (a CPU report keeps its keys: the basis there is the host wall)
         out["step_time_basis"] = basis
         out["host_mean_step_ms"] = round(host_total / len(steps) * 1e3, 3)
-        _device_shares(dev, total / len(steps) * 1e3)
+        _device_shares(dev, total / len(steps) * 1e3, bool(out.get("forward_unseen")))
         out["device"] = dev
         out["host_share"] = dict(out["share"])
         out["share_basis"] = "host"
@@ -110,13 +116,15 @@ def step_summary(ev: Evidence) -> dict[str, Any] | None:
     return out
 
 
-def _device_shares(dev: dict[str, Any], step_ms: float) -> None:
+def _device_shares(dev: dict[str, Any], step_ms: float, unseen_forward: bool = False) -> None:
     """Device shares of the step (forward/backward/optimizer from CUDA events; ``other`` is the
     rest of the step: data, copies, the host's gaps) and whether the device is the bottleneck:
     its phases fill >= DEVICE_BOUND_BUSY of the step time."""
     if step_ms <= 0:
         return
     ph = {p: float(dev.get(f"{p}_ms") or 0.0) for p in ("forward", "backward", "optimizer")}
+    if unseen_forward:
+        dev.pop("forward_ms", None)
     busy_ms = sum(ph.values())
     denom = max(step_ms, busy_ms)
     share = {"data": 0.0, **{p: round(v / denom, 4) for p, v in ph.items()}}

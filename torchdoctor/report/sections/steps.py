@@ -38,7 +38,11 @@ def step_breakdown(report) -> Table | None:
         if dshare:
             t.add_column("GPU share", justify="right")
     t.add_column("")
+    unseen = bool(m.get("forward_unseen"))
     for p, label in LABELS.items():
+        if unseen and p == "forward":
+            t.add_row(label, "not seen", *([""] * (len(t.columns) - 2)))
+            continue
         hs = float(hshare.get(p, 0.0))
         row = [label, f"{m['mean_ms'].get(p, 0.0):.3g}", f"{hs:.0%}"]
         if dev:
@@ -49,6 +53,9 @@ def step_breakdown(report) -> Table | None:
         row.append(_bar(float(m["share"].get(p, 0.0))))
         t.add_row(*row)
     notes = []
+    if unseen:
+        notes.append("forward not seen (torch.compile runs the model without module hooks): its "
+                     "time is in other")
     if m.get("phase_overlap_ms"):
         notes.append(f"phases nest ({m['phase_overlap_ms']:.3g} ms/step counted twice, e.g. forward "
                      "inside a closure optimizer's step): shares are of the phase total")
