@@ -132,6 +132,7 @@ def trial_entry(name: str, setting: str, base: Sequence[Any], treated: Sequence[
         "loss_allowed": _r(lc["allowed"], 6) if lc["allowed"] != float("inf") else None,
         "loss_steps": lc["steps"], "loss_note": lc["note"],
         "fix": fix if v == "adopt" else "", "where": where if v == "adopt" else [],
+        "step_time_basis": _basis(ok_base, [r for r in treated if r.failure() is None], name),
         "before": before, "after": after,
     }
     if failure:
@@ -145,6 +146,12 @@ def trial_entry(name: str, setting: str, base: Sequence[Any], treated: Sequence[
     if notes:
         entry["notes"] = notes
     return entry
+
+
+def _basis(base: Sequence[Any], treated: Sequence[Any], name: str) -> str | None:
+    """How the runs' step times were taken (docs/treat.md): one basis, or each side's."""
+    sides = {r.time_basis(exclude=compile_steps(r)) for r in [*base, *treated]}
+    return " / ".join(sorted(sides)) if sides else None
 
 
 def _notes(runs: Sequence[Any]) -> list[str]:
