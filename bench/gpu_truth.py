@@ -154,7 +154,7 @@ class Harness:
         if base is None:
             self.row(name, "plain run", None, None, None, ok=False, note="the workload failed plainly")
             return
-        for probe in PROBES:
+        for probe in self.a.probes.split(","):
             rep, truth = self.probe(name, probe)
             self.raw[name][probe] = {"truth": truth, "metrics": (rep or {}).get("metrics"),
                                      "findings": [(f["code"], f["severity"], f["title"])
@@ -300,6 +300,7 @@ def main() -> int:
     ap.add_argument("--parts", default="probes,treat")
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--probes", default=",".join(PROBES))
     ap.add_argument("--ab-rounds", type=int, default=2)
     ap.add_argument("--treat-steps", type=int, default=16)
     a = ap.parse_args()
