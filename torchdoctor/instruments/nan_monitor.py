@@ -171,7 +171,7 @@ class NanMonitor(WindowQueue, RowReader, Instrument):
 
     def _fwd_pre(self, module, args):
         try:
-            if self.found or not self._owner() or self._compiling():
+            if self._compiling() or self.found or not self._owner():
                 return None
             w = self.win
             if w.npend and not w.stack:  # a new root call: the last one's tensors are reduced now
@@ -197,7 +197,7 @@ class NanMonitor(WindowQueue, RowReader, Instrument):
 
     def _fwd_post(self, module, args, output):
         try:
-            if self.found or not self._owner() or self._compiling():
+            if self._compiling() or self.found or not self._owner():
                 return None
             w = self.win
             cid = -1
