@@ -424,3 +424,19 @@ def test_a_trial_measured_slower_or_within_noise_is_withdrawn_from_other_finding
     confirm_findings(r3, [{"name": "dataloader-workers", "verdict": "reject", "speedup": 1.9,
                            "noise_band": 0.02, "reason": "loss drift"}])
     assert "num_workers" in r3.findings[0].fix
+
+
+def test_a_treatment_the_script_undid_is_skipped_not_judged_as_noise():
+    # found by the GPU truth harness (H200): a conv script that assigns cudnn.benchmark = False
+    # itself got "noise 1.00x" for cudnn-benchmark while the change made by hand gave 1.16x
+    from torchdoctor.treat.measure import trial_entry
+
+    base = [_run([99] + [10.0] * 9), _run([99] + [10.1] * 9)]
+    t = {"applied": [{"name": "cudnn-benchmark", "changes": [{"what": "flag", "where": None,
+                                                              "code": "torch.backends.cudnn.benchmark = True"}],
+                      "notes": ["the script sets torch.backends.cudnn.benchmark itself after the treatment set it"],
+                      "overridden": "the script sets torch.backends.cudnn.benchmark itself after the "
+                                    "treatment set it: the run did not measure it"}]}
+    treated = [_run([99] + [10.0] * 9, treatment=t), _run([99] + [10.05] * 9, treatment=t)]
+    e = trial_entry("cudnn-benchmark", "benchmark", base, treated, tolerance=REORDER, intent="speed")
+    assert e["verdict"] == "skipped" and "did not measure it" in e["reason"] and e["fix"] == ""

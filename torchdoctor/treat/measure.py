@@ -117,7 +117,11 @@ def trial_entry(name: str, setting: str, base: Sequence[Any], treated: Sequence[
                         peak_before=before.get(memory_key), peak_after=after.get(memory_key),
                         failure=failure, baseline_oom=baseline_oom)
     fix, where, changed = fix_of(treated)
-    if v not in ("failed",) and treated and failure is None and not changed:
+    undone = next((a["overridden"] for r in treated for a in (r.evidence.last("treatment") or {}).get("applied") or []
+                   if a.get("overridden")), None)
+    if v not in ("failed",) and failure is None and undone:
+        v, reason = "skipped", undone
+    elif v not in ("failed",) and treated and failure is None and not changed:
         v, reason = "skipped", "nothing to change in this run" + (
             ": " + "; ".join(_notes(treated)) if _notes(treated) else "")
     entry: dict[str, Any] = {
