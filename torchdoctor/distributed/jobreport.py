@@ -3,7 +3,7 @@
 Flow on every node (after its torchrun ended): the node's rank dirs (by local rank, labelled
 with their global ranks) → each rank judged as a single run (``ranked.judge_ranks``) → the
 node's summary (:func:`node_summary`: its facts, each rank's findings, the evidence the
-cross-rank rules read, its outcome) → node 0 collects the summaries through its gather store
+cross-rank rules read, its outcome) → node 0 collects the summaries through its gather port
 (:mod:`torchdoctor.distributed.gather`) and prints the job report (:func:`job_report`:
 findings merged across every rank, cross-rank rules on every rank, cross-node rules of probe
 ``"nodes"``, the ``nodes`` list); every other node sends its summary and prints its own section,

@@ -131,7 +131,7 @@ def node_lost(ev: Evidence) -> list[Finding]:
     if ev.meta.get("view_node") != 0:
         raise NotApplicable("judged on node 0, which gathers the job")
     if ev.meta.get("gather_error"):
-        raise NotApplicable(f"the gather store did not open: {ev.meta['gather_error']}")
+        raise NotApplicable(f"the gather port did not open: {ev.meta['gather_error']}")
     n, by, missing = _missing(ev)
     if not missing:
         return []
