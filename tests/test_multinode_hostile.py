@@ -200,6 +200,40 @@ def test_what_passes_the_checks_is_kept_beside_the_finding():
     assert "nothing of it used" not in invalid(rep)[0].title
 
 
+def rank_events(r: int) -> list[dict]:
+    """Every kind of event a node ships for rank ``r``, with the fields the cross-rank rules read."""
+    evs = [e for e in steps(r, 6) if e["kind"] != "rank_result"]
+    return evs + [
+        {"kind": "rank_result", "rank": r, "outcome": "crash", "exit_code": 1, "steps": 6,
+         "stopped_by_launcher": False, "exception": {"type": "RuntimeError", "message": "boom",
+                                                     "chain": [{"type": "ValueError", "message": "inner"}]}},
+        {"kind": "collective", "rank": r, "seq": 1, "op": "all_reduce", "shapes": [[4]], "dtype": "float32",
+         "site": "train.py:10", "fn": "train", "step": 1, "t": 100.5, "g": 0},
+        {"kind": "dist_loader", "rank": r, "loader": 0, "iter": 1, "step": 1, "site": "train.py:8",
+         "sampler_kind": "stock", "sampler": "RandomSampler", "world_size": 2},
+        {"kind": "dist_batch", "rank": r, "loader": 0, "fingerprint": "abc"},
+        {"kind": "step_device", "rank": r, "step": 1, "device": "cuda:0", "span_ms": 10.0, "backward_ms": 4.0}]
+
+
+@pytest.mark.parametrize("kind,field,value", [
+    ("step", "step", None), ("step", "wall_s", None), ("step", "data_s", None), ("dist_step", "step", None),
+    ("step_device", "step", None), ("dist_loader", "loader", []), ("dist_loader", "sampler_kind", {"a": 1}),
+    ("dist_batch", "loader", [1]), ("rank_result", "exception", "x"), ("rank_result", "exception.message", 1),
+    ("rank_result", "exception.chain", "x"), ("rank_result", "exception.chain", [1])])
+def test_a_field_of_the_wrong_type_where_a_rule_computes_is_left_out_not_a_crash(kind, field, value):
+    """Found by a type-confusion sweep (every field of every shipped event, 15 values each, 2055
+    cases): these crashed node 0 (exit 3) or a cross-rank rule (internal-error) on the old code."""
+    evs = rank_events(1)
+    e = next(e for e in evs if e["kind"] == kind)
+    top, _, sub = field.partition(".")
+    (e[top] if sub else e)[sub or top] = value
+    own = summary(0, [0], rank_events(0))
+    rep = job_report("dist", "train.py", SPEC, {}, {0: own, 1: gather.encode(summary(1, [1], evs))}, {}, 30.0)
+    assert "internal-error" not in [f.code for f in rep.findings], rep.findings
+    [f] = invalid(rep)
+    assert rep.metrics["nodes"][1]["ranks"] == [1]  # the rest of node 1's summary is used
+
+
 # ------------------------------------------------------------------ 5: memory on the gather port
 def test_the_gather_port_reads_no_key_it_did_not_expect_and_no_more_than_its_bounds(monkeypatch):
     """Clients that claim keys node 0 did not expect (another job, node 0 itself, a node out of

@@ -10,7 +10,8 @@ JSON items, nesting depth) and :func:`check` keeps only what fits the schema tha
 - finding codes: only the catalogue's, with the catalogue's severity, skill and docs; evidence
   bounded like every renderer bounds it (``report/caps.py``);
 - rank keys: ASCII digits of a rank the node holds; events: the shipped kinds of those ranks,
-  with finite numbers where the rules compute;
+  with finite numbers where the rules compute (``REQUIRED``, ``NOT_NONE``, ``NUMERIC``), plain
+  values where they compare or hash (``SCALARS``), a rank's exception as text;
 - anything else is left out, and each kind of thing left out is one *reason*. A summary with
   reasons becomes the ``node-summary-invalid`` finding about that node, never a crash and never
   a finding of its own: an unknown code is evidence of a bad summary, not a finding.
@@ -43,6 +44,11 @@ SHIPPED = ("step", "dist_step", "step_device", "dist_init", "dist_loader", "dist
            "collective", "fr_entries", "rank_result", "rank_stacks", "device", "env")
 NUMERIC = ("step", "wall_s", "backward_s", "data_s", "forward_s", "optimizer_s", "other_s", "bwd_at",
            "end_at", "coll_s", "span_ms", "backward_ms", "t", "seq", "steps", "exit_code")
+# per kind, the fields the cross-rank rules index or hash (beyond NUMERIC: a finite number or None)
+REQUIRED = {"step": ("step", "wall_s"), "dist_step": ("step",), "step_device": ("step",)}  # numbers
+NOT_NONE = {"step": ("data_s", "forward_s", "backward_s", "optimizer_s", "other_s")}  # numbers if present
+SCALARS = {"dist_loader": ("loader", "site", "sampler_kind", "iter", "step", "epoch"),
+           "dist_batch": ("loader", "fingerprint"), "collective": ("op", "site", "fn", "dtype", "g")}
 RESULT = {"outcome": str, "exit_code": int, "failed_rank": int, "wall_s": float,
           "launcher_returncode": int, "timeout_s": float}
 FACTS = ("hostname", "torch", "cuda", "nccl", "driver", "gpu")
@@ -308,8 +314,24 @@ class _Checker:
                 self.bad("events of a kind torchdoctor does not ship")
             elif not (isinstance(e.get("rank"), int) and not isinstance(e["rank"], bool) and e["rank"] in ranks):
                 self.bad("events of a rank this node does not hold")
-            elif not all(e.get(f) is None or number(e[f]) for f in NUMERIC):
+            elif not (all(e.get(f) is None or number(e[f]) for f in NUMERIC)
+                      and all(number(e.get(f)) for f in REQUIRED.get(e["kind"], ()))
+                      and all(f not in e or number(e[f]) for f in NOT_NONE.get(e["kind"], ()))):
                 self.bad("events with a field that is not a finite number")
+            elif not all(isinstance(e.get(f), (str, int, float, bool, type(None))) for f in SCALARS.get(e["kind"], ())):
+                self.bad("events with a field that is a list or an object where a value belongs")
+            elif e["kind"] == "rank_result" and e.get("exception") is not None and not _exception_ok(e["exception"]):
+                self.bad("a rank's exception that is not {type, message, chain} text (left out)")
+                out.append({k: v for k, v in e.items() if k != "exception"})
             else:
                 out.append(e)
         return out
+
+
+def _exception_ok(x: Any) -> bool:
+    """A rank's exception as the harness writes it: text fields, a chain of the same."""
+    def texts(d: Any) -> bool:
+        return isinstance(d, dict) and all(d.get(k) is None or isinstance(d[k], str) for k in ("type", "message"))
+
+    chain = x.get("chain") if isinstance(x, dict) else None
+    return texts(x) and (chain is None or (isinstance(chain, list) and all(map(texts, chain))))
