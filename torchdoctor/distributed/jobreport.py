@@ -23,14 +23,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from torchdoctor.distributed.peer import NUMERIC, SHIPPED  # what a summary may carry
 from torchdoctor.evidence import Evidence
-from torchdoctor.findings import SEVERITY_RANK, Finding, Report, Skipped
+from torchdoctor.findings import Finding, Report, Skipped
 
 GATHER_WAIT_S = 30.0  # node 0 waits this long for the other nodes' summaries after its run
 RDZV_FAILED_WAIT_S = 3.0  # ... and only this long when its rendezvous never completed
 KIND_CAP = 2000  # events of one kind per rank shipped (the most recent)
 COLLECTIVE_CAP = 400
-from torchdoctor.distributed.peer import NUMERIC, SHIPPED  # noqa: E402 - what a summary may carry
 CLOCK_FIELDS = {"dist_step": ("bwd_at", "end_at"), "collective": ("t",)}
 RDZV_ERRORS = ("RendezvousTimeoutError", "RendezvousClosedError", "RendezvousConnectionError",
                "RendezvousError", "DistStoreError")
