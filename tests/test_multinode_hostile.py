@@ -123,7 +123,7 @@ def test_a_hostile_node_cannot_write_to_node_0s_terminal():
     assert next(f for f in rep.findings if f.code == "script-crashed").severity == "error"
     [bad] = invalid(rep)
     assert bad.severity == "error" and bad.title.startswith("the summary from node 1 (")
-    [reason] = bad.evidence["nodes"][next(iter(bad.evidence["nodes"]))]
+    [reason] = bad.evidence["reasons"][next(iter(bad.evidence["reasons"]))]
     assert reason.startswith("the finding code '\\x1b[2J\\x1b[H\\x1b[32m✓ No problems found") \
         and "is not in this torchdoctor's catalogue" in reason
     out = rendered(rep)
@@ -176,6 +176,16 @@ FORMS = {  # name: (what node 1 sends, the reason node 0 gives, or None: no find
 }
 
 
+def test_a_reason_that_names_a_rank_keeps_the_reasons():
+    """Node 0 names the node of each 'rank N' in a title (and sets evidence.nodes): the reasons
+    are under their own key, so that naming cannot replace them."""
+    many = [{"code": "script-crashed", "title": "t", "evidence": {}}] * (peer.MAX_FINDINGS + 1)
+    rep = node0({1: gather.encode(summary(1, [1], steps(1, 6), rank_reports={"1": {"findings": many}}))})
+    [f] = invalid(rep)
+    assert "rank 1 (node 1) has 201 findings" in f.title and f.evidence["nodes"] == {"rank 1": "node 1 (host1)"}
+    assert f.evidence["reasons"] == {"node 1 (host1)": ["rank 1 has 201 findings, over the bound of 200"]}
+
+
 @pytest.mark.parametrize("name", list(FORMS))
 def test_a_broken_node_summary_is_a_finding_about_that_node_not_a_crash(name):
     make, reason = FORMS[name]
@@ -187,7 +197,7 @@ def test_a_broken_node_summary_is_a_finding_about_that_node_not_a_crash(name):
         assert rep.metrics["nodes"][1]["ranks"] == [1]
         return
     [f] = invalid(rep)
-    said = " | ".join(r for rs in f.evidence["nodes"].values() for r in rs)
+    said = " | ".join(r for rs in f.evidence["reasons"].values() for r in rs)
     assert reason in said, said
     assert "node-lost" not in [g.code for g in rep.findings]  # it did report: not lost
 

@@ -158,16 +158,20 @@ def node_summary_invalid(ev: Evidence) -> list[Finding]:
     bad = {k: s for k, s in sorted(by.items()) if s.get("invalid")}
     if not bad:
         return []
-    first_k, first = next(iter(bad.items()))
+    first = next(iter(bad.values()))
     words = ", ".join(nname(k, s) + (" (nothing of it used)" if s.get("rejected") else "") for k, s in bad.items())
     more = sum(len(s["invalid"]) for s in bad.values()) - 1
     port = ev.meta.get("gather_port")
+    evidence: dict[str, Any] = {"reasons": {nname(k, s): list(s["invalid"]) for k, s in bad.items()}}
+    left_out = [nname(k, s) for k, s in bad.items() if s.get("rejected")]
+    if left_out:  # nothing of these was used: their ranks are missing from the report
+        evidence["left_out"] = left_out
+    evidence["gather_port"] = port
     return [finding(
         "node-summary-invalid",
         f"the summary from {words} failed node 0's checks: {first['invalid'][0]}"
         + (f" (and {more} more)" if more > 0 else "") + "; what failed is left out of this report",
-        {"nodes": {nname(k, s): list(s["invalid"]) for k, s in bad.items()},
-         "left_out": [nname(k, s) for k, s in bad.items() if s.get("rejected")], "gather_port": port},
+        evidence,
         fix="Run the same torchdoctor version on every node (a newer one may send codes or fields "
             "this one does not know). If every node runs the same version, something other than "
             f"this job's torchdoctor wrote to node 0's gather port {port}: let only the job's nodes "
