@@ -442,3 +442,41 @@ def test_fuzzed_summaries_from_another_node_give_a_report_within_bounds():
         n += 1
     print(f"{n} fuzzed summaries, worst {worst:.3f} s of CPU")
     assert worst < 1.0
+
+
+# ------------------------------------------------------------------ the sender stays within the bound
+def test_a_long_run_on_a_big_node_is_trimmed_to_the_bound_not_lost():
+    """8 ranks × 2000 steps of step/dist_step/step_device events and 400 collectives each (a
+    long GPU run) is 8.26 MB of JSON, 98.5% of the 8 MiB node 0 reads: any more (findings, stacks,
+    flight recorder) and the sender refused it, and node 0 said node-lost. Now, over the bound,
+    the sender keeps the most recent half of each kind, and node 0 takes it without a finding.
+    (Here 2 such ranks against a bound of a quarter: the same halving, a quarter of the time.)"""
+    from torchdoctor.distributed.jobreport import KIND_CAP, fit
+
+    evs = []
+    for r in range(8, 10):
+        for s in range(1, KIND_CAP + 1):
+            evs += [{"kind": "step", "rank": r, "step": s, "wall_s": 0.1234567, "data_s": 0.0012345,
+                     "forward_s": 0.0312345, "backward_s": 0.0612345, "optimizer_s": 0.0212345,
+                     "other_s": 0.0012345, "batches": 1, "backwards": 1, "source": "optimizer"},
+                    {"kind": "dist_step", "rank": r, "step": s, "bwd_at": 12345.678901, "end_at": 12345.789012,
+                     "coll_s": 0.012345},
+                    {"kind": "step_device", "rank": r, "step": s, "device": "cuda:0", "forward_ms": 31.2345,
+                     "backward_ms": 61.2345, "optimizer_ms": 21.2345, "span_ms": 123.4567, "busy": 0.9876}]
+        evs += [{"kind": "collective", "rank": r, "seq": i, "op": "all_reduce", "shapes": [[1024, 1024]],
+                 "dtype": "torch.float32", "site": "/home/user/project/train.py:123", "fn": "train_step",
+                 "step": i // 4, "t": 12345.678901, "g": 0} for i in range(400)]
+    big = summary(1, [8, 9], evs, rank_reports={"8": {"findings": [
+        {"code": "script-crashed", "title": "t", "evidence": {"traceback": "x" * 50_000}}]}})
+    bound = peer.MAX_BYTES // 4
+    assert len(gather.encode(big)) > bound
+    small = fit(big, bound)
+    assert len(gather.encode(small)) <= bound and small["events_cap"] == KIND_CAP // 2
+    steps_kept = sorted({e["step"] for e in small["events"] if e["rank"] == 8 and e["kind"] == "step"})
+    assert steps_kept == list(range(KIND_CAP // 2 + 1, KIND_CAP + 1))  # the most recent
+    assert fit(summary(1, [1], steps(1, 6)), bound)["events"] == steps(1, 6)  # small: as it was
+    tiny = fit(big, 40_000)  # under what its findings alone take: down to no event (the sender then says so)
+    assert tiny["events"] == [] and tiny["events_cap"] == 0
+    checked, reasons = peer.parse(gather.encode(small), 1)  # what node 0 reads: all of it passes
+    assert reasons == [] and checked["events_cap"] == KIND_CAP // 2
+    assert len(checked["events"]) == len(small["events"])

@@ -62,6 +62,7 @@ def run_node(probe: str, target: str, run_dir: Path, nproc: int, node: Any) -> R
     if node.node_rank == 0:
         blobs, info = gather.collect(node.gather_port(), node.rdzv_id, node.nnodes, wait)
         return job_report(probe, target, node, per, {0: own, **blobs}, info, wait)
+    own = fit(own, gather.MAX_BYTES)
     sent = gather.send(node.host, node.gather_port(), node.rdzv_id, node.node_rank, own, wait)
     return node_section(probe, target, node, per, reports, merged, own, sent)
 
@@ -92,17 +93,7 @@ def node_summary(node: Any, per: dict[int, Evidence], reports: dict[int, Report]
 
     gpus = [e.get("name") for ev in per.values() for e in ev.of("device")
             if str(e.get("device", "")).startswith("cuda") and e.get("name")]
-    kept: list[dict[str, Any]] = []
-    counts: dict[tuple[int, str], int] = {}
-    for e in reversed(merged.events):  # the most recent of each kind
-        k = e.get("kind")
-        if k not in SHIPPED:
-            continue
-        key = (int(e.get("rank", -1)), k)
-        counts[key] = counts.get(key, 0) + 1
-        if counts[key] <= (COLLECTIVE_CAP if k == "collective" else KIND_CAP):
-            kept.append(e)
-    kept.reverse()
+    kept = recent(merged.events, KIND_CAP)
     res = merged.result
     started = bool(per)
     err = None if started else rendezvous_error(merged)
@@ -121,6 +112,37 @@ def node_summary(node: Any, per: dict[int, Evidence], reports: dict[int, Report]
                          for r, rep in reports.items()},
         "events": kept, "clock": time.time() - time.monotonic(), "context": context_of(first),
     }
+
+
+def recent(events: list[dict[str, Any]], cap: int) -> list[dict[str, Any]]:
+    """The shipped events, at most ``cap`` of a kind per rank (collectives: a fifth of it, at
+    most COLLECTIVE_CAP), the most recent, in their order."""
+    kept: list[dict[str, Any]] = []
+    counts: dict[tuple[int, str], int] = {}
+    for e in reversed(events):
+        k = e.get("kind")
+        if k not in SHIPPED:
+            continue
+        key = (int(e.get("rank", -1)), k)
+        counts[key] = counts.get(key, 0) + 1
+        if counts[key] <= (min(COLLECTIVE_CAP, cap // 5) if k == "collective" else cap):
+            kept.append(e)
+    kept.reverse()
+    return kept
+
+
+def fit(summary: dict[str, Any], limit: int) -> dict[str, Any]:
+    """The summary within ``limit`` bytes of JSON (what node 0 reads of one node): while it is
+    larger, keep half as many events of a kind per rank (the most recent; ``events_cap`` says
+    how many), down to none. A long run on a node of 8 ranks ships ~7.7 MB at KIND_CAP."""
+    from torchdoctor.distributed.gather import encode
+
+    cap = KIND_CAP
+    while len(encode(summary)) > limit and summary["events"]:
+        cap //= 2
+        summary = {**summary, "events": recent(summary["events"], cap) if cap >= 10 else [],
+                   "events_cap": cap if cap >= 10 else 0}
+    return summary
 
 
 def node_section(probe: str, target: str, node: Any, per: dict[int, Evidence],
@@ -358,6 +380,7 @@ def _nodes_metric(got: dict[int, dict[str, Any]], node_of: dict[int, int], repor
         meds = [rows[r]["median_step_ms"] for r in ranks if r in rows and "median_step_ms" in rows[r]]
         out.append({"node_rank": k, "reported": True, "hostname": facts.get("hostname"),
                     "ranks": ranks, "gpu": facts.get("gpu"),
+                    **({"events_per_kind": s["events_cap"]} if s.get("events_cap") is not None else {}),
                     "median_step_ms": round(statistics.median(meds), 3) if meds else None,
                     "outcome": (s.get("result") or {}).get("outcome") if isinstance(s.get("result"), dict) else None})
     return out

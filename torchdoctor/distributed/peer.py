@@ -23,7 +23,7 @@ JSON values, ``MAX_DEPTH`` nesting, ``MAX_EVENTS`` events, ``MAX_FINDINGS`` find
 from __future__ import annotations
 
 import json
-import math
+import re
 from typing import Any
 
 from torchdoctor.report.caps import bounded, cut_text
@@ -76,9 +76,10 @@ def shown(s: Any, limit: int = 80) -> str:
 
 def number(v: Any) -> bool:
     """A finite number of sane size (not a bool): what the rules may compute with."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return False
-    return math.isfinite(v) and abs(v) < 1e15 if isinstance(v, float) else abs(v) < 10**15
+    t = type(v)
+    if t is float:
+        return -1e15 < v < 1e15  # False for NaN and the infinities too
+    return t is int and -10**15 < v < 10**15
 
 
 def parse(blob: bytes, node_rank: int) -> tuple[dict[str, Any] | None, list[str]]:
@@ -94,15 +95,22 @@ def parse(blob: bytes, node_rank: int) -> tuple[dict[str, Any] | None, list[str]
         return None, [f"its summary nests deeper than {MAX_DEPTH} levels"]
     except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError, too many digits, not UTF-8
         return None, [f"its summary is not JSON ({type(e).__name__}: {shown(e, 120)})"]
-    return check(data, node_rank)
+    # strict UTF-8 cannot hold a surrogate: only a \uD800-\uDFFF escape makes one (then copy)
+    return check(data, node_rank, copy=_SURROGATE_ESCAPE.search(blob) is not None)
 
 
-def check(data: Any, node_rank: int) -> tuple[dict[str, Any] | None, list[str]]:
-    """A decoded summary → (what fits the schema, or None when nothing can be used; reasons)."""
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def check(data: Any, node_rank: int, copy: bool = True) -> tuple[dict[str, Any] | None, list[str]]:
+    """A decoded summary → (what fits the schema, or None when nothing can be used; reasons).
+
+    ``copy``: make every string encodable and every key a string (anything but JSON decoded
+    from text without surrogate escapes needs it); else only the depth is checked."""
     if not isinstance(data, dict):
         return None, [f"its summary is a JSON {type(data).__name__}, not an object"]
     try:
-        data = _plain(data, 0)
+        data = _plain(data, 0) if copy else _shallow_enough(data)
     except _TooDeep:
         return None, [f"its summary nests deeper than {MAX_DEPTH} levels"]
     if data.get("v") != VERSION:
@@ -121,6 +129,18 @@ def _plain(x: Any, depth: int) -> Any:
         return {text(str(k)): _plain(v, depth + 1) for k, v in x.items()}
     if isinstance(x, list):
         return [_plain(v, depth + 1) for v in x]
+    return x
+
+
+def _shallow_enough(x: Any) -> Any:
+    """``x`` itself, when no list or dict in it is nested deeper than MAX_DEPTH (no recursion)."""
+    stack = [(x, 0)]
+    while stack:
+        v, d = stack.pop()
+        if d > MAX_DEPTH:
+            raise _TooDeep
+        kids = v.values() if isinstance(v, dict) else v
+        stack.extend((c, d + 1) for c in kids if isinstance(c, (dict, list)))
     return x
 
 
@@ -155,6 +175,7 @@ class _Checker:
             "rank_reports": self.rank_reports(s.get("rank_reports"), set(ranks)),
             "events": self.events(s.get("events"), set(ranks)),
             "clock": self.clock(s.get("clock")),
+            "events_cap": self.opt_int(s, "events_cap"),  # set when the sender shipped fewer to fit
         }
         return out, self.said()
 
@@ -309,14 +330,13 @@ class _Checker:
         if len(v) > MAX_EVENTS:
             self.bad(f"{len(v)} events, over the bound of {MAX_EVENTS} (the rest left out)")
         out = []
+        numeric = set(NUMERIC)
         for e in v[:MAX_EVENTS]:
             if not (isinstance(e, dict) and e.get("kind") in SHIPPED):
                 self.bad("events of a kind torchdoctor does not ship")
             elif not (isinstance(e.get("rank"), int) and not isinstance(e["rank"], bool) and e["rank"] in ranks):
                 self.bad("events of a rank this node does not hold")
-            elif not (all(e.get(f) is None or number(e[f]) for f in NUMERIC)
-                      and all(number(e.get(f)) for f in REQUIRED.get(e["kind"], ()))
-                      and all(f not in e or number(e[f]) for f in NOT_NONE.get(e["kind"], ()))):
+            elif not _numbers_fit(e, numeric):
                 self.bad("events with a field that is not a finite number")
             elif not all(isinstance(e.get(f), (str, int, float, bool, type(None))) for f in SCALARS.get(e["kind"], ())):
                 self.bad("events with a field that is a list or an object where a value belongs")
@@ -326,6 +346,21 @@ class _Checker:
             else:
                 out.append(e)
         return out
+
+
+def _numbers_fit(e: dict[str, Any], numeric: set[str]) -> bool:
+    """NUMERIC fields a finite number or None; REQUIRED ones a number; NOT_NONE ones, if there, too."""
+    for f in numeric.intersection(e):
+        if e[f] is not None and not number(e[f]):
+            return False
+    kind = e["kind"]
+    for f in REQUIRED.get(kind, ()):
+        if not number(e.get(f)):
+            return False
+    for f in NOT_NONE.get(kind, ()):
+        if f in e and e[f] is None:
+            return False
+    return True
 
 
 def _exception_ok(x: Any) -> bool:
