@@ -35,8 +35,9 @@ def free_port() -> int:
 
 
 def raw_send(port: int, data: bytes, *, trickle_s: float = 0.0, hold_s: float = 0.0,
-             patience_s: float = 10.0) -> str:
-    """A fake agent: connect (retrying until node 0 listens), write ``data``, read the answer."""
+             patience_s: float = 10.0, at_once: int = 0) -> str:
+    """A fake agent: connect (retrying until node 0 listens), write ``data`` (with ``trickle_s``:
+    its first ``at_once`` bytes at once, then one byte per ``trickle_s``), read the answer."""
     t0 = time.monotonic()
     while True:
         try:
@@ -50,7 +51,8 @@ def raw_send(port: int, data: bytes, *, trickle_s: float = 0.0, hold_s: float = 
         s.settimeout(10)
         try:
             if trickle_s:
-                for b in data:
+                s.sendall(data[:at_once])
+                for b in data[at_once:]:
                     s.sendall(bytes([b]))
                     time.sleep(trickle_s)
             else:
@@ -302,6 +304,25 @@ def test_a_node_claimed_twice_is_said_about_that_node():
     rep = node0(blobs, info, nnodes=3)
     [f] = invalid(rep)
     assert "1 more sender claimed to be node 1 after its summary arrived" in f.title
+
+
+def test_a_summary_still_arriving_at_the_end_of_the_wait_is_said_not_lost():
+    """A client claims node 1 and trickles its body: the real node 1 is told its node is being
+    received (it retries until its own wait ends); at node 0's deadline node 1's claim is still
+    arriving. Node 0 says so about node 1 (node-summary-invalid), not that node 1 sent nothing."""
+    port = free_port()
+    in_background(raw_send, port, claim(1, b"{" * 1000), trickle_s=0.05, at_once=30)
+    t, sent = in_background(lambda: (time.sleep(0.3), gather.send("127.0.0.1", port, "job", 1,
+                                                                    summary(1, [1], steps(1, 6)), 1.0))[1])
+    blobs, info = gather.collect(port, "job", 2, 1.5)
+    t.join(10)
+    assert blobs == {} and sent[0]["sent"] is False and "is being received" in sent[0]["error"]
+    assert info["refused"][1].startswith("its summary was still arriving when node 0's wait ended (")
+    assert info["claimed_while_arriving"][1] >= 1
+    rep = node0(blobs, info)
+    assert "node-lost" not in [f.code for f in rep.findings]
+    [f] = invalid(rep)
+    assert "claimed to be node 1 while its summary was arriving" in " ".join(f.evidence["reasons"]["node 1"])
 
 
 # ------------------------------------------------------------------ 6: the wait is bounded

@@ -63,6 +63,7 @@ class _Gather:
         self.inflight: dict[int, int] = {}  # node → bytes claimed
         self.refused: dict[int, str] = {}  # node → why its claim was refused (the last one)
         self.claimed_again: dict[int, int] = {}  # node → claims after its summary arrived
+        self.contended: dict[int, int] = {}  # node → claims while another one was arriving
         self.stray = 0  # connections that claimed no node of this job (or too many at once)
         self.sel = selectors.DefaultSelector()
         self.conns: set[_Conn] = set()
@@ -137,6 +138,7 @@ class _Gather:
             self.claimed_again[node] = self.claimed_again.get(node, 0) + 1
             return self.close(c, f"NO node {node} has already sent its summary")
         if node in self.inflight:
+            self.contended[node] = self.contended.get(node, 0) + 1
             return self.close(c, f"NO node {node} is being received")
         if size > MAX_BYTES or size > self.budget_left():
             self.refused[node] = (f"its summary of {size} bytes exceeds the bound of {MAX_BYTES} per node"
@@ -164,6 +166,9 @@ class _Gather:
                 else:
                     self.read(k.data)
         for c in list(self.conns):
+            if c.node is not None and c.node not in self.got:
+                self.refused[c.node] = (f"its summary was still arriving when node 0's wait ended "
+                                        f"({len(c.buf)} of {c.size} bytes)")
             self.close(c)
         self.sel.close()
 
@@ -183,7 +188,7 @@ def collect(port: int, rdzv_id: str, nnodes: int, wait_s: float) -> tuple[dict[i
     """Node 0: open the port, read every other node's summary (bytes) for at most ``wait_s``.
 
     Returns ({node rank: summary bytes}, info {port, waited_s, error?, refused?, claimed_again?,
-    stray?}); nothing raises."""
+    claimed_while_arriving?, stray_connections?}); nothing raises."""
     info: dict[str, Any] = {"port": port}
     t0 = time.monotonic()
     try:
@@ -201,6 +206,8 @@ def collect(port: int, rdzv_id: str, nnodes: int, wait_s: float) -> tuple[dict[i
         info["refused"] = {k: v for k, v in g.refused.items() if k not in g.got}
     if g.claimed_again:
         info["claimed_again"] = g.claimed_again
+    if g.contended:
+        info["claimed_while_arriving"] = g.contended
     if g.stray:
         info["stray_connections"] = g.stray
     return g.got, info

@@ -207,10 +207,12 @@ def checked(got: dict[int, Any], info: dict[str, Any]) -> tuple[dict[int, dict[s
     for k, why in (info.get("refused") or {}).items():
         if isinstance(k, int) and k not in out:
             out[k], bad[k] = _rejected(k), [str(why)]
-    for k, n in (info.get("claimed_again") or {}).items():
-        if isinstance(k, int) and k in out:
-            bad.setdefault(k, []).append(
-                f"{n} more sender{'s' if n > 1 else ''} claimed to be node {k} after its summary arrived")
+    for key, when in (("claimed_again", "after its summary arrived"),
+                      ("claimed_while_arriving", "while its summary was arriving")):
+        for k, n in (info.get(key) or {}).items():
+            if isinstance(k, int) and k in out:
+                bad.setdefault(k, []).append(
+                    f"{n} more sender{'s' if n > 1 else ''} claimed to be node {k} {when}")
     return out, bad
 
 
