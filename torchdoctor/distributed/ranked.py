@@ -38,7 +38,7 @@ def run_ranked(probe: str, target: str, argv: list[str], *, module: bool, opts: 
     n = int(opts["nproc_per_node"])
     node = NodeSpec.from_dict(opts.get("node"))  # one node of a multi-node job, or None
     run_dir, is_tmp = _run_dir(opts.get("out"))  # fresh: no rank dir of an earlier run
-    if node is not None:  # the gather store needs torch here: import it while the ranks run
+    if node is not None:  # the node's facts need torch here: import it while the ranks run
         from torchdoctor.distributed.jobreport import preload
 
         preload()
