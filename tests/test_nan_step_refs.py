@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_nan_fixtures import SCRIPTS, codes, run_inprocess
+from test_nan_fixtures import SCRIPTS, run_inprocess
 
 SCRIPT = SCRIPTS / "nan/step_refs.py"
 TIMINGS = {"cpu-read": {}, "cuda-timing": {"nan_async_test": True},
