@@ -106,6 +106,12 @@ class RowReader:
         finally:
             if was_on:
                 set_grad(True)
+        # the row keeps the window for the records' names, not its tensors: the last watched
+        # output (the logits), the losses and the per-record values (``stacks`` holds them)
+        # would otherwise live until the row is read, a step or more later on CUDA
+        w.last_out = None
+        w.losses = []
+        w.reduced = {}
         for r in self.pending:
             r.live = False  # gradients / tensors of older rows may have changed since
         new = _Row(step, opt, row, w, gp, norms, stacks, loss_vec, layout)

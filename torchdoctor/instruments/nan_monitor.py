@@ -278,6 +278,7 @@ class NanMonitor(WindowQueue, RowReader, Instrument):
             return
         w = self.win
         self._flush(w)  # before backward frees the activations (returns at once if empty)
+        w.last_out = None  # the forward is over: autograd decides what of it lives on
         if ctx.step >= self.budget_step and w.reduced:
             # steps 0, 1, 2, 4, ... 64, then every 64: the allocator's statistics cost ~0.2 ms
             # a read, and a step's memory settles after the first few
