@@ -12,6 +12,9 @@ up once (``gc.get_referrers``: one heap scan per such optimizer, once per run); 
 ``step`` and ``step_update`` are wrapped (class attributes, undone at the end; nothing stored on
 the object) to count the calls and those given a number as their first argument or as a counter
 keyword (:data:`COUNTER_KWARGS`). :meth:`Counted.facts` reports them per class at a save.
+Cost: the scan happens only for such an optimizer (a torch scheduler drives the usual one): 178 ms
+once on a heap of 287 000 tracked objects (CPU box, loaded); nothing per step but one counter
+increment per scheduler call.
 
 **Renames.** A script that writes ``tmp.pth.tar`` and renames it to ``last.pth.tar`` (timm's
 ``CheckpointSaver``) keeps the second name. ``os.rename`` / ``os.replace`` are wrapped while the
