@@ -167,7 +167,9 @@ class NanMonitor(WindowQueue, RowReader, Instrument):
         def clip_grad_norm_(parameters, max_norm, *a, **k):
             total = orig(parameters, max_norm, *a, **k)
             try:
-                if inst._owner() and isinstance(total, inst._Tensor) and total.numel() == 1:
+                # a plain tensor only: a DTensor norm (FSDP2) would not stack with the row's tensors
+                if inst._owner() and type(total) is torch.Tensor and total.numel() == 1 \
+                        and total.device.type != "meta":
                     inst.win.clip = (total, float(max_norm))
             except Exception:  # noqa: BLE001 - never raise into the user's code
                 inst.hook_failed(inst.ctx, "clip_grad_norm_")
