@@ -398,3 +398,4 @@ def test_a_growing_graph_is_at_least_a_warning_with_its_line_whatever_the_rate()
     [f] = memory_growth(Evidence.from_events(mem_events(vals, extra=[w], step_s=2.0, available=1 << 50)))
     assert f.severity == "warning" and f.title.endswith("growing site: train.py:33")
     assert "loss.item()" in f.fix and "train.py:33" in f.fix
+    assert "whatever the rate" in f.evidence["impact"]

@@ -197,7 +197,8 @@ def _growth_finding(ev: Evidence, s, fit, verdict, growing) -> Finding:
     capped = cap is not None
     if capped:
         verdict = replace(verdict, severity="info")
-    elif graph:
+    floored = bool(graph) and not capped and with_graph_floor(verdict.severity) != verdict.severity
+    if floored:
         verdict = replace(verdict, severity=with_graph_floor(verdict.severity))
     ev_out: dict[str, Any] = {
         "series": s.label,
@@ -223,6 +224,9 @@ def _growth_finding(ev: Evidence, s, fit, verdict, growing) -> Finding:
                             f"{fitted_steps} steps, fewer than the {UNATTRIBUTED_MIN_STEPS} that tell "
                             f"a leak from the allocator settling in; run longer (--steps "
                             f"{max(2 * UNATTRIBUTED_MIN_STEPS, 200)}) to confirm")
+    elif floored:
+        ev_out["impact"] = ("a warning although memory is not full within the horizon at this rate: an "
+                            "autograd graph grows at every step (a kept loss), a leak whatever the rate")
     elif verdict.severity == "info":
         ev_out["impact"] = ("below the threshold of a warning: at this rate memory is not full "
                             "within the horizon; worth a look if the job runs much longer")
