@@ -87,6 +87,9 @@ class RowReader:
                 if last is not None:
                     parts.append(loss_vec[last])
                     layout.append("loss")
+            if w.clip is not None and norms is not None:  # the norm clip_grad_norm_ returned: before clipping
+                parts.append(self._keep(w.clip[0].detach().reshape(())))
+                layout.append("pnorm")
             if norms is not None:
                 layout.append("gnorm")
             if not layout:
@@ -115,6 +118,8 @@ class RowReader:
         for r in self.pending:
             r.live = False  # gradients / tensors of older rows may have changed since
         new = _Row(step, opt, row, w, gp, norms, stacks, loss_vec, layout)
+        if "pnorm" in layout:
+            new.clip_max = w.clip[1]
         if not isinstance(row, list) and not self.sync_read and (row.is_cuda or self.async_test):
             if self.reader is None:
                 from torchdoctor.numerics import hostread
@@ -188,6 +193,8 @@ class RowReader:
             opts.append(r.opt)
             losses.append(_num(vals["loss"]) if "loss" in vals else None)
             norms.append(_num(vals["gnorm"]) if "gnorm" in vals else None)
+            self.clip_series[0].append(_num(vals["pnorm"]) if "pnorm" in vals else None)
+            self.clip_series[1].append(r.clip_max)
             fwd_ok = math.isfinite(vals.get("fwd", 0.0))
             loss_ok = math.isfinite(vals.get("lossflag", vals.get("loss", 0.0)))
             grads_ok = math.isfinite(vals.get("gnorm", 0.0))
@@ -214,10 +221,14 @@ class RowReader:
             self._emit_series()
 
     def _emit_series(self) -> None:
-        se = self.series
+        se, cs = self.series, self.clip_series
         if se[0]:
-            self.ctx.emit("numerics", steps=se[0], opt=se[1], loss=se[2], grad_norm=se[3])
+            extra = {}
+            if any(m is not None for m in cs[1]):  # clipping seen: the norm before it and max_norm
+                extra = {"grad_norm_pre_clip": cs[0], "clip_max": cs[1]}
+            self.ctx.emit("numerics", steps=se[0], opt=se[1], loss=se[2], grad_norm=se[3], **extra)
         self.series = ([], [], [], [])
+        self.clip_series = ([], [])
 
     # ------------------------------------------------------------------ localization
     def _localize(self, r: _Row, fwd_ok: bool, loss_ok: bool, grads_ok: bool) -> None:

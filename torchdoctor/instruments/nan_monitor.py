@@ -36,7 +36,10 @@ attention mask) is not reported; the modules that made those -Inf values are rem
 their Inf-only values are skipped when a later step does go bad (the NaN it caused is what
 gets named).
 
-Events: ``numerics`` {steps, opt, loss, grad_norm} (every 32 rows); ``nonfinite`` {what, step,
+``clip_grad_norm_`` is wrapped to keep the norm it returns (before clipping) and ``max_norm``
+for the window's row: the series then shows what the gradients were, not the clipped 1.0.
+
+Events: ``numerics`` {steps, opt, loss, grad_norm[, grad_norm_pre_clip, clip_max]} (every 32 rows); ``nonfinite`` {what, step,
 ...} once; ``nonfinite_contained`` once; ``grad_norm_overflow``; ``nan_monitor`` {forward_watch,
 check_every, rows, reads, records, flushes, modified, flush_bytes, found, contained,
 scaler_skips} at the end.
@@ -104,6 +107,7 @@ class NanMonitor(WindowQueue, RowReader, Instrument):
         self.pending: list[_Row] = []
         self.reader = None  # CudaRowReader, made on the first CUDA row
         self.series: tuple[list, list, list, list] = ([], [], [], [])
+        self.clip_series: tuple[list, list] = ([], [])  # per row: norm before clipping, max_norm
         self.found = False
         self.contained = 0
         self.benign: set[int] = set()
@@ -122,6 +126,7 @@ class NanMonitor(WindowQueue, RowReader, Instrument):
         self._undo = Patches()  # undone only where our wrapper is still on top
         self.scaler_skips = 0
         self._patch_scaler(torch)
+        self._patch_clip(torch)
         try:
             self._compiling = torch.compiler.is_compiling
         except AttributeError:  # pragma: no cover - older torch
@@ -150,6 +155,31 @@ class NanMonitor(WindowQueue, RowReader, Instrument):
                     inst.hook_failed(inst.ctx, "GradScaler.step")
 
         self._undo.set(GS, "step", step, orig)
+
+    def _patch_clip(self, torch) -> None:
+        """``clip_grad_norm_`` returns the total norm *before* clipping; the row's own norm, read at
+        the optimizer pre-step, is the clipped one (1.0 every step under ``max_norm=1``). The
+        returned tensor (no copy, no sync) and ``max_norm`` are kept for the window's row."""
+        from torch.nn.utils import clip_grad
+
+        orig = clip_grad.clip_grad_norm_
+        inst = self
+
+        def clip_grad_norm_(parameters, max_norm, *a, **k):
+            total = orig(parameters, max_norm, *a, **k)
+            try:
+                # a plain tensor only: a DTensor norm (FSDP2) would not stack with the row's tensors
+                if inst._owner() and type(total) is torch.Tensor and total.numel() == 1 \
+                        and total.device.type != "meta":
+                    inst.win.clip = (total, float(max_norm))
+            except Exception:  # noqa: BLE001 - never raise into the user's code
+                inst.hook_failed(inst.ctx, "clip_grad_norm_")
+            return total
+
+        clip_grad_norm_.__doc__ = orig.__doc__
+        self._undo.set(clip_grad, "clip_grad_norm_", clip_grad_norm_, orig)
+        if getattr(torch.nn.utils, "clip_grad_norm_", None) is orig:
+            self._undo.set(torch.nn.utils, "clip_grad_norm_", clip_grad_norm_, orig)
 
     def uninstall(self, ctx: Any) -> None:
         for h in self.handles:

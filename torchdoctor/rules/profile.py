@@ -57,13 +57,27 @@ def window(ev: Evidence) -> dict[str, Any]:
         raise NotApplicable("the profiler window did not run")
     status = w.get("status")
     if status == "not-reached":
-        raise NotApplicable(f"the run made {w.get('steps_seen', 0)} optimizer steps; the profiler "
-                            f"window needs {w.get('steps_needed')} (lower --skip or raise --steps)")
+        raise NotApplicable(not_reached(w))
     if status in ("unavailable", "failed", "empty"):
         raise NotApplicable(f"profiler {status}: {w.get('reason') or w.get('error')}")
     if not w.get("active_steps"):
         raise NotApplicable("the profiler window recorded no complete step")
     return w
+
+
+def not_reached(w: dict[str, Any]) -> str:
+    """What kept the window from its steps, in words (issue 27: say what really happened)."""
+    seen, need = int(w.get("steps_seen") or 0), w.get("steps_needed")
+    if seen:
+        return (f"the run completed {seen} training steps; the profiler window needs {need} "
+                f"(lower --skip or raise --steps)")
+    stepped = w.get("optimizers_stepped")
+    if stepped:  # optimizers stepped, yet no step boundary: a cycle of several never learned
+        return (f"{stepped} optimizers stepped but no training step was completed: with several "
+                f"optimizers a step ends once their cycle is known (the first comes back after the "
+                f"others, or one steps 9 times), and the run ended first; the window needs {need} steps")
+    return (f"no optimizer step was seen (the script never called optimizer.step(), or the run ended "
+            f"before training began); the window needs {need} steps")
 
 
 def touched_steps(w: dict[str, Any]) -> set[int]:
