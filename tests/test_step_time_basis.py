@@ -146,3 +146,14 @@ def test_a_forward_the_clock_never_saw_is_not_shown_as_zero():
     assert "forward not seen" in out and "forward 0 " not in out
     # a CPU report keeps its keys
     assert "forward_unseen" not in step_summary(Evidence.from_events(_steps(6, 10.0, {"backward": 5})))
+
+
+def test_a_ranks_step_median_is_on_the_same_basis():
+    # dist / ranked runs: the per-rank step time is the device span where one was read
+    from torchdoctor.distributed.stragglers import rank_spans, step_medians
+
+    steps = [{"kind": "step", "rank": 0, "step": i, "wall_s": 0.007} for i in range(1, 8)]
+    devs = [{"kind": "step_device", "rank": 0, "step": i, "span_ms": 111.0} for i in range(2, 8)]
+    sp = rank_spans(steps + devs)
+    assert step_medians(steps, sp.get(0))["median_step_s"] == pytest.approx(0.111)
+    assert step_medians(steps)["median_step_s"] == pytest.approx(0.007)  # CPU: the host wall

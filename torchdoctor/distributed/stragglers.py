@@ -128,12 +128,26 @@ def collective_s(events: list[dict[str, Any]]) -> dict[int, float]:
     return {r: statistics.median(v) for r, v in by.items() if v}
 
 
-def step_medians(steps: list[dict[str, Any]]) -> dict[str, Any] | None:
+def rank_spans(events: list[dict[str, Any]]) -> dict[int, dict[int, float]]:
+    """{rank: {step: seconds}}: each rank's device span between step ends (CUDA runs)."""
+    out: dict[int, dict[int, float]] = defaultdict(dict)
+    for e in events:
+        if e.get("kind") == "step_device" and "rank" in e and e.get("span_ms") is not None:
+            out[int(e["rank"])][int(e.get("step") or 0)] = float(e["span_ms"]) / 1e3
+    return dict(out)
+
+
+def step_medians(steps: list[dict[str, Any]], spans: dict[int, float] | None = None
+                 ) -> dict[str, Any] | None:
+    """A rank's step medians. ``spans`` ({step: s}, CUDA): the one step-time basis of every
+    command (``evidence.step_seconds``): a step's time is its device span where one was read."""
     judged = steps[WARMUP_STEPS:] if len(steps) > WARMUP_STEPS + 1 else steps
     if not judged:
         return None
+    sp = spans or {}
     out = {"steps": len(steps),
-           "median_step_s": statistics.median(float(s["wall_s"]) for s in judged)}
+           "median_step_s": statistics.median(sp.get(int(s.get("step") or 0), float(s["wall_s"]))
+                                              for s in judged)}
     for p in PHASES:
         out[f"{p}_s"] = statistics.median(float(s.get(f"{p}_s", 0.0)) for s in judged)
     return out
@@ -146,10 +160,11 @@ def rank_summary(events: list[dict[str, Any]], world: int,
     steps = per_rank_steps(events)
     if not steps:
         return None
+    spans = rank_spans(events)
     lags = device_table(events, world) or lag_table(events, world)
     rows = []
     for r in (ranks if ranks is not None else range(world)):
-        m = step_medians(steps.get(r, []))
+        m = step_medians(steps.get(r, []), spans.get(r))
         row: dict[str, Any] = {"rank": r, "steps": len(steps.get(r, []))}
         if m:
             row["median_step_ms"] = round(m["median_step_s"] * 1e3, 3)

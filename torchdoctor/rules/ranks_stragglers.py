@@ -10,7 +10,7 @@ from typing import Any
 
 from torchdoctor.catalog import declare
 from torchdoctor.distributed.stragglers import (PHASES, collective_s, device_table, lag_table,
-                                                per_rank_steps, step_medians)
+                                                per_rank_steps, rank_spans, step_medians)
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Finding, finding
 from torchdoctor.judge import NotApplicable, rule
@@ -50,7 +50,8 @@ def rank_straggler(ev: Evidence) -> list[Finding]:
     lags, shares = lt["median_lag_s"], lt["last_share"]
     r = max(lags, key=lags.get)
     steps = per_rank_steps(ev.events)
-    meds = {q: step_medians(v) for q, v in steps.items()}
+    spans = rank_spans(ev.events)
+    meds = {q: step_medians(v, spans.get(q)) for q, v in steps.items()}
     step_s = statistics.median([m["median_step_s"] for m in meds.values() if m]) if meds else 0.0
     if lt["basis"] == "device":
         step_s = lt["median_span_s"]
