@@ -22,6 +22,7 @@ called, and belong to the file format, not to the running torch.
 | saved-tensor hooks on top | ``torch._C._autograd._top_saved_tensors_default_hooks`` | memory saved tensors |
 | CUDA allocator | ``torch._C._cuda_memoryStats``, ``_cuda_attach_out_of_memory_observer``, ``torch.cuda.memory._record_memory_history`` / ``_snapshot``, ``torch.cuda._lazy_call`` | :mod:`torchdoctor.memory.cuda` |
 | flight recorder | ``torch._C._distributed_c10d`` | dist collectives |
+| DTensor shards (FSDP2, tensor parallel) | ``DTensor._local_tensor`` (``to_local()`` where absent), the class's module (``torch.distributed.tensor._api``; ``torch.distributed._tensor.api`` before 2.5) | :func:`local_tensor`, :func:`dtensor_norm_share` (nan monitor, gradient norms, parameter audits) |
 | compile start/end callbacks | ``torch._dynamo.callback.callback_handler`` (``register_start_callback``…) | ``treat``'s compile trial |
 | custom ops | ``torch._library.custom_ops.CustomOpDef`` (``__call__``, ``_qualname``, ``_init_fn``, ``_backward_fn``) | gradcheck capture |
 | dynamo counters, compile records | ``torch._dynamo.utils.counters``, ``get_compilation_metrics``, ``compilation_time_metrics``, ``torch._dynamo.config.recompile_limit`` (``cache_size_limit`` before 2.6) | dynamo diagnostics, dynamo counters |
@@ -311,3 +312,83 @@ def c10d_private() -> Any:
     import torch._C._distributed_c10d as c10d_c
 
     return c10d_c
+
+
+# ---- DTensor (FSDP2 ``fully_shard``, tensor parallelism, device meshes) ------------------------
+# FSDP2 and ``parallelize_module`` make parameters and gradients DTensors: each rank holds a local
+# shard (``_local_tensor``; ``to_local()`` is the public, autograd-recorded way) of a tensor laid
+# out over a DeviceMesh by its ``placements`` (Shard(dim), Replicate(), Partial()). Mixing a
+# DTensor with a plain tensor in one op raises ("got mixed torch.Tensor and DTensor"), and a
+# reduction of a DTensor (``.all()``, ``.item()``, ``torch.stack``) may run a collective: one that
+# only some ranks reach hangs. Instruments read local shards here and reduce what they need over
+# the DTensor's own mesh groups (never the default group: a sub-mesh's ranks are not the world).
+_DTENSOR_MODULES = ("torch.distributed.tensor._api", "torch.distributed._tensor.api")
+_DTENSOR: list[Any] = []  # [class] once found (a script that never imports DTensor has none)
+
+
+def dtensor_class() -> Any:
+    """torch's DTensor class, or None when no DTensor module is imported yet (then no tensor
+    of this process is a DTensor; nothing is imported here). torch 2.5+:
+    ``torch.distributed.tensor._api``; 2.0–2.4: ``torch.distributed._tensor.api``."""
+    if _DTENSOR:
+        return _DTENSOR[0]
+    for name in _DTENSOR_MODULES:
+        cls = getattr(sys.modules.get(name), "DTensor", None)
+        if isinstance(cls, type):
+            _DTENSOR.append(cls)
+            return cls
+    return None
+
+
+def is_dtensor(t: Any) -> bool:
+    cls = dtensor_class()
+    return cls is not None and isinstance(t, cls)
+
+
+def local_tensor(t: Any) -> Any:
+    """This rank's shard of a DTensor (a plain tensor sharing its storage and version counter:
+    no autograd record, no copy, no collective); any other object unchanged."""
+    cls = dtensor_class()
+    if cls is None or not isinstance(t, cls):
+        return t
+    lt = getattr(t, "_local_tensor", None)
+    if lt is None:  # a torch without the attribute: the public accessor
+        lt = t.to_local()
+    return lt
+
+
+def dtensor_layout(t: Any) -> dict[str, Any] | None:
+    """{"placements", "mesh_shape", "mesh_dims", "local_shape"} of a DTensor (for evidence), or
+    None for a plain tensor."""
+    if not is_dtensor(t):
+        return None
+    try:
+        mesh = t.device_mesh
+        return {"placements": [str(p) for p in t.placements], "mesh_shape": list(mesh.shape),
+                "mesh_dims": list(getattr(mesh, "mesh_dim_names", None) or []),
+                "local_shape": list(local_tensor(t).shape)}
+    except Exception:  # noqa: BLE001 - another DTensor layout: no facts
+        return None
+
+
+def dtensor_norm_share(t: Any) -> tuple[Any, float] | None:
+    """(mesh, weight) such that the full tensor's squared L2 norm is the sum, over every rank of
+    ``mesh``, of ``weight * |local shard|^2``: a Shard placement splits the elements, a
+    Replicate one repeats them (weight 1 / its mesh size). None for a plain tensor, and for a
+    Partial placement (pending sums: local values are not elements of the full tensor)."""
+    if not is_dtensor(t):
+        return None
+    mesh = t.device_mesh
+    weight = 1.0
+    for i, p in enumerate(t.placements):
+        if p.is_replicate():
+            weight /= mesh.size(i)
+        elif not p.is_shard():
+            return None
+    return mesh, weight
+
+
+def mesh_groups(mesh: Any) -> list[Any]:
+    """The process groups of ``mesh``'s dimensions that have more than one rank: an all-reduce
+    over each in turn sums over every rank of the mesh (and only those)."""
+    return [mesh.get_group(i) for i in range(mesh.ndim) if mesh.size(i) > 1]

@@ -13,6 +13,8 @@ from typing import Any
 
 from torchdoctor.instruments._nan_window import EMIT_EVERY, LEARN_CONTAINED, MAX_PENDING, _Row, _Window
 from torchdoctor.numerics.locate import num as _num
+from torchdoctor.numerics.sharded import ShardedNorm
+from torchdoctor.torch_internals import dtensor_norm_share, is_dtensor, local_tensor
 
 class RowReader:
     """Mixin of the monitor: rows, their reading and the localisation."""
@@ -35,11 +37,20 @@ class RowReader:
         self.records += len(w.recs)
         self.modified += w.modified
         strided = torch.strided
+        Tensor = self._Tensor
         gp = []
         grads = []
+        shards = None  # ShardedNorm when some gradients are DTensors (FSDP2, tensor parallel)
         for p in params:
             g = p.grad
-            if g is not None and g.layout == strided:
+            if g is None:
+                continue
+            if type(g) is not Tensor and is_dtensor(g):
+                if shards is None:
+                    shards = ShardedNorm()
+                shards.add(len(grads), dtensor_norm_share(g), g.device_mesh)
+                g = local_tensor(g)  # this rank's shard: no collective, no copy
+            if g.layout == strided:
                 gp.append(p)
                 grads.append(g)
         norms = loss_vec = None
@@ -92,15 +103,20 @@ class RowReader:
             if not layout:
                 return
             on_cpu = all(not x.is_cuda for x in parts) and (norms is None or isinstance(norms, list))
+            if shards:  # the full gradients' norm: shares summed over each mesh (a collective)
+                self.sharded_rows += 1
+                self.partial_grads = max(self.partial_grads, len(shards.partial))
+                total = (shards.total_cpu(torch, norms) if isinstance(norms, list)
+                         else shards.total_dev(torch, norms))
             if on_cpu and not self.async_test:
                 row: Any = [float(x) for x in parts]
                 if norms is not None:
-                    row.append(math.hypot(*norms))  # float64, exact to an ulp
+                    row.append(total if shards else math.hypot(*norms))  # float64, exact to an ulp
             else:
                 if isinstance(norms, list):  # CPU gradients, a CUDA loss
-                    parts.append(torch.tensor(math.hypot(*norms), device="cpu"))
+                    parts.append(torch.tensor(total if shards else math.hypot(*norms), device="cpu"))
                 elif norms is not None:
-                    parts.append(torch.linalg.vector_norm(norms))
+                    parts.append(total.float() if shards else torch.linalg.vector_norm(norms))
                 dev = parts[-1].device
                 row = torch.stack([x if x.device == dev else x.to(dev) for x in parts])
         finally:
@@ -109,6 +125,7 @@ class RowReader:
         for r in self.pending:
             r.live = False  # gradients / tensors of older rows may have changed since
         new = _Row(step, opt, row, w, gp, norms, stacks, loss_vec, layout)
+        new.sharded = shards is not None
         if not isinstance(row, list) and not self.sync_read and (row.is_cuda or self.async_test):
             if self.reader is None:
                 from torchdoctor.numerics import hostread
@@ -228,6 +245,14 @@ class RowReader:
         if ev is None and not grads_ok:
             ev = self.locator.grads(r, namer)
         if ev is None:
+            if r.sharded and not grads_ok and r.gnorm64 is None:
+                # every local shard finite, the mesh-wide norm not: another rank holds the bad
+                # value (and names it); this rank stops at the same row as that one
+                self.found = True
+                ctx.emit("nonfinite_elsewhere", step=r.step, optimizer=r.opt,
+                         params_with_grad=len(r.params))
+                if self.stop_on_bad:
+                    ctx.request_stop(f"a non-finite gradient on another rank at step {r.step}")
             return
         ev.setdefault("step", r.step)
         ev["forward_watch"] = self.watch

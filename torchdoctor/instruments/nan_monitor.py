@@ -60,7 +60,7 @@ from torchdoctor.numerics.locate import Locator
 class NanMonitor(WindowQueue, RowReader, Instrument):
     name = "nan_monitor"
     produces = frozenset({"nonfinite", "numerics", "grad_norm_overflow", "nan_monitor",
-                          "nonfinite_contained"})
+                          "nonfinite_contained", "nonfinite_elsewhere"})
     priority = 60
 
     # ------------------------------------------------------------------ install
@@ -120,6 +120,8 @@ class NanMonitor(WindowQueue, RowReader, Instrument):
             self.handles.append(mod_mod.register_module_forward_hook(self._fwd_post, always_call=True))
         self._undo = Patches()  # undone only where our wrapper is still on top
         self.scaler_skips = 0
+        self.sharded_rows = 0  # rows whose gradient norm was summed over DTensor meshes
+        self.partial_grads = 0  # most Partial-placed gradients in a row (finiteness only)
         self._patch_scaler(torch)
         try:
             self._compiling = torch.compiler.is_compiling
@@ -162,7 +164,8 @@ class NanMonitor(WindowQueue, RowReader, Instrument):
         ctx.emit("nan_monitor", forward_watch=self.watch, check_every=self.every, rows=self.rows,
                  reads=self.reads, records=self.records, flushes=self.flushes, modified=self.modified,
                  flush_bytes=self.flush_bytes, found=self.found,
-                 contained=self.contained, scaler_skips=self.scaler_skips)
+                 contained=self.contained, scaler_skips=self.scaler_skips,
+                 sharded_rows=self.sharded_rows, partial_grads=self.partial_grads)
 
     # ------------------------------------------------------------------ forward watch
     def _owner(self) -> bool:
