@@ -373,9 +373,11 @@ def dtensor_layout(t: Any) -> dict[str, Any] | None:
 
 def dtensor_norm_share(t: Any) -> tuple[Any, float] | None:
     """(mesh, weight) such that the full tensor's squared L2 norm is the sum, over every rank of
-    ``mesh``, of ``weight * |local shard|^2``: a Shard placement splits the elements, a
-    Replicate one repeats them (weight 1 / its mesh size). None for a plain tensor, and for a
-    Partial placement (pending sums: local values are not elements of the full tensor)."""
+    ``mesh``, of ``weight * |local shard|^2``: a Shard placement (also ``_StridedShard``, which
+    FSDP2 puts over a tensor-parallel Shard on a 2-D mesh and whose ``is_shard()`` is False)
+    splits the elements, a Replicate one repeats them (weight 1 / its mesh size). None for a
+    plain tensor, and for a Partial placement (pending sums: local values are not elements of the
+    full tensor)."""
     if not is_dtensor(t):
         return None
     mesh = t.device_mesh
@@ -383,7 +385,7 @@ def dtensor_norm_share(t: Any) -> tuple[Any, float] | None:
     for i, p in enumerate(t.placements):
         if p.is_replicate():
             weight /= mesh.size(i)
-        elif not p.is_shard():
+        elif p.is_partial():
             return None
     return mesh, weight
 
