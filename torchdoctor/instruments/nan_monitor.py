@@ -36,10 +36,22 @@ attention mask) is not reported; the modules that made those -Inf values are rem
 their Inf-only values are skipped when a later step does go bad (the NaN it caused is what
 gets named).
 
+Sharded parameters (FSDP2 ``fully_shard``, tensor parallelism: DTensor parameters, gradients
+and module outputs): every tensor is read through its local shard
+(``torch_internals.local_tensor``), so nothing here mixes a DTensor with a plain tensor or runs
+a collective by reducing a DTensor. The row's gradient norm is the full gradients' norm, equal
+to ``clip_grad_norm_`` on the full tensors: each mesh's shares summed by one all-reduce per mesh
+dimension over that dimension's own group (``numerics/sharded.py``), at the optimizer pre-step
+that every rank reaches in order. So every rank of the mesh sees a non-finite norm at the same
+row; the rank whose own shard, forward or loss holds the value names it, a rank whose shards
+are all finite records ``nonfinite_elsewhere`` and (``nan`` probe) stops at the same step.
+Localisation reads local shards only: it runs on whichever rank found something, and a
+collective there would hang.
+
 Events: ``numerics`` {steps, opt, loss, grad_norm} (every 32 rows); ``nonfinite`` {what, step,
-...} once; ``nonfinite_contained`` once; ``grad_norm_overflow``; ``nan_monitor`` {forward_watch,
-check_every, rows, reads, records, flushes, modified, flush_bytes, found, contained,
-scaler_skips} at the end.
+...} once; ``nonfinite_contained`` once; ``nonfinite_elsewhere`` {step} once; ``grad_norm_overflow``;
+``nan_monitor`` {forward_watch, check_every, rows, reads, records, flushes, modified,
+flush_bytes, found, contained, scaler_skips, sharded_rows, partial_grads} at the end.
 """
 
 from __future__ import annotations
