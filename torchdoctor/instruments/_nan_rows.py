@@ -45,12 +45,15 @@ class RowReader:
             g = p.grad
             if g is None:
                 continue
+            share = None
             if type(g) is not Tensor and is_dtensor(g):
-                if shards is None:
-                    shards = ShardedNorm()
-                shards.add(len(grads), dtensor_norm_share(g), g.device_mesh)
+                share = (dtensor_norm_share(g), g.device_mesh)
                 g = local_tensor(g)  # this rank's shard: no collective, no copy
             if g.layout == strided:
+                if share is not None:
+                    if shards is None:
+                        shards = ShardedNorm()
+                    shards.add(len(grads), *share)
                 gp.append(p)
                 grads.append(g)
         norms = loss_vec = None
@@ -245,7 +248,7 @@ class RowReader:
         if ev is None and not grads_ok:
             ev = self.locator.grads(r, namer)
         if ev is None:
-            if r.sharded and not grads_ok and r.gnorm64 is None:
+            if r.elsewhere:
                 # every local shard finite, the mesh-wide norm not: another rank holds the bad
                 # value (and names it); this rank stops at the same row as that one
                 self.found = True

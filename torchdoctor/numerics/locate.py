@@ -216,7 +216,8 @@ class Locator:
             confirmed = True
             bad_idx = exact
         if not bad_idx and getattr(r, "sharded", False) and not norm_vals_overflow(norm_vals):
-            return None  # every local shard is finite: the bad value is on another rank
+            r.elsewhere = True  # every local shard is finite: the bad value is on another rank
+            return None
         if not bad_idx:  # finite gradients whose float32 norm overflowed: an explosion, not NaN
             if r.live:
                 with torch.no_grad():
