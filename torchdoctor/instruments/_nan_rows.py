@@ -75,6 +75,12 @@ class RowReader:
                         norms = torch.stack(ns)
                     except RuntimeError:  # gradients on several devices
                         norms = torch.stack([n.to(dev) for n in ns])
+            if shards:  # the full gradients' norm: shares summed over each mesh (a collective),
+                # first, before anything this rank alone could fail on: every rank must enter it
+                self.sharded_rows += 1
+                self.partial_grads = max(self.partial_grads, len(shards.partial))
+                total = (shards.total_cpu(torch, norms) if isinstance(norms, list)
+                         else shards.total_dev(torch, norms))
             flags = []
             for (key, k), (vals, seqs) in w.reduced.items():
                 st = torch.stack(vals).view(-1, k)  # one row of k statistics per record
@@ -106,11 +112,6 @@ class RowReader:
             if not layout:
                 return
             on_cpu = all(not x.is_cuda for x in parts) and (norms is None or isinstance(norms, list))
-            if shards:  # the full gradients' norm: shares summed over each mesh (a collective)
-                self.sharded_rows += 1
-                self.partial_grads = max(self.partial_grads, len(shards.partial))
-                total = (shards.total_cpu(torch, norms) if isinstance(norms, list)
-                         else shards.total_dev(torch, norms))
             if on_cpu and not self.async_test:
                 row: Any = [float(x) for x in parts]
                 if norms is not None:
