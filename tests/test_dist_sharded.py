@@ -358,3 +358,32 @@ def test_per_rank_torch_save_of_fsdp2_state_is_read_as_tensors(tmp_path):
     f = got["ckpt-unsafe-pickle"]
     assert f.severity == "info" and "once torch.distributed.tensor is imported" in f.title
     assert "torch.distributed.tensor.DTensor" in f.evidence["dtensor_globals"]
+
+
+def test_sharded_norm_adds_weighted_shares_on_both_row_paths():
+    """The row's norm from local norms: plain gradients once, DTensor shares weighted (a mesh of
+    one rank: no collective); a Partial gradient keeps only its NaN. CPU floats and the device
+    tensor path (what a CUDA row takes) agree."""
+    import torch
+
+    from torchdoctor.numerics.sharded import ShardedNorm
+
+    class OneRankMesh:
+        ndim = 1
+        device_type = "cpu"
+
+        def size(self, i):
+            return 1
+
+    mesh = OneRankMesh()
+    sn = ShardedNorm()
+    sn.add(0, (mesh, 1.0), mesh)  # a Shard: its elements
+    sn.add(2, (mesh, 0.25), mesh)  # replicated 4 ways: a quarter of its square per rank
+    norms = [3.0, 4.0, 2.0]  # index 1 is a plain tensor
+    want = math.sqrt(9 + 16 + 0.25 * 4)
+    assert math.isclose(sn.total_cpu(torch, norms), want)
+    assert math.isclose(float(sn.total_dev(torch, torch.tensor(norms))), want)
+    sn.add(3, None, mesh)  # Partial: finiteness only
+    assert math.isclose(sn.total_cpu(torch, norms + [7.0]), want) and sn.partial == [3]
+    assert math.isnan(sn.total_cpu(torch, norms + [math.nan]))
+    assert math.isnan(float(sn.total_dev(torch, torch.tensor(norms + [math.inf]))))

@@ -71,13 +71,30 @@ class ShardedNorm:
         plain = [i for i in range(len(sq)) if i not in sharded]
         total = sq[plain].sum() if plain else sq.new_zeros(())
         for mesh, items in self.meshes.items():
-            idx = torch.tensor([i for i, _w in items], device=sq.device)
-            w = torch.tensor([x for _i, x in items], dtype=torch.float64, device=sq.device)
+            idx, w = _index_weights(torch, items, sq.device)
             part = (sq.index_select(0, idx) * w).sum().reshape(1)  # weight 0: Partial (NaN kept)
             for g in mesh_groups(mesh):
                 torch.distributed.all_reduce(part, group=g)
             total = total + part[0]
         return total.sqrt()
+
+
+_INDEX_CACHE: dict[tuple, tuple[Any, Any]] = {}  # (device, items) -> (index, weights) on the device
+MAX_CACHED = 16
+
+
+def _index_weights(torch: Any, items: list[tuple[int, float]], device: Any) -> tuple[Any, Any]:
+    """The gradient indices and weights of one mesh as device tensors, made once per layout (the
+    same every step): no host-to-device copy in the step after the first."""
+    key = (str(device), tuple(items))
+    got = _INDEX_CACHE.get(key)
+    if got is None:
+        if len(_INDEX_CACHE) >= MAX_CACHED:
+            _INDEX_CACHE.clear()
+        got = _INDEX_CACHE[key] = (
+            torch.tensor([i for i, _w in items], device=device),
+            torch.tensor([x for _i, x in items], dtype=torch.float64, device=device))
+    return got
 
 
 def _weighted(n: float, w: float) -> float:
