@@ -387,3 +387,78 @@ def test_sharded_norm_adds_weighted_shares_on_both_row_paths():
     assert math.isclose(sn.total_cpu(torch, norms + [7.0]), want) and sn.partial == [3]
     assert math.isnan(sn.total_cpu(torch, norms + [math.nan]))
     assert math.isnan(float(sn.total_dev(torch, torch.tensor(norms + [math.inf]))))
+
+
+FSDP2_ONE_RANK = r"""
+import json, os, sys, torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+torch.manual_seed(0)
+torch.set_num_threads(1)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+for layer in (model[0], model[2]):
+    fully_shard(layer, mesh=init_device_mesh("cpu", (1,)))
+fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
+opt = torch.optim.AdamW(model.parameters())
+norms = []
+for step in range(4):
+    loss = model(torch.randn(4, 8)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9).full_tensor().item())
+    opt.step()
+json.dump(norms, open(sys.argv[1], "w"))
+dist.destroy_process_group()
+"""
+
+HARNESS = r"""
+import json, runpy, sys, tempfile
+from pathlib import Path
+from torchdoctor.evidence import Evidence
+from torchdoctor.pipeline.registry import armed_needs
+from torchdoctor.runner.context import HarnessContext
+from torchdoctor.runner.core import Core
+from torchdoctor.runner.harness import _armed
+from torchdoctor.runner.rundir import META, EvidenceWriter, write_json
+script, norms_file = sys.argv[1], sys.argv[2]
+opts = {"steps": 50, "nan_async_test": True}  # the CUDA row path (device tensors), on CPU
+d = Path(tempfile.mkdtemp())
+write_json(d / META, {"probe": "checkup", "argv": [script], "options": opts})
+writer = EvidenceWriter(d)
+ctx = HarnessContext("checkup", d, opts, writer)
+core = Core(ctx, _armed(sorted(armed_needs("checkup"))))
+core.install()
+try:
+    sys.argv = [script, norms_file]
+    runpy.run_path(script, run_name="__main__")
+finally:
+    core.uninstall()
+    writer.close()
+ev = Evidence.load(d)
+print(json.dumps({"errors": [e.get("traceback", "")[-300:] for e in ev.of("instrument_error")],
+                  "norms": [x for e in ev.of("numerics") for x in e["grad_norm"]],
+                  "monitor": ev.last("nan_monitor")}))
+"""
+
+
+def test_fsdp2_device_row_path_reads_local_shards_and_the_full_norm(tmp_path):
+    """The reported crash: under FSDP2 the monitor's CUDA row path (device tensors copied to the
+    host) raised 'aten.copy_.default got mixed torch.Tensor and DTensor' in _pre_step and the
+    NaN/gradient watch went off. The same path on CPU (option nan_async_test), a 1-rank FSDP2
+    model: no instrument error, and the norms are clip_grad_norm_'s."""
+    import subprocess
+
+    script = tmp_path / "train.py"
+    script.write_text(FSDP2_ONE_RANK)
+    norms_file = tmp_path / "norms.json"
+    p = subprocess.run([sys.executable, "-c", HARNESS, str(script), str(norms_file)],
+                       capture_output=True, text=True, timeout=180, cwd=tmp_path,
+                       env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got["errors"] == [], got["errors"]
+    want = json.loads(norms_file.read_text())
+    assert len(got["norms"]) == len(want) == 4
+    assert all(math.isclose(g, w, rel_tol=1e-6) for g, w in zip(got["norms"], want)), (got, want)
+    assert got["monitor"]["sharded_rows"] == 4
