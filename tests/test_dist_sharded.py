@@ -248,6 +248,21 @@ def test_nccl_fsdp2_planted_nan_is_named_by_fqn_and_rank(tmp_path):
 
 
 @pytest.mark.multigpu
+def test_nccl_fsdp1_grad_norm_is_fsdps_own(tmp_path):
+    """FSDP1 flat parameters are plain tensors holding a shard: the monitor sums them over the
+    unit's process group (measured on 2 gloo ranks: 0.7778169 vs FSDP's 0.7778168; before, the
+    local shard's norm)."""
+    r = _gpu_run(tmp_path, "checkup", "fsdp1_norm.py", str(tmp_path))
+    assert codes(r) == [], r["findings"]
+    for rank in (0, 1):
+        d = tmp_path / "run" / f"rank{rank}"
+        got = [x for e in events(d, "numerics") for x in e["grad_norm"]]
+        want = json.loads((tmp_path / f"clip_norms.rank{rank}.json").read_text())
+        assert len(got) == len(want) == 6
+        assert all(math.isclose(g, w, rel_tol=1e-4) for g, w in zip(got, want)), (got, want)
+
+
+@pytest.mark.multigpu
 @pytest.mark.parametrize("cmd", ["checkup", "profile", "memory", "nan", "dist"])
 def test_nccl_2d_mesh_is_clean_under_every_probe(tmp_path, cmd):
     r = _gpu_run(tmp_path, cmd, "fsdp_tp_2d.py", str(tmp_path))
@@ -374,6 +389,9 @@ def test_sharded_norm_adds_weighted_shares_on_both_row_paths():
 
         def size(self, i):
             return 1
+
+        def get_group(self, i):  # never asked: a dimension of one rank has nothing to sum
+            raise AssertionError("no group for a one-rank dimension")
 
     mesh = OneRankMesh()
     sn = ShardedNorm()

@@ -22,6 +22,7 @@ called, and belong to the file format, not to the running torch.
 | saved-tensor hooks on top | ``torch._C._autograd._top_saved_tensors_default_hooks`` | memory saved tensors |
 | CUDA allocator | ``torch._C._cuda_memoryStats``, ``_cuda_attach_out_of_memory_observer``, ``torch.cuda.memory._record_memory_history`` / ``_snapshot``, ``torch.cuda._lazy_call`` | :mod:`torchdoctor.memory.cuda` |
 | flight recorder | ``torch._C._distributed_c10d`` | dist collectives |
+| FSDP1 flat parameters' shard group | ``FullyShardedDataParallel._handle`` (``flat_param``, ``process_group``, ``uses_sharded_strategy``), ``flat_param._params`` | :func:`fsdp1_shard_groups` (nan monitor) |
 | DTensor shards (FSDP2, tensor parallel) | ``DTensor._local_tensor`` (``to_local()`` where absent), the class's module (``torch.distributed.tensor._api``; ``torch.distributed._tensor.api`` before 2.5) | :func:`local_tensor`, :func:`dtensor_norm_share` (nan monitor, gradient norms, parameter audits) |
 | compile start/end callbacks | ``torch._dynamo.callback.callback_handler`` (``register_start_callback``…) | ``treat``'s compile trial |
 | custom ops | ``torch._library.custom_ops.CustomOpDef`` (``__call__``, ``_qualname``, ``_init_fn``, ``_backward_fn``) | gradcheck capture |
@@ -314,22 +315,15 @@ def c10d_private() -> Any:
     return c10d_c
 
 
-# ---- DTensor (FSDP2 ``fully_shard``, tensor parallelism, device meshes) ------------------------
-# FSDP2 and ``parallelize_module`` make parameters and gradients DTensors: each rank holds a local
-# shard (``_local_tensor``; ``to_local()`` is the public, autograd-recorded way) of a tensor laid
-# out over a DeviceMesh by its ``placements`` (Shard(dim), Replicate(), Partial()). Mixing a
-# DTensor with a plain tensor in one op raises ("got mixed torch.Tensor and DTensor"), and a
-# reduction of a DTensor (``.all()``, ``.item()``, ``torch.stack``) may run a collective: one that
-# only some ranks reach hangs. Instruments read local shards here and reduce what they need over
-# the DTensor's own mesh groups (never the default group: a sub-mesh's ranks are not the world).
-_DTENSOR_MODULES = ("torch.distributed.tensor._api", "torch.distributed._tensor.api")
-_DTENSOR: list[Any] = []  # [class] once found (a script that never imports DTensor has none)
+# ---- DTensor (FSDP2 ``fully_shard``, tensor parallelism, device meshes), FSDP1 flat params -----
+# Mixing a DTensor with a plain tensor raises; reducing one may run a collective (a hang when only
+# some ranks reach it): read local shards, reduce over the tensor's own mesh groups (numerics/sharded).
+_DTENSOR_MODULES = ("torch.distributed.tensor._api", "torch.distributed._tensor.api")  # 2.5+, 2.0-2.4
+_DTENSOR: list[Any] = []  # [class] once found
 
 
 def dtensor_class() -> Any:
-    """torch's DTensor class, or None when no DTensor module is imported yet (then no tensor
-    of this process is a DTensor; nothing is imported here). torch 2.5+:
-    ``torch.distributed.tensor._api``; 2.0–2.4: ``torch.distributed._tensor.api``."""
+    """torch's DTensor class, or None while no DTensor module is imported (nothing imported here)."""
     if _DTENSOR:
         return _DTENSOR[0]
     for name in _DTENSOR_MODULES:
@@ -346,20 +340,15 @@ def is_dtensor(t: Any) -> bool:
 
 
 def local_tensor(t: Any) -> Any:
-    """This rank's shard of a DTensor (a plain tensor sharing its storage and version counter:
-    no autograd record, no copy, no collective); any other object unchanged."""
-    cls = dtensor_class()
-    if cls is None or not isinstance(t, cls):
+    """A DTensor's local shard (same storage and version counter; no copy, no collective)."""
+    if not is_dtensor(t):
         return t
     lt = getattr(t, "_local_tensor", None)
-    if lt is None:  # a torch without the attribute: the public accessor
-        lt = t.to_local()
-    return lt
+    return t.to_local() if lt is None else lt
 
 
 def dtensor_layout(t: Any) -> dict[str, Any] | None:
-    """{"placements", "mesh_shape", "mesh_dims", "local_shape"} of a DTensor (for evidence), or
-    None for a plain tensor."""
+    """{placements, mesh_shape, mesh_dims, local_shape} of a DTensor (evidence), else None."""
     if not is_dtensor(t):
         return None
     try:
@@ -372,16 +361,12 @@ def dtensor_layout(t: Any) -> dict[str, Any] | None:
 
 
 def dtensor_norm_share(t: Any) -> tuple[Any, float] | None:
-    """(mesh, weight) such that the full tensor's squared L2 norm is the sum, over every rank of
-    ``mesh``, of ``weight * |local shard|^2``: a Shard placement (also ``_StridedShard``, which
-    FSDP2 puts over a tensor-parallel Shard on a 2-D mesh and whose ``is_shard()`` is False)
-    splits the elements, a Replicate one repeats them (weight 1 / its mesh size). None for a
-    plain tensor, and for a Partial placement (pending sums: local values are not elements of the
-    full tensor)."""
+    """(mesh, weight): the full squared L2 norm = sum over the mesh's ranks of ``weight *
+    |local|^2``. Shard (and ``_StridedShard``, whose ``is_shard()`` is False) splits elements,
+    Replicate repeats them (weight / size); None for a plain tensor and for Partial."""
     if not is_dtensor(t):
         return None
-    mesh = t.device_mesh
-    weight = 1.0
+    mesh, weight = t.device_mesh, 1.0
     for i, p in enumerate(t.placements):
         if p.is_replicate():
             weight /= mesh.size(i)
@@ -391,6 +376,24 @@ def dtensor_norm_share(t: Any) -> tuple[Any, float] | None:
 
 
 def mesh_groups(mesh: Any) -> list[Any]:
-    """The process groups of ``mesh``'s dimensions that have more than one rank: an all-reduce
-    over each in turn sums over every rank of the mesh (and only those)."""
+    """Groups of ``mesh``'s dimensions of > 1 rank (all-reduces over each in turn sum over the mesh's ranks); a process group (FSDP1's) is its own."""
+    if not hasattr(mesh, "get_group"):
+        return [mesh]
     return [mesh.get_group(i) for i in range(mesh.ndim) if mesh.size(i) > 1]
+
+
+def fsdp1_shard_groups(roots: Any) -> dict[int, Any]:
+    """{id(param): group its gradient is sharded over} for FSDP1 modules under ``roots``: flat
+    params and the originals viewing into them (use_orig_params); NO_SHARD left out. Private:
+    ``module._handle`` (flat_param, process_group, uses_sharded_strategy), ``flat_param._params``."""
+    mod = sys.modules.get("torch.distributed.fsdp.fully_sharded_data_parallel")
+    fsdp = getattr(mod, "FullyShardedDataParallel", None)
+    out: dict[int, Any] = {}
+    for root in roots if fsdp is not None else ():
+        for m in root.modules():
+            h = getattr(m, "_handle", None) if isinstance(m, fsdp) else None
+            fp, pg = getattr(h, "flat_param", None), getattr(h, "process_group", None)
+            if fp is not None and pg is not None and getattr(h, "uses_sharded_strategy", False):
+                for p in [fp, *(getattr(fp, "_params", None) or [])]:
+                    out.setdefault(id(p), pg)
+    return out

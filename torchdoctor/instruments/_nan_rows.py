@@ -14,7 +14,8 @@ from typing import Any
 from torchdoctor.instruments._nan_window import EMIT_EVERY, LEARN_CONTAINED, MAX_PENDING, _Row, _Window
 from torchdoctor.numerics.locate import num as _num
 from torchdoctor.numerics.sharded import ShardedNorm
-from torchdoctor.torch_internals import dtensor_norm_share, is_dtensor, local_tensor
+from torchdoctor.torch_internals import (dtensor_norm_share, fsdp1_shard_groups, is_dtensor,
+                                         local_tensor)
 
 class RowReader:
     """Mixin of the monitor: rows, their reading and the localisation."""
@@ -41,6 +42,12 @@ class RowReader:
         gp = []
         grads = []
         shards = None  # ShardedNorm when some gradients are DTensors (FSDP2, tensor parallel)
+        flat = self._flat_groups(opt, params)  # FSDP1: {id(param): shard group}
+        if flat:
+            shards = ShardedNorm()
+            for p in params:  # every rank: the same groups, in the optimizer's order
+                if id(p) in flat:
+                    shards.group(flat[id(p)])
         for p in params:
             g = p.grad
             if g is None:
@@ -49,6 +56,8 @@ class RowReader:
             if type(g) is not Tensor and is_dtensor(g):
                 share = (dtensor_norm_share(g), g.device_mesh)
                 g = local_tensor(g)  # this rank's shard: no collective, no copy
+            elif flat and id(p) in flat:
+                share = ((flat[id(p)], 1.0), flat[id(p)])  # an FSDP1 shard of a flat parameter
             if g.layout == strided:
                 if share is not None:
                     if shards is None:
@@ -139,6 +148,21 @@ class RowReader:
             new.handle = self.reader.submit(row)
         self.pending.append(new)
         self.rows += 1
+
+    def _flat_groups(self, opt: int | None, params: list) -> dict[int, Any]:
+        """FSDP1's {id(param): shard group} for the parameters of optimizer ``opt``, looked up
+        once per optimizer (FSDP1 builds its flat parameters before the optimizer exists)."""
+        if not params:
+            return {}
+        cache = self.__dict__.setdefault("_flat_cache", {})
+        got = cache.get(opt)
+        if got is None:
+            models = self.ctx.models()
+            groups = fsdp1_shard_groups(models)
+            got = {id(p): groups[id(p)] for p in params if id(p) in groups}
+            if models and opt is not None:  # (no-optimizer rows: the models' parameters may change)
+                cache[opt] = got
+        return got
 
     def _maybe_read(self) -> None:
         """CPU rows: read every ``check_every`` rows (a CPU read costs no sync). CUDA rows:

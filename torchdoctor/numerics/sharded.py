@@ -1,5 +1,8 @@
 """Gradient norms of sharded parameters (FSDP2 ``fully_shard``, tensor parallelism): the norm of
 the full gradients, as ``torch.nn.utils.clip_grad_norm_`` computes it, from local shards.
+FSDP1 (``FullyShardedDataParallel``) too: its flat parameters (and the original parameters
+viewing into them) are plain tensors holding this rank's shard, summed over the FSDP unit's
+process group (``torch_internals.fsdp1_shard_groups``).
 
 A DTensor gradient is read through its local shard only (``torch_internals.local_tensor``: no
 copy, no collective). Its share of the full squared norm is ``weight * |local|^2`` summed over
@@ -40,6 +43,11 @@ class ShardedNorm:
         else:
             self.meshes.setdefault(share[0], []).append((i, share[1]))
 
+    def group(self, key: Any) -> None:
+        """A group every rank sums over in this row even when none of its gradients is here
+        (FSDP1 with use_orig_params: a rank holds no part of some parameters)."""
+        self.meshes.setdefault(key, [])
+
     def __bool__(self) -> bool:
         return bool(self.meshes)
 
@@ -71,8 +79,11 @@ class ShardedNorm:
         plain = [i for i in range(len(sq)) if i not in sharded]
         total = sq[plain].sum() if plain else sq.new_zeros(())
         for mesh, items in self.meshes.items():
-            idx, w = _index_weights(torch, items, sq.device)
-            part = (sq.index_select(0, idx) * w).sum().reshape(1)  # weight 0: Partial (NaN kept)
+            if items:
+                idx, w = _index_weights(torch, items, sq.device)
+                part = (sq.index_select(0, idx) * w).sum().reshape(1)  # weight 0: Partial (NaN kept)
+            else:
+                part = sq.new_zeros(1)
             for g in mesh_groups(mesh):
                 torch.distributed.all_reduce(part, group=g)
             total = total + part[0]
