@@ -337,44 +337,6 @@ def test_finite_local_shards_under_a_non_finite_mesh_norm_point_to_another_rank(
     assert loc.grads(r, None) is None and not r.elsewhere and emitted == ["grad_norm_overflow"]
 
 
-SAVE_SHARDED = r"""
-import os, sys, torch, torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
-dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
-opt = torch.optim.AdamW(model.parameters())
-model(torch.randn(2, 8)).sum().backward()
-opt.step()
-torch.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": 1}, sys.argv[1])
-dist.destroy_process_group()
-"""
-
-
-def test_per_rank_torch_save_of_fsdp2_state_is_read_as_tensors(tmp_path):
-    """torch.save(model.state_dict()) under FSDP2 pickles DTensors: the audit said
-    ckpt-missing-model (error: 'no model weights found') and ckpt-unsafe-pickle (warning: 'save
-    only tensors'), both false: the weights are each rank's shards, and torch.load(weights_only=
-    True) accepts the DTensor classes once torch.distributed.tensor is imported."""
-    import subprocess
-
-    path = tmp_path / "ckpt_rank0.pt"
-    p = subprocess.run([sys.executable, "-c", SAVE_SHARDED, str(path)], capture_output=True,
-                       text=True, timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
-    assert p.returncode == 0, p.stderr[-2000:]
-    rep = _audit(path)
-    got = {f.code: f for f in rep.findings}
-    assert "ckpt-missing-model" not in got, [(f.code, f.title) for f in rep.findings]
-    m = rep.metrics["checkpoint"]
-    assert m["roles"]["model"]["tensors"] == 4 and m["roles"]["optimizer"][0]["states"] == 4
-    f = got["ckpt-unsafe-pickle"]
-    assert f.severity == "info" and "once torch.distributed.tensor is imported" in f.title
-    assert "torch.distributed.tensor.DTensor" in f.evidence["dtensor_globals"]
-
-
 def test_sharded_norm_adds_weighted_shares_on_both_row_paths():
     """The row's norm from local norms: plain gradients once, DTensor shares weighted (a mesh of
     one rank: no collective); a Partial gradient keeps only its NaN. CPU floats and the device
@@ -427,6 +389,8 @@ for step in range(4):
     norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9).full_tensor().item())
     opt.step()
 json.dump(norms, open(sys.argv[1], "w"))
+# a per-rank torch.save of the sharded state (DTensors): audited by its own test
+torch.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": 4}, sys.argv[2])
 dist.destroy_process_group()
 """
 
@@ -439,7 +403,7 @@ from torchdoctor.runner.context import HarnessContext
 from torchdoctor.runner.core import Core
 from torchdoctor.runner.harness import _armed
 from torchdoctor.runner.rundir import META, EvidenceWriter, write_json
-script, norms_file = sys.argv[1], sys.argv[2]
+script, norms_file, ckpt = sys.argv[1], sys.argv[2], sys.argv[3]
 opts = {"steps": 50, "nan_async_test": True}  # the CUDA row path (device tensors), on CPU
 d = Path(tempfile.mkdtemp())
 write_json(d / META, {"probe": "checkup", "argv": [script], "options": opts})
@@ -448,7 +412,7 @@ ctx = HarnessContext("checkup", d, opts, writer)
 core = Core(ctx, _armed(sorted(armed_needs("checkup"))))
 core.install()
 try:
-    sys.argv = [script, norms_file]
+    sys.argv = [script, norms_file, ckpt]
     runpy.run_path(script, run_name="__main__")
 finally:
     core.uninstall()
@@ -460,23 +424,46 @@ print(json.dumps({"errors": [e.get("traceback", "")[-300:] for e in ev.of("instr
 """
 
 
-def test_fsdp2_device_row_path_reads_local_shards_and_the_full_norm(tmp_path):
+@pytest.fixture(scope="module")
+def one_rank_fsdp2(tmp_path_factory):
+    """One subprocess: a 1-rank FSDP2 model trained under the checkup instruments on the
+    device-row path, then its sharded state saved with torch.save."""
+    import subprocess
+
+    d = tmp_path_factory.mktemp("fsdp2-one-rank")
+    script = d / "train.py"
+    script.write_text(FSDP2_ONE_RANK)
+    norms_file, ckpt = d / "norms.json", d / "ckpt_rank0.pt"
+    p = subprocess.run([sys.executable, "-c", HARNESS, str(script), str(norms_file), str(ckpt)],
+                       capture_output=True, text=True, timeout=180, cwd=d,
+                       env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1]), json.loads(norms_file.read_text()), ckpt
+
+
+def test_fsdp2_device_row_path_reads_local_shards_and_the_full_norm(one_rank_fsdp2):
     """The reported crash: under FSDP2 the monitor's CUDA row path (device tensors copied to the
     host) raised 'aten.copy_.default got mixed torch.Tensor and DTensor' in _pre_step and the
     NaN/gradient watch went off. The same path on CPU (option nan_async_test), a 1-rank FSDP2
-    model: no instrument error, and the norms are clip_grad_norm_'s."""
-    import subprocess
-
-    script = tmp_path / "train.py"
-    script.write_text(FSDP2_ONE_RANK)
-    norms_file = tmp_path / "norms.json"
-    p = subprocess.run([sys.executable, "-c", HARNESS, str(script), str(norms_file)],
-                       capture_output=True, text=True, timeout=180, cwd=tmp_path,
-                       env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)})
-    assert p.returncode == 0, p.stderr[-3000:]
-    got = json.loads(p.stdout.strip().splitlines()[-1])
+    model: no instrument error (the save audit's description of the DTensor state included),
+    and the norms are clip_grad_norm_'s."""
+    got, want, _ckpt = one_rank_fsdp2
     assert got["errors"] == [], got["errors"]
-    want = json.loads(norms_file.read_text())
     assert len(got["norms"]) == len(want) == 4
     assert all(math.isclose(g, w, rel_tol=1e-6) for g, w in zip(got["norms"], want)), (got, want)
     assert got["monitor"]["sharded_rows"] == 4
+
+
+def test_per_rank_torch_save_of_fsdp2_state_is_read_as_tensors(one_rank_fsdp2):
+    """torch.save(model.state_dict()) under FSDP2 pickles DTensors: the audit said
+    ckpt-missing-model (error: 'no model weights found') and ckpt-unsafe-pickle (warning: 'save
+    only tensors'), both false: the weights are each rank's shards, and torch.load(weights_only=
+    True) accepts the DTensor classes once torch.distributed.tensor is imported."""
+    rep = _audit(one_rank_fsdp2[2])
+    got = {f.code: f for f in rep.findings}
+    assert "ckpt-missing-model" not in got, [(f.code, f.title) for f in rep.findings]
+    m = rep.metrics["checkpoint"]
+    assert m["roles"]["model"]["tensors"] == 4 and m["roles"]["optimizer"][0]["states"] == 4
+    f = got["ckpt-unsafe-pickle"]
+    assert f.severity == "info" and "once torch.distributed.tensor is imported" in f.title
+    assert "torch.distributed.tensor.DTensor" in f.evidence["dtensor_globals"]
