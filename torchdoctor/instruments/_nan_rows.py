@@ -13,6 +13,9 @@ from typing import Any
 
 from torchdoctor.instruments._nan_window import EMIT_EVERY, LEARN_CONTAINED, MAX_PENDING, _Row, _Window
 from torchdoctor.numerics.locate import num as _num
+from torchdoctor.numerics.sharded import ShardedNorm
+from torchdoctor.torch_internals import (dtensor_norm_share, fsdp1_shard_groups, is_dtensor,
+                                         local_tensor)
 
 class RowReader:
     """Mixin of the monitor: rows, their reading and the localisation."""
@@ -35,11 +38,31 @@ class RowReader:
         self.records += len(w.recs)
         self.modified += w.modified
         strided = torch.strided
+        Tensor = self._Tensor
         gp = []
         grads = []
+        shards = None  # ShardedNorm when some gradients are DTensors (FSDP2, tensor parallel)
+        flat = self._flat_groups(opt, params)  # FSDP1: {id(param): shard group}
+        if flat:
+            shards = ShardedNorm()
+            for p in params:  # every rank: the same groups, in the optimizer's order
+                if id(p) in flat:
+                    shards.group(flat[id(p)])
         for p in params:
             g = p.grad
-            if g is not None and g.layout == strided:
+            if g is None:
+                continue
+            share = None
+            if type(g) is not Tensor and is_dtensor(g):
+                share = (dtensor_norm_share(g), g.device_mesh)
+                g = local_tensor(g)  # this rank's shard: no collective, no copy
+            elif flat and id(p) in flat:
+                share = ((flat[id(p)], 1.0), flat[id(p)])  # an FSDP1 shard of a flat parameter
+            if g.layout == strided:
+                if share is not None:
+                    if shards is None:
+                        shards = ShardedNorm()
+                    shards.add(len(grads), *share)
                 gp.append(p)
                 grads.append(g)
         norms = loss_vec = None
@@ -61,6 +84,12 @@ class RowReader:
                         norms = torch.stack(ns)
                     except RuntimeError:  # gradients on several devices
                         norms = torch.stack([n.to(dev) for n in ns])
+            if shards:  # the full gradients' norm: shares summed over each mesh (a collective),
+                # first, before anything this rank alone could fail on: every rank must enter it
+                self.sharded_rows += 1
+                self.partial_grads = max(self.partial_grads, len(shards.partial))
+                total = (shards.total_cpu(torch, norms) if isinstance(norms, list)
+                         else shards.total_dev(torch, norms))
             flags = []
             for (key, k), (vals, seqs) in w.reduced.items():
                 st = torch.stack(vals).view(-1, k)  # one row of k statistics per record
@@ -98,12 +127,12 @@ class RowReader:
             if on_cpu and not self.async_test:
                 row: Any = [float(x) for x in parts]
                 if norms is not None:
-                    row.append(math.hypot(*norms))  # float64, exact to an ulp
+                    row.append(total if shards else math.hypot(*norms))  # float64, exact to an ulp
             else:
                 if isinstance(norms, list):  # CPU gradients, a CUDA loss
-                    parts.append(torch.tensor(math.hypot(*norms), device="cpu"))
+                    parts.append(torch.tensor(total if shards else math.hypot(*norms), device="cpu"))
                 elif norms is not None:
-                    parts.append(torch.linalg.vector_norm(norms))
+                    parts.append(total.float() if shards else torch.linalg.vector_norm(norms))
                 dev = parts[-1].device
                 row = torch.stack([x if x.device == dev else x.to(dev) for x in parts])
         finally:
@@ -120,6 +149,7 @@ class RowReader:
         new = _Row(step, opt, row, w, gp, norms, stacks, loss_vec, layout)
         if "pnorm" in layout:
             new.clip_max = w.clip[1]
+        new.sharded = shards is not None
         if not isinstance(row, list) and not self.sync_read and (row.is_cuda or self.async_test):
             if self.reader is None:
                 from torchdoctor.numerics import hostread
@@ -129,6 +159,21 @@ class RowReader:
             new.handle = self.reader.submit(row)
         self.pending.append(new)
         self.rows += 1
+
+    def _flat_groups(self, opt: int | None, params: list) -> dict[int, Any]:
+        """FSDP1's {id(param): shard group} for the parameters of optimizer ``opt``, looked up
+        once per optimizer (FSDP1 builds its flat parameters before the optimizer exists)."""
+        if not params:
+            return {}
+        cache = self.__dict__.setdefault("_flat_cache", {})
+        got = cache.get(opt)
+        if got is None:
+            models = self.ctx.models()
+            groups = fsdp1_shard_groups(models)
+            got = {id(p): groups[id(p)] for p in params if id(p) in groups}
+            if models and opt is not None:  # (no-optimizer rows: the models' parameters may change)
+                cache[opt] = got
+        return got
 
     def _maybe_read(self) -> None:
         """CPU rows: read every ``check_every`` rows (a CPU read costs no sync). CUDA rows:
@@ -245,6 +290,14 @@ class RowReader:
         if ev is None and not grads_ok:
             ev = self.locator.grads(r, namer)
         if ev is None:
+            if r.elsewhere:
+                # every local shard finite, the mesh-wide norm not: another rank holds the bad
+                # value (and names it); this rank stops at the same row as that one
+                self.found = True
+                ctx.emit("nonfinite_elsewhere", step=r.step, optimizer=r.opt,
+                         params_with_grad=len(r.params))
+                if self.stop_on_bad:
+                    ctx.request_stop(f"a non-finite gradient on another rank at step {r.step}")
             return
         ev.setdefault("step", r.step)
         ev["forward_watch"] = self.watch

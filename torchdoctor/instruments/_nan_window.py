@@ -85,7 +85,8 @@ class _Window:
 
 class _Row:
     __slots__ = ("step", "opt", "row", "win", "params", "norms", "stacks", "loss_vec", "live",
-                 "layout", "gnorm64", "neg_inf_before", "handle", "clip_max")
+                 "layout", "gnorm64", "neg_inf_before", "handle", "clip_max", "sharded",
+                 "elsewhere")
 
     def __init__(self, step, opt, row, win, params, norms, stacks, loss_vec, layout):
         self.step, self.opt, self.row, self.win = step, opt, row, win
@@ -96,6 +97,8 @@ class _Row:
         self.neg_inf_before: int | None = None  # an earlier -Inf-only record (a mask?)
         self.handle: Any = None  # CudaRowReader handle (None: a CPU row, read directly)
         self.clip_max: float | None = None  # max_norm of a clip_grad_norm_ in the window
+        self.sharded = False  # some gradients are DTensor shards: the norm was summed over meshes
+        self.elsewhere = False  # sharded, the summed norm not finite, every local shard finite
 
 
 class WindowQueue:

@@ -39,10 +39,22 @@ gets named).
 ``clip_grad_norm_`` is wrapped to keep the norm it returns (before clipping) and ``max_norm``
 for the window's row: the series then shows what the gradients were, not the clipped 1.0.
 
+Sharded parameters (FSDP2 ``fully_shard``, tensor parallelism: DTensor parameters, gradients
+and module outputs): every tensor is read through its local shard
+(``torch_internals.local_tensor``), so nothing here mixes a DTensor with a plain tensor or runs
+a collective by reducing a DTensor. The row's gradient norm is the full gradients' norm, equal
+to ``clip_grad_norm_`` on the full tensors: each mesh's shares summed by one all-reduce per mesh
+dimension over that dimension's own group (``numerics/sharded.py``), at the optimizer pre-step
+that every rank reaches in order. So every rank of the mesh sees a non-finite norm at the same
+row; the rank whose own shard, forward or loss holds the value names it, a rank whose shards
+are all finite records ``nonfinite_elsewhere`` and (``nan`` probe) stops at the same step.
+Localisation reads local shards only: it runs on whichever rank found something, and a
+collective there would hang.
+
 Events: ``numerics`` {steps, opt, loss, grad_norm[, grad_norm_pre_clip, clip_max]} (every 32 rows); ``nonfinite`` {what, step,
-...} once; ``nonfinite_contained`` once; ``grad_norm_overflow``; ``nan_monitor`` {forward_watch,
-check_every, rows, reads, records, flushes, modified, flush_bytes, found, contained,
-scaler_skips} at the end.
+...} once; ``nonfinite_contained`` once; ``nonfinite_elsewhere`` {step} once; ``grad_norm_overflow``;
+``nan_monitor`` {forward_watch, check_every, rows, reads, records, flushes, modified,
+flush_bytes, found, contained, scaler_skips, sharded_rows, partial_grads} at the end.
 """
 
 from __future__ import annotations
@@ -64,7 +76,7 @@ from torchdoctor.numerics.tensors import kept_scalar
 class NanMonitor(WindowQueue, RowReader, Instrument):
     name = "nan_monitor"
     produces = frozenset({"nonfinite", "numerics", "grad_norm_overflow", "nan_monitor",
-                          "nonfinite_contained"})
+                          "nonfinite_contained", "nonfinite_elsewhere"})
     priority = 60
 
     # ------------------------------------------------------------------ install
@@ -125,6 +137,8 @@ class NanMonitor(WindowQueue, RowReader, Instrument):
             self.handles.append(mod_mod.register_module_forward_hook(self._fwd_post, always_call=True))
         self._undo = Patches()  # undone only where our wrapper is still on top
         self.scaler_skips = 0
+        self.sharded_rows = 0  # rows whose gradient norm was summed over DTensor meshes
+        self.partial_grads = 0  # most Partial-placed gradients in a row (finiteness only)
         self._patch_scaler(torch)
         self._patch_clip(torch)
         try:
@@ -193,7 +207,8 @@ class NanMonitor(WindowQueue, RowReader, Instrument):
         ctx.emit("nan_monitor", forward_watch=self.watch, check_every=self.every, rows=self.rows,
                  reads=self.reads, records=self.records, flushes=self.flushes, modified=self.modified,
                  flush_bytes=self.flush_bytes, found=self.found,
-                 contained=self.contained, scaler_skips=self.scaler_skips)
+                 contained=self.contained, scaler_skips=self.scaler_skips,
+                 sharded_rows=self.sharded_rows, partial_grads=self.partial_grads)
 
     # ------------------------------------------------------------------ forward watch
     def _owner(self) -> bool:

@@ -42,7 +42,7 @@ from typing import Any
 
 from torchdoctor.instruments import Instrument, register
 from torchdoctor.runner.patching import Patches
-from torchdoctor.torch_internals import foreach_norm
+from torchdoctor.torch_internals import foreach_norm, local_tensor
 
 MAX_NAMES = 12
 MAX_STALE_EVENTS = 5
@@ -173,7 +173,9 @@ class TrainingGrads(Instrument):
             suspects.append(pid_)
         if suspects:
             torch = self.torch
-            grads = [st[i][0].grad for i in suspects]
+            # a DTensor gradient (FSDP2, tensor parallel): its local shard, each rank judging its
+            # own (a DTensor's norm is a pending sum: reading it later would be a collective)
+            grads = [local_tensor(st[i][0].grad) for i in suspects]
             try:
                 with torch.no_grad():
                     ns = foreach_norm()(grads, 2, dtype=torch.float32)

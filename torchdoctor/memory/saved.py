@@ -48,8 +48,14 @@ class SavedTensors:
 
     # hooks -------------------------------------------------------------------------------
     def _pack(self, t: Any) -> Any:
-        st = t.untyped_storage()
-        key = (st.data_ptr(), t.is_cuda)
+        try:
+            st = t.untyped_storage()
+            key = (st.data_ptr(), t.is_cuda)
+        except (RuntimeError, NotImplementedError):
+            # no readable storage (FSDP2's unsharded parameters: "Attempted to access the data
+            # pointer on an invalid python storage"; tensor subclasses): held, not counted.
+            # A pack hook that raises fails the user's forward
+            return _Held(t, None, self)
         rec = self.table.get(key)
         if rec is None:
             n = st.nbytes()

@@ -15,9 +15,12 @@ MAX_TENSORS_PER_CALL = 8
 
 def float_tensors(obj: Any, limit: int = MAX_TENSORS_PER_CALL) -> list:
     """Dense floating-point or complex tensors in ``obj`` (a tensor, or one/two levels of
-    tuple/list/dict)."""
+    tuple/list/dict). A DTensor (tensor parallelism, FSDP2) is given as this rank's local shard:
+    checked where it lives, without a collective."""
     Tensor, ok = _kit()
     if isinstance(obj, Tensor):
+        if type(obj) is not Tensor:
+            obj = _local(obj)
         return [obj] if ok(obj) else []
     out: list = []
     if isinstance(obj, (tuple, list)):
@@ -28,15 +31,24 @@ def float_tensors(obj: Any, limit: int = MAX_TENSORS_PER_CALL) -> list:
         return out
     for x in items:
         if isinstance(x, Tensor):
+            if type(x) is not Tensor:
+                x = _local(x)
             if ok(x):
                 out.append(x)
         elif isinstance(x, (tuple, list)):
-            out.extend(t for t in x if isinstance(t, Tensor) and ok(t))
+            out.extend(t for t in map(_local, x) if isinstance(t, Tensor) and ok(t))
         elif isinstance(x, dict):
-            out.extend(t for t in x.values() if isinstance(t, Tensor) and ok(t))
+            out.extend(t for t in map(_local, x.values()) if isinstance(t, Tensor) and ok(t))
         if len(out) >= limit:
             return out[:limit]
     return out
+
+
+def _local(x: Any) -> Any:
+    """A DTensor's local shard, anything else as it is (``torch_internals.local_tensor``)."""
+    from torchdoctor.torch_internals import local_tensor
+
+    return local_tensor(x)
 
 
 _KIT = None
