@@ -37,7 +37,12 @@ def debug_enabled() -> bool:
 
 
 def eprint(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+    """One line of torchdoctor's own on stderr. Its untrusted parts (a script or file name, an
+    exception's text) are data: control bytes, bidi overrides and lone surrogates are escaped
+    here, the one stderr writer of the commands (report/safe.py)."""
+    from torchdoctor.report.safe import visible
+
+    print(visible(msg, keep_newlines=True), file=sys.stderr, flush=True)
 
 
 def fail_usage(err: DoctorError) -> None:
@@ -61,10 +66,12 @@ def guarded(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from torchdoctor.report.safe import harden_output
         from torchdoctor.runner.signals import raising
 
         from torchdoctor.runner.outdir import release_all
 
+        harden_output()  # no string torchdoctor prints can make stdout or stderr raise
         try:
             with raising():  # SIGTERM and SIGHUP end a command the way Ctrl-C does
                 return fn(*args, **kwargs)

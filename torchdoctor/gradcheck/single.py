@@ -4,8 +4,10 @@ Imports FILE.py as a module (not as ``__main__``: a training block under
 ``if __name__ == "__main__":`` does not run), takes the class ``Name`` (dotted for a nested class),
 and calls ``Name.apply`` once on random float64 inputs of the given shapes (seeded, all requiring
 grad), then one backward with random output gradients. The capture instrument records that call
-like any call of a training script and checks it after this driver returns; a backward that raises
-here is reported by that check, classified, so this driver only notes it on stderr.
+like any call of a training script and checks it after this driver returns. A backward that raises
+here is not swallowed: it ends the driver as it would end a training script (``script-crashed``,
+with the user's file:line, beside the check's classification: ``custom-function-bad-grad-return``),
+never a "No problems found" on a Function whose backward cannot run.
 
 Usage (by the command): ``python -m torchdoctor.gradcheck.single FILE NAME SHAPES_JSON``.
 """
@@ -53,11 +55,7 @@ def main(argv: list[str]) -> int:
         print(f"torchdoctor gradcheck: no output of {name} requires grad", file=sys.stderr)
         return 0
     loss = sum((o * torch.randn(o.shape, dtype=o.dtype, generator=gen)).sum() for o in diff)
-    try:
-        loss.backward()
-    except Exception as e:  # noqa: BLE001 - the check after the run reports it, classified
-        print(f"torchdoctor gradcheck: the backward of {name} raised {type(e).__name__}: {e}",
-              file=sys.stderr)
+    loss.backward()  # one that raises is this call's crash, reported as a script's would be
     return 0
 
 

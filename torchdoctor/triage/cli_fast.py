@@ -158,9 +158,11 @@ def main(argv: list[str]) -> int:
         sys.stdout.flush()
         return code
     except DoctorError as e:
-        print(f"torchdoctor: error: {e.message}", file=sys.stderr)
+        from torchdoctor.report.safe import visible  # a path or pasted text in the message is data
+
+        print(visible(f"torchdoctor: error: {e.message}"), file=sys.stderr)
         if e.hint:
-            print(f"  hint: {e.hint}", file=sys.stderr)
+            print(visible(f"  hint: {e.hint}"), file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("torchdoctor: interrupted", file=sys.stderr)
@@ -173,7 +175,9 @@ def main(argv: list[str]) -> int:
             import traceback
 
             traceback.print_exc()
-        print(f"torchdoctor: internal error: {type(e).__name__}: {e}", file=sys.stderr)
+        from torchdoctor.report.safe import visible
+
+        print(visible(f"torchdoctor: internal error: {type(e).__name__}: {e}"), file=sys.stderr)
         print(f"  This is a bug in torchdoctor, not in your code. Please report it at {ISSUES_URL}",
               file=sys.stderr)
         return EXIT_INTERNAL

@@ -82,7 +82,9 @@ def write_html(path: Path, text: str) -> None:
     """Replace ``path`` atomically (temp file in the same folder, then rename)."""
     fd, tmp = tempfile.mkstemp(prefix=".torchdoctor-", suffix=".html", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        from torchdoctor.report.safe import OUTPUT_ERRORS
+
+        with os.fdopen(fd, "w", encoding="utf-8", errors=OUTPUT_ERRORS) as f:
             f.write(text)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
