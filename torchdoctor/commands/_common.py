@@ -94,6 +94,22 @@ def guarded(fn: Callable) -> Callable:
     return wrapper
 
 
+def guarded_runs(fn: Callable) -> Callable:
+    """:func:`guarded` for a command that runs the script (once, or a sequence: repro, treat,
+    compile's eager run, checkup's follow-ups): the first stop signal (Ctrl-C, SIGTERM, SIGHUP)
+    stops the sequence instead of unwinding it; the report of what ran is printed with status
+    ``interrupted`` (:func:`emit`) and the exit code is 130. A second signal ends at once."""
+
+    @functools.wraps(fn)
+    def deferring(*args, **kwargs):
+        from torchdoctor.runner.signals import deferred
+
+        with deferred():
+            return fn(*args, **kwargs)
+
+    return guarded(deferring)
+
+
 def prepare_out(out: str | None) -> str | None:
     """Check and claim ``--out DIR`` before any work (exit 2 with one line if it is unfit: a
     file, unwritable, someone else's folder, in use by another run). The one check every
@@ -125,7 +141,11 @@ def emit(report, as_json: bool, fail_on: str = "error", out_dir: str | Path | No
     HTML) and to ``html`` (from :func:`prepare_html`), exit with its code."""
     from torchdoctor.report.jsonout import render_json
 
+    from torchdoctor.runner.signals import stopped
+
     fail_on = check_fail_on(fail_on)
+    if stopped() and report.run_status not in ("interrupted", "error"):
+        report.run_status = "interrupted"  # a stop signal ended the sequence (guarded_runs)
     for key, value in ATTACHED_METRICS.items():
         report.metrics.setdefault(key, value)
     if out_dir is not None:

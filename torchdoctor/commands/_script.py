@@ -22,7 +22,7 @@ from typing import Annotated, Any, Callable, Optional
 
 import typer
 
-from torchdoctor.commands._common import FailOnOpt, HtmlOpt, JsonOpt, emit, eprint, guarded
+from torchdoctor.commands._common import FailOnOpt, HtmlOpt, JsonOpt, emit, eprint, guarded_runs
 from torchdoctor.commands._nodeopts import node_params, resolve_node
 from torchdoctor.errors import DoctorError
 
@@ -139,7 +139,7 @@ def script_command(app: typer.Typer, name: str, help: str, probe: str | None = N
     probe = probe or name
     extra = list(extra_options)
 
-    @guarded
+    @guarded_runs
     def command(**kw: Any) -> None:
         ctx: typer.Context = kw.pop("ctx")
         script, module = kw.pop("script"), kw.pop("module")

@@ -40,13 +40,20 @@ def eager_comparison(report: Any, target: str, args: list[str], options: dict[st
     from torchdoctor.commands._common import eprint
     from torchdoctor.compilecheck import EAGER_ENV
     from torchdoctor.compilecheck.compare import compare_eager
+    from torchdoctor.runner.signals import stopped
     from torchdoctor.trials import Trials, Variation
 
+    if stopped():  # a stop signal after the compiled run: no eager run (the report says interrupted)
+        m["eager_skipped"] = f"interrupted by {stopped()}"
+        return
     eager = Variation("eager", "torch.compile switched off (TORCH_COMPILE_DISABLE=1)", env=dict(EAGER_ENV))
     eprint("torchdoctor compile: the same steps again with torch.compile switched off (eager)")
     with Trials("compile", target, args, options=options,
                 budget_s=float(options.get("timeout") or 300.0)) as trials:
         run = trials.run(eager)
+        if run.interrupted():
+            m["eager_skipped"] = f"the eager run was interrupted by {trials.interrupted() or 'a signal'}"
+            return
         m.update(compare_eager(m, run.evidence, run.failure()))
 
 

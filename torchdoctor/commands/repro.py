@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from torchdoctor.commands._common import emit, eprint, guarded
+from torchdoctor.commands._common import emit, eprint, guarded_runs
 from torchdoctor.errors import DoctorError
 
 HELP = ("Run SCRIPT twice and compare the runs step by step (data batch, forward outputs, "
@@ -30,7 +30,7 @@ ENGINES = ("auto", "debug_mode", "dispatch")
 def register(app: typer.Typer) -> None:
     from torchdoctor.commands._script import CONTEXT_SETTINGS, one_process_params
 
-    @guarded
+    @guarded_runs
     def repro(**kw: Any) -> None:
         ctx: typer.Context = kw.pop("ctx")
         script, module = kw.pop("script"), kw.pop("module")

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from torchdoctor.commands._common import eprint, guarded
+from torchdoctor.commands._common import eprint, guarded_runs
 
 HELP = ("Measure the cure: run SCRIPT once under the checkup instruments, then try each fix its "
         "findings and the device point at (DataLoader workers, pinned memory, TF32, bf16 autocast, "
@@ -75,7 +75,7 @@ def print_catalogue(as_json: bool) -> None:
     Console(highlight=False).print(table)
 
 
-@guarded
+@guarded_runs
 def treat(**kw: Any) -> None:
     from torchdoctor.errors import DoctorError
 

@@ -101,6 +101,7 @@ def followups(report: Report, ev: Evidence, relaunch: Relaunch | None) -> None:
     ``_replace`` (a Finding that takes the place of the original, e.g. a replay that located
     the value more precisely) are directives, not evidence."""
     from torchdoctor.pipeline.followups import followups_for
+    from torchdoctor.runner.signals import Stopped, stopped
 
     runs: list[dict[str, Any]] = []
     for i, f in enumerate(list(report.findings)):
@@ -110,9 +111,15 @@ def followups(report: Report, ev: Evidence, relaunch: Relaunch | None) -> None:
                             f"{f.code}: not re-run under torchrun; run the script alone "
                             "(without --nproc-per-node) to get it")
                 continue
+            if stopped():
+                report.skip(f"followup:{fn.__name__}", f"{f.code}: not re-run: interrupted by {stopped()}")
+                continue
             timed = _timed_relaunch(relaunch, runs, f.code, fn.__name__, ev.meta.get("probe"))
             try:
                 extra = fn(ev, timed) or {}
+            except Stopped as e:  # the signal came between two re-runs of one follow-up
+                report.skip(f"followup:{fn.__name__}", f"{f.code}: not re-run: interrupted by {e.signame}")
+                continue
             except Exception as e:  # noqa: BLE001
                 report.add(internal_finding(f"follow-up {fn.__name__} for {f.code} failed: "
                                             f"{type(e).__name__}: {e}",

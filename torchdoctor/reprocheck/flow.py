@@ -57,16 +57,19 @@ def _run_facts(r: TrialRun) -> dict[str, Any]:
             "median_step_ms": round(ms, 3) if ms is not None else None, "failure": r.failure()}
 
 
-def measure(trials: Trials, engine: str = "auto") -> dict[str, Any]:
-    """Run the pairs and return the ``repro_compare`` data (also the JSON section)."""
+def measure(trials: Trials, engine: str = "auto", out: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run the pairs and return the ``repro_compare`` data (also the JSON section), built in
+    ``out`` as the runs go (a stop signal's :class:`~torchdoctor.runner.signals.Stopped` leaves
+    there what was measured: :func:`interrupted`)."""
     from torchdoctor.reprocheck.ops import first_divergent_op, trace_summary
     from torchdoctor.reprocheck.rng import compare_generators, draw_counts
     from torchdoctor.reprocheck.steps import describe
 
+    out = {} if out is None else out
     a = trials.run(RUN_A, round=0)
     b = trials.run(RUN_B, round=1)
-    out: dict[str, Any] = {"tolerance": "bitwise", "runs": [_run_facts(a), _run_facts(b)],
-                           "losses": {"a": a.losses()[:LOSS_ROWS], "b": b.losses()[:LOSS_ROWS]}}
+    out.update({"tolerance": "bitwise", "runs": [_run_facts(a), _run_facts(b)],
+                "losses": {"a": a.losses()[:LOSS_ROWS], "b": b.losses()[:LOSS_ROWS]}})
     ra, rb = a.evidence.last("rng_trace"), b.evidence.last("rng_trace")
     out["draws"] = {"a": draw_counts(ra), "b": draw_counts(rb)}
     failed = a.failure() or b.failure()
@@ -127,6 +130,17 @@ def _deterministic(trials: Trials, a: TrialRun, b: TrialRun) -> dict[str, Any]:
     return res
 
 
+def interrupted(data: dict[str, Any], signame: str) -> None:
+    """What a stop signal left unmeasured in ``data`` (:func:`measure`'s), said as such."""
+    why = f"interrupted by {signame}"
+    if not data.get("compared"):
+        data.update(tolerance="bitwise", compared=False, identical=None, steps_compared=0,
+                    reason=f"{why} before both runs finished")
+    elif data.get("diverged") and "first_divergent_op" not in data:
+        data["first_divergent_op"] = {"kind": "unavailable", "reason": why}
+    data["interrupted"] = signame
+
+
 def repro_report(target: str, script_args: list[str], options: dict[str, Any],
                  engine: str = "auto", resume: bool = False) -> Report:
     """Run ``repro`` on ``target`` and return its Report (not yet printed). ``resume``: then the
@@ -137,17 +151,36 @@ def repro_report(target: str, script_args: list[str], options: dict[str, Any],
     from torchdoctor.pipeline.judging import judge_run
 
     label = " ".join(["-m", target] if options.get("module") else [target])
+    from torchdoctor.runner.signals import Stopped
+
     with Trials("repro", target, script_args, options=options) as trials:
-        data = measure(trials, engine=engine)
+        data: dict[str, Any] = {}
+        try:
+            measure(trials, engine=engine, out=data)
+        except Stopped as e:  # a stop signal between runs: no further run, report what ran
+            interrupted(data, e.signame)
+        if not trials.runs:  # stopped before run A started
+            report = Report("repro", target=label, run_status="interrupted")
+            report.skip("repro", data["reason"])
+            report.metrics["repro"] = data
+            return report
         first = trials.runs[0]
         failed = next((r for r in trials.runs[:2] if r.failure()), None)
         run_ev = (failed or first).evidence
         report = judge_run("run", run_ev, target=label)
         resumed = None
-        if resume:
+        if resume and not trials.interrupted():
             from torchdoctor.reprocheck.resume import resume_check
 
-            resumed = resume_check(trials)
+            try:
+                resumed = resume_check(trials)
+            except Stopped as e:
+                report.skip("resume-check", f"interrupted by {e.signame}")
+        elif resume:
+            report.skip("resume-check", f"interrupted by {trials.interrupted()}")
+        if trials.interrupted():  # inside a run (the launcher noted it) or between two
+            interrupted(data, trials.interrupted())
+            report.run_status = "interrupted"
     report.command = "repro"
     # the repro rules read the comparison; the save audit (rules/checkpoint_saves.py) reads run
     # A's saves: one evidence holds both

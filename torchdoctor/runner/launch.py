@@ -77,8 +77,10 @@ def launch(run_dir: str | os.PathLike, probe: str, argv: list[str], *, module: b
     ``needs``: the evidence kinds to arm instruments for (the caller's
     ``torchdoctor.pipeline.registry.armed_needs(probe)``; none: the script runs unmeasured).
     ``echo=False``: the script's output is not copied to our stderr (the trials layer's repeated
-    runs); its tail is still kept as evidence.
+    runs); its tail is still kept as evidence. Raises :class:`.signals.Stopped` without starting
+    anything once a stop signal was recorded in the enclosing :func:`.signals.deferred` scope.
     """
+    signals.check()  # a stop signal already arrived (deferred scope): no further run starts
     d = Path(run_dir)
     d.mkdir(parents=True, exist_ok=True)
     options = dict(options or {})
@@ -162,6 +164,7 @@ def launch(run_dir: str | os.PathLike, probe: str, argv: list[str], *, module: b
         if not state.timed_out:
             result["stopped_by_timeout"] = timeout
     if state.interrupted:
+        signals.note_stop(state.interrupted)  # a multi-run command starts no further run
         result["interrupted"] = True
         result["interrupted_by"] = state.interrupted
         if state.killed_after_interrupt:

@@ -10,6 +10,13 @@ status ``interrupted`` (exit 130). A second signal kills at once.
   loop acts on it within its poll period, so nothing is interrupted half-way.
 * :func:`raising` (around a whole command): the handlers raise :class:`Interrupted`, a
   ``KeyboardInterrupt``, as Ctrl-C does by default; the command's guard reports it.
+* :func:`deferred` (around a command that runs the script, once or many times: ``repro``,
+  ``treat``, ``compile``'s eager run, the follow-ups of ``checkup``): the first signal is only
+  recorded, wherever the parent is (between two runs, loading evidence, judging); a run that a
+  signal interrupted records it too (:func:`note_stop`, from the launcher). No further run
+  starts once a stop is recorded (:func:`stopped`; the trials layer raises :class:`Stopped`),
+  the report of what ran is printed with status ``interrupted`` and the exit code is 130. A
+  second signal outside a run raises :class:`Interrupted` at once.
 
 Handlers can only be set from the main thread; elsewhere both are no-ops (Ctrl-C keeps
 Python's default). Never imports torch.
@@ -69,6 +76,60 @@ def _installed(handler) -> Iterator[None]:
                 signal.signal(s, prev if prev is not None else signal.SIG_DFL)
             except (ValueError, OSError):
                 pass
+
+
+class Stopped(Exception):
+    """No further run may start: a stop signal arrived (``signame``: the first one)."""
+
+    def __init__(self, signame: str):
+        super().__init__(f"interrupted by {signame}")
+        self.signame = signame
+
+
+class Deferred:
+    """The first stop signal of a :func:`deferred` scope (its name), recorded, not raised."""
+
+    def __init__(self) -> None:
+        self.first: str | None = None
+
+    def __call__(self, signum, _frame) -> None:
+        if self.first is not None:
+            raise Interrupted(signum)  # the second: at once
+        self.first = name(signum)
+
+
+_SCOPES: list[Deferred] = []
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[Deferred]:
+    scope = Deferred()
+    _SCOPES.append(scope)
+    try:
+        with _installed(scope):
+            yield scope
+    finally:
+        _SCOPES.remove(scope)
+
+
+def note_stop(signame: str) -> None:
+    """A run was interrupted by ``signame`` (the launcher caught it): the enclosing
+    :func:`deferred` scopes stop too. Outside any scope: nothing to do."""
+    for scope in _SCOPES:
+        if scope.first is None:
+            scope.first = signame
+
+
+def stopped() -> str | None:
+    """The first stop signal recorded in the innermost :func:`deferred` scope, or None."""
+    return _SCOPES[-1].first if _SCOPES else None
+
+
+def check() -> None:
+    """Raise :class:`Stopped` when a stop signal was recorded: call before starting a run."""
+    signame = stopped()
+    if signame is not None:
+        raise Stopped(signame)
 
 
 class Pending:

@@ -12,9 +12,10 @@
    ``treat: {name: ratio}`` in their evidence.
 
 Bounds: ``--budget`` for the whole command (no run starts when less than one baseline run's
-wall is left; a run gets at most the time left), ``--timeout`` per run. Ctrl-C: the runner
-forwards SIGINT to the child; the interrupted run is dropped, no further run starts and the
-report of what ran is printed (status ``interrupted``). One progress line per run on stderr.
+wall is left; a run gets at most the time left), ``--timeout`` per run. Ctrl-C, SIGTERM, SIGHUP:
+the runner forwards SIGINT to the child; the interrupted run is dropped, no further run starts
+(also when the signal came between two runs: the command's ``deferred`` scope records it) and
+the report of what ran is printed (status ``interrupted``). One progress line per run on stderr.
 """
 
 from __future__ import annotations
@@ -72,8 +73,13 @@ class TreatSession:
 
     # ---- runs -------------------------------------------------------------------------------
     def _run(self, trials: Trials, v: Variation, rnd: int, label: str, probe: str | None = None):
+        from torchdoctor.runner.signals import Stopped
+
         if self.stopped:
             raise Stop(self.stopped)
+        if trials.interrupted():  # a stop signal between two runs
+            self.stopped = "interrupted"
+            raise Stop("interrupted")
         left = trials.remaining_s()
         if trials.expired() or (left is not None and self.est_s and left < self.est_s):
             self.stopped = "budget"
@@ -81,7 +87,7 @@ class TreatSession:
         t = time.monotonic()
         try:
             r = trials.run(v, round=rnd, probe=probe)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, Stopped):
             self.stopped = "interrupted"
             raise Stop("interrupted") from None
         self.runs += 1
@@ -120,7 +126,7 @@ class TreatSession:
                 self.stopped = "interrupted"
                 return self._empty_report(trials)
             report.command = "treat"
-            if any(r.interrupted() for r in trials.runs):  # Ctrl-C in a follow-up run
+            if any(r.interrupted() for r in trials.runs) or trials.interrupted():  # in a follow-up, judging
                 self.stopped = "interrupted"
             survey = base0.evidence.last("treat_survey") or {}
             codes = {f.code for f in report.findings}

@@ -10,6 +10,11 @@ Each run has the same argv, module flag, steps and timeout as the command (``opt
 probe's instruments plus :data:`TRIAL_NEEDS` plus the variation's needs. The script's output is
 not echoed (its tail is kept in the evidence). ``budget_s`` bounds the whole command: a run
 gets at most the time left, and :meth:`Trials.expired` says when no run should start.
+
+Signals: under a command's :func:`torchdoctor.runner.signals.deferred` scope the first Ctrl-C,
+SIGTERM or SIGHUP is recorded (a run in progress is interrupted by the launcher); from then on
+:meth:`Trials.run` raises :class:`~torchdoctor.runner.signals.Stopped` and starts nothing, and
+:meth:`Trials.interrupted` names the signal. The command reports what ran (exit 130).
 """
 
 from __future__ import annotations
@@ -158,6 +163,13 @@ class Trials:
         left = self.remaining_s()
         return left is not None and left < MIN_RUN_S
 
+    @staticmethod
+    def interrupted() -> str | None:
+        """The stop signal that ended the sequence (see the module's docstring), or None."""
+        from torchdoctor.runner.signals import stopped
+
+        return stopped()
+
     # ---- runs --------------------------------------------------------------------------
     def _dir(self, variation: Variation, round: int) -> Path:
         self._n += 1
@@ -171,10 +183,16 @@ class Trials:
 
     def run(self, variation: Variation, round: int = 0, *, probe: str | None = None,
             steps: int | None = None) -> TrialRun:
-        """One bounded run of the script under ``variation`` (``probe``: whose instruments)."""
+        """One bounded run of the script under ``variation`` (``probe``: whose instruments).
+
+        Raises :class:`torchdoctor.runner.signals.Stopped` (nothing started) once a stop signal
+        arrived: the command reports what ran, status ``interrupted``."""
         from torchdoctor.pipeline.registry import armed_needs
         from torchdoctor.pipeline.run import QUIET_PATTERNS
+        from torchdoctor.runner import signals
         from torchdoctor.runner.launch import launch
+
+        signals.check()
 
         under = probe or self.probe
         opts = {**self.opts, **variation.options, "trial": variation.name, "trial_round": round}

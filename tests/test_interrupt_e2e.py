@@ -1,0 +1,105 @@
+"""Stop signals to the multi-run commands end to end (issue 28, item 8): the real launcher, real
+runs of ``tests/fixtures/scripts/proc/counted_starts.py`` (each start appended to a file, so the
+test signals inside the run it means).
+
+Before the fix: SIGTERM in run A of ``repro`` let run B (and the pairs after it) start and the
+command ended 21 s later; SIGHUP or Ctrl-C inside a later run gave exit 0. Now: no further run
+starts, the report of what ran is printed with status ``interrupted``, exit 130, nothing left
+running. Between-run signals (parent not in a run) are driven in ``test_interrupt_sequences.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from proc_helpers import Watched, kill_leftovers
+
+PROC = ROOT / "tests" / "fixtures" / "scripts" / "proc"
+SCRIPT = "counted_starts.py"
+pytestmark = pytest.mark.slow
+
+
+def _starts(path: Path) -> int:
+    try:
+        return len(path.read_text().splitlines())
+    except FileNotFoundError:
+        return 0
+
+
+def _signal_in_run(w: Watched, starts: Path, n: int, sig: int, settle_s: float = 1.5) -> float:
+    """Wait until the n-th run of the script has started, let it settle, signal torchdoctor;
+    returns the time of the signal."""
+    deadline = time.monotonic() + 240
+    while _starts(starts) < n:
+        if time.monotonic() > deadline or w.proc.poll() is not None:
+            raise AssertionError(f"run {n} never started: {w.read_err()[-3000:]!r}")
+        time.sleep(0.1)
+    time.sleep(settle_s)
+    t = time.monotonic()
+    w.signal(sig)
+    return t
+
+
+def _finish(w: Watched, t_signal: float) -> tuple[int, dict, float]:
+    rc, out = w.finish(timeout=60)
+    took = time.monotonic() - t_signal
+    assert out.strip(), w.err[-3000:]
+    return rc, json.loads(out), took
+
+
+@pytest.mark.parametrize("sig, run", [(signal.SIGTERM, 1), (signal.SIGINT, 2)])
+def test_repro_stops_in_the_run_it_was_signalled_in(tmp_path, sig, run):
+    starts = tmp_path / "starts.txt"
+    w = Watched("repro", "--json", "--steps", "30", "--timeout", "120", SCRIPT, starts, "40", cwd=PROC)
+    try:
+        t = _signal_in_run(w, starts, run, sig)
+        rc, rep, took = _finish(w, t)
+        assert rc == 130, w.err[-3000:]
+        assert rep["status"] == "interrupted"
+        data = rep["metrics"]["repro"]
+        assert data["compared"] is False and data["interrupted"] == signal.Signals(sig).name
+        assert "interrupted by" in data["reason"]
+        assert _starts(starts) == run  # no run started after the signal
+        assert took < 15, took  # the 5 s grace at most, then the report
+        assert w.survivors() == []
+    finally:
+        kill_leftovers(list(w.seen))
+
+
+def test_treat_stops_in_its_second_run(tmp_path):
+    starts = tmp_path / "starts.txt"
+    w = Watched("treat", "--json", "--try", "set-to-none", "--steps", "6", "--timeout", "120", SCRIPT,
+                starts, "40", cwd=PROC)
+    try:
+        t = _signal_in_run(w, starts, 2, signal.SIGHUP, settle_s=1.0)
+        rc, rep, took = _finish(w, t)
+        assert rc == 130, w.err[-3000:]
+        assert rep["status"] == "interrupted"
+        assert rep["metrics"]["treat"]["stopped"] == "interrupted"
+        assert _starts(starts) == 2 and took < 15, took
+        assert w.survivors() == []
+    finally:
+        kill_leftovers(list(w.seen))
+
+
+def test_compile_eager_run_interrupted_gives_the_compiled_report(tmp_path):
+    starts = tmp_path / "starts.txt"
+    w = Watched("compile", "--json", "--steps", "8", "--timeout", "180", SCRIPT, starts, "40", "--compile",
+                cwd=PROC)
+    try:
+        t = _signal_in_run(w, starts, 2, signal.SIGTERM)
+        rc, rep, took = _finish(w, t)
+        assert rc == 130, w.err[-3000:]
+        assert rep["status"] == "interrupted"
+        m = rep["metrics"]["compile"]
+        assert m["compiled"] and m["eager_skipped"].startswith("the eager run was interrupted by SIGTERM")
+        assert _starts(starts) == 2 and took < 15, took
+        assert w.survivors() == []
+    finally:
+        kill_leftovers(list(w.seen))
