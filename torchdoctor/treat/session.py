@@ -73,11 +73,11 @@ class TreatSession:
 
     # ---- runs -------------------------------------------------------------------------------
     def _run(self, trials: Trials, v: Variation, rnd: int, label: str, probe: str | None = None):
-        from torchdoctor.runner.signals import Stopped
+        from torchdoctor.runner.signals import Stopped, stopped
 
         if self.stopped:
             raise Stop(self.stopped)
-        if trials.interrupted():  # a stop signal between two runs
+        if stopped():  # a stop signal between two runs (the command's deferred scope)
             self.stopped = "interrupted"
             raise Stop("interrupted")
         left = trials.remaining_s()
@@ -126,7 +126,9 @@ class TreatSession:
                 self.stopped = "interrupted"
                 return self._empty_report(trials)
             report.command = "treat"
-            if any(r.interrupted() for r in trials.runs) or trials.interrupted():  # in a follow-up, judging
+            from torchdoctor.runner.signals import stopped
+
+            if any(r.interrupted() for r in trials.runs) or stopped():  # in a follow-up, or judging
                 self.stopped = "interrupted"
             survey = base0.evidence.last("treat_survey") or {}
             codes = {f.code for f in report.findings}
