@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from torchdoctor.runner import lifeline, reap, signals
+from torchdoctor.runner import lifeline, privtmp, reap, signals
 from torchdoctor.runner.childio import (  # noqa: F401 - TAIL_LINE_MAX, _Tail re-exported
     STOP_GRACE_MIN_S, TAIL_LINE_MAX, _Progress, _Pump, _Tail)
 from torchdoctor.runner.rundir import EVENTS, META, RESULT, read_json, write_json
@@ -93,6 +93,8 @@ def launch(run_dir: str | os.PathLike, probe: str, argv: list[str], *, module: b
     run_id = child_env[reap.RUN_ID_ENV] = uuid.uuid4().hex  # marks every process of this run
     if env:
         child_env.update(env)
+    tmp = privtmp.make(d)  # torch's temporaries (pymp-*, torchinductor_*, cc*.s) go with the run
+    child_env[privtmp.ENV] = str(tmp)
     cmd = [sys.executable, "-c", _BOOT, _PKG_ROOT, str(os.getpid()), str(d)]
     if ranks is not None:
         cmd, child_env = lifeline.bound_command(ranks.command(cmd)), ranks.env(child_env)
@@ -132,6 +134,7 @@ def launch(run_dir: str | os.PathLike, probe: str, argv: list[str], *, module: b
                 ranks.kill()
             left = tracker.kill_all()
             reap.become_subreaper(False)
+            privtmp.remove(tmp)
     pump.join(timeout=3.0)
     progress.poll()
     with lock:
