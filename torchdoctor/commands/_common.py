@@ -67,7 +67,7 @@ def guarded(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         from torchdoctor.report.safe import harden_output
-        from torchdoctor.runner.signals import raising
+        from torchdoctor.runner.signals import Stopped, raising
 
         from torchdoctor.runner.outdir import release_all
 
@@ -79,8 +79,8 @@ def guarded(fn: Callable) -> Callable:
             raise
         except DoctorError as e:
             fail_usage(e)
-        except KeyboardInterrupt as e:
-            by = f" by {e}" if str(e) else ""
+        except (KeyboardInterrupt, Stopped) as e:  # Stopped: no run may start (guarded_runs)
+            by = f" by {getattr(e, 'signame', None) or e}" if str(e) else ""
             try:
                 eprint(f"torchdoctor: interrupted{by}")
             except (OSError, ValueError):

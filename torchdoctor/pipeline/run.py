@@ -114,7 +114,17 @@ def run_probe(probe: str, target: str, script_args: list[str], options: dict[str
     if is_tmp:
         tmp_dirs.append(run_dir)
     try:
-        ev = _launch(opts, run_dir)
+        from torchdoctor.runner.signals import Stopped
+
+        try:
+            ev = _launch(opts, run_dir)
+        except Stopped as e:  # a stop signal before the script started: nothing ran
+            from torchdoctor.findings import Report
+
+            report = Report(probe, target=" ".join(["-m", target] if module else [target]),
+                            run_status="interrupted")
+            report.skip("run", f"interrupted by {e.signame} before the script started")
+            return report
 
         n = [0]
 
