@@ -48,7 +48,7 @@ def eager_comparison(report: Any, target: str, args: list[str], options: dict[st
         return
     eager = Variation("eager", "torch.compile switched off (TORCH_COMPILE_DISABLE=1)", env=dict(EAGER_ENV))
     eprint("torchdoctor compile: the same steps again with torch.compile switched off (eager)")
-    with Trials("compile", target, args, options=options,
+    with Trials("compile", target, args, options=options, main_run=False,  # the compiled run was the main one
                 budget_s=float(options.get("timeout") or 300.0)) as trials:
         run = trials.run(eager)
         if run.interrupted():

@@ -138,7 +138,8 @@ def run_probe(probe: str, target: str, script_args: list[str], options: dict[str
             else:
                 d = Path(tempfile.mkdtemp(prefix="torchdoctor-followup-"))
                 tmp_dirs.append(d)
-            return _launch({**opts, **extra, "followup": n[0]}, d, probe or first_probe)
+            # a re-run: what it writes is put back afterwards (runner/fileguard.py)
+            return _launch({**opts, **extra, "followup": n[0], "guard_files": True}, d, probe or first_probe)
 
         report = judge_run(probe, ev, target=" ".join(["-m", target] if module else [target]),
                            relaunch=relaunch)

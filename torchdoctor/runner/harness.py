@@ -184,8 +184,16 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGUSR2, lambda _s, _f: ctx.request_stop(STOP_BY_TIMEOUT))
     result: dict[str, Any] = {"outcome": "exit", "exit_code": 0}
     core = None
+    guard = None
     try:
         import torch
+
+        if ctx.options.get("guard_files") and not ranked:  # a re-run: the user's files are put back after it
+            from torchdoctor.runner import fileguard
+            from torchdoctor.runner.patching import Patches
+
+            guard = Patches()
+            fileguard.install(run_dir, guard)
 
         ctx.emit("env", python=platform.python_version(), torch=torch.__version__,
                  cuda_build=torch.version.cuda, pid=os.getpid(),
@@ -214,6 +222,11 @@ def main(argv: list[str] | None = None) -> int:
         if core is not None:
             _join_script_threads()
             core.uninstall()
+        if guard is not None:
+            from torchdoctor.runner import fileguard
+
+            fileguard.stop()
+            guard.undo()
         try:
             emit_device(ctx)
         except Exception:  # noqa: BLE001

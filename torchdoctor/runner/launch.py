@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from torchdoctor.runner import lifeline, privtmp, reap, signals
+from torchdoctor.runner import fileguard, lifeline, privtmp, reap, signals
 from torchdoctor.runner.childio import (  # noqa: F401 - TAIL_LINE_MAX, _Tail re-exported
     STOP_GRACE_MIN_S, TAIL_LINE_MAX, _Progress, _Pump, _Tail)
 from torchdoctor.runner.rundir import EVENTS, META, RESULT, read_json, write_json
@@ -135,6 +135,7 @@ def launch(run_dir: str | os.PathLike, probe: str, argv: list[str], *, module: b
             left = tracker.kill_all()
             reap.become_subreaper(False)
             privtmp.remove(tmp)
+            restored = fileguard.restore(d) if options.get("guard_files") else None
     pump.join(timeout=3.0)
     progress.poll()
     with lock:
@@ -174,6 +175,10 @@ def launch(run_dir: str | os.PathLike, probe: str, argv: list[str], *, module: b
             result["killed_after_interrupt"] = True
     if left:
         result["processes_left"] = left
+    if restored is not None:
+        result["files_restored"] = restored
+        for miss in restored["not_restored"][:5]:
+            _say(f"could not put back {miss['path']!r} as it was before this re-run: {miss['why']}")
     if result.get("steps") is None and ranks is None:  # killed before it could say
         result["steps"] = progress.steps
     result.update(returncode=rc, wall_s=round(wall, 3), output_tail=tail.snapshot())
@@ -280,3 +285,13 @@ class _Loop:
         else:
             self.signal_child(signal.SIGUSR1)  # faulthandler: every thread's stack
         self.kill_at = now + STACK_DUMP_WAIT_S
+
+
+def _say(msg: str) -> None:
+    """One line of the launcher's own on stderr (escapes shown: a path is data)."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in msg)
+    try:
+        sys.stderr.write(f"[torchdoctor] {text}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass

@@ -136,7 +136,7 @@ class Trials:
     """Runs the script under variations; removes its temp dirs on close."""
 
     def __init__(self, probe: str, target: str, script_args: list[str], *,
-                 options: dict[str, Any], budget_s: float | None = None):
+                 options: dict[str, Any], budget_s: float | None = None, main_run: bool = True):
         from torchdoctor.pipeline.run import DEFAULT_TIMEOUT_S, check_target
 
         self.probe = probe
@@ -150,6 +150,10 @@ class Trials:
         self.t0 = time.monotonic()
         self.budget_s = budget_s
         self.runs: list[TrialRun] = []
+        # the session's first run is the command's main run (its writes are the user's files)
+        # unless the command made that run itself (compile's compiled run): every other run is a
+        # re-run whose writes are put back (runner/fileguard.py)
+        self._started = 0 if main_run else 1
         self._tmp: list[Path] = []
         self._n = 0
 
@@ -196,6 +200,9 @@ class Trials:
 
         under = probe or self.probe
         opts = {**self.opts, **variation.options, "trial": variation.name, "trial_round": round}
+        if self._started:
+            opts["guard_files"] = True
+        self._started += 1
         if steps is not None:
             opts["steps"] = steps
         timeout = float(opts["timeout"])
