@@ -109,10 +109,17 @@ class _Guard:
                 else:
                     name = f"{len(self.seen):05d}"
                     tmp = os.path.join(self.run_dir, GUARD, name + ".part")
-                    shutil.copy2(p, tmp)
-                    os.rename(tmp, os.path.join(self.run_dir, GUARD, name))
-                    self.kept_bytes += size
-                    rec["kept"] = name
+                    try:
+                        shutil.copy2(p, tmp)
+                        os.rename(tmp, os.path.join(self.run_dir, GUARD, name))
+                        self.kept_bytes += size
+                        rec["kept"] = name
+                    except OSError as e:  # a full disk, an unreadable file: said, not hidden
+                        rec["not_kept"] = f"could not copy it first: {e.strerror or type(e).__name__}"
+                        try:
+                            os.unlink(tmp)
+                        except OSError:
+                            pass
             elif os.path.isdir(p):
                 rec["dir"] = True
             elif not os.path.lexists(p):
