@@ -111,3 +111,29 @@ def test_a_deep_run_dir_gets_a_short_temp_folder_for_unix_sockets(base, monkeypa
     (t / "x").chmod(0o500)
     privtmp.remove(t)
     assert not t.exists()
+
+
+INDUCTOR = """\
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 1)).cuda()
+model = torch.compile(model)  # inductor: its cache, Triton kernels and compiler temporaries
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+for _ in range(6):
+    loss = model(torch.randn(32, 64, device="cuda")).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+@pytest.mark.gpu
+def test_inductor_on_cuda_leaves_nothing_in_the_temp_folder(tmp_path, systmp):
+    """compile (the compiled run, then the eager run): torchinductor_<user>, Triton's and the C++
+    compiler's temporaries go with each run's private TMPDIR."""
+    script = tmp_path / "compiled.py"
+    script.write_text(INDUCTOR)
+    p = run_cli("compile", "--steps", "6", script, env={"TMPDIR": str(systmp)}, cwd=tmp_path, timeout=600)
+    assert p.returncode in (0, 1), p.stderr[-3000:]
+    assert os.listdir(systmp) == []
