@@ -177,15 +177,15 @@ for _ in range(4):
 
 
 def test_nan_in_a_module_named_with_a_surrogate_is_reported(tmp_path):
-    script = tmp_path / "surrogate_module.py"
+    script, out = tmp_path / "surrogate_module.py", tmp_path / "out"
     script.write_text(NAN_SCRIPT)
-    p = run_cli("nan", "--steps", "4", script, cwd=tmp_path, timeout=300)
+    p = run_cli("nan", "--steps", "4", "--out", out, script, cwd=tmp_path, timeout=300)  # console and JSON
     assert p.returncode == 1, p.stderr[-2000:]
     assert "internal error" not in p.stderr
     assert "blk\\udcff" in p.stdout  # the module named, its surrogate escaped
-    p = run_cli("nan", "--json", "--steps", "4", script, cwd=tmp_path, timeout=300)
-    rep = json.loads(p.stdout)
-    assert p.returncode == 1 and any(f["severity"] == "error" for f in rep["findings"])
+    rep = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    assert any(f["severity"] == "error" and "blk\udcff" in json.dumps(f, ensure_ascii=False)
+               for f in rep["findings"]), rep["findings"]
 
 
 # -- item 10: torchdoctor's own stderr lines escape untrusted text -----------------------------------
