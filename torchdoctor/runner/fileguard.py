@@ -51,6 +51,7 @@ class _Guard:
         (run_dir / GUARD).mkdir(exist_ok=True)
         self.fd = os.open(run_dir / MANIFEST, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self.seen: set[str] = set()
+        self.done: set[Any] = set()  # absolute paths as the script gave them, already handled
         self.kept_bytes = 0
         self.live = True
         self.lock = threading.Lock()
@@ -58,7 +59,18 @@ class _Guard:
 
     # -- the audit hook ------------------------------------------------------------------------
     def __call__(self, event: str, args: tuple) -> None:
-        if event not in _EVENTS or not self.live or getattr(self.local, "busy", False):
+        if event not in _EVENTS or not self.live:
+            return
+        if event == "open":  # the common case, read opens (imports, data), leaves at once
+            mode = args[1] if len(args) > 1 else None
+            if isinstance(mode, str):
+                if "w" not in mode and "a" not in mode and "x" not in mode and "+" not in mode:
+                    return
+            elif not (len(args) > 2 and isinstance(args[2], int) and args[2] & _WRITE_FLAGS):
+                return
+            if isinstance(args[0], str) and args[0] in self.done:  # already kept (a log appended every step)
+                return
+        if getattr(self.local, "busy", False):
             return
         self.local.busy = True  # our own copies and opens are not the script's
         try:
@@ -90,6 +102,8 @@ class _Guard:
         """Before ``path`` changes for the first time in this run: copy it (or note its absence)."""
         if isinstance(path, int) or path is None:
             return
+        if isinstance(path, str) and path.startswith("/") and follow:
+            self.done.add(path)
         p = os.fsdecode(path)
         p = os.path.realpath(p) if follow else os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(p))),
                                                             os.path.basename(p))
