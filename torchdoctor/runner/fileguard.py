@@ -56,6 +56,13 @@ class _Guard:
         self.live = True
         self.lock = threading.Lock()
         self.local = threading.local()
+        # a forked DataLoader worker inherits the hook: a lock another thread held at the fork
+        # would be held forever there
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        self.lock = threading.Lock()
+        self.local = threading.local()
 
     # -- the audit hook ------------------------------------------------------------------------
     def __call__(self, event: str, args: tuple) -> None:
