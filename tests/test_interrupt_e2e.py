@@ -60,13 +60,13 @@ def test_repro_stops_in_the_run_it_was_signalled_in(tmp_path, sig, run):
     try:
         t = _signal_in_run(w, starts, run, sig)
         rc, rep, took = _finish(w, t)
+        assert _starts(starts) == run  # no run started after the signal
+        assert took < 15, took  # the 5 s grace at most, then the report
         assert rc == 130, w.err[-3000:]
         assert rep["status"] == "interrupted"
         data = rep["metrics"]["repro"]
         assert data["compared"] is False and data["interrupted"] == signal.Signals(sig).name
         assert "interrupted by" in data["reason"]
-        assert _starts(starts) == run  # no run started after the signal
-        assert took < 15, took  # the 5 s grace at most, then the report
         assert w.survivors() == []
     finally:
         kill_leftovers(list(w.seen))
