@@ -157,3 +157,22 @@ def test_a_ranks_step_median_is_on_the_same_basis():
     sp = rank_spans(steps + devs)
     assert step_medians(steps, sp.get(0))["median_step_s"] == pytest.approx(0.111)
     assert step_medians(steps)["median_step_s"] == pytest.approx(0.007)  # CPU: the host wall
+
+
+def test_the_memory_site_window_steps_are_left_out_of_a_cuda_runs_step_figures():
+    # measured on the H200 (host-sync loop under checkup): the site window armed at step 35 and
+    # its steps took 158, 54, 30 and 32 ms against 10 ms; the mean step read 1.6x the median
+    from torchdoctor.pipeline.steps import judged_steps
+
+    steps = _steps(38, 10.0, {"forward": 3.0, "backward": 5.0})
+    for s in steps[34:]:
+        s["wall_s"] = 0.150
+    dev = _dev(38, 10.0, 3.0, 5.0, 1.0)
+    for d in dev[34:]:
+        d["span_ms"] = 150.0
+    sites = [{"kind": "mem_sites", "steps": [35, 38], "reason": "host heap rising"}]
+    m = step_summary(Evidence.from_events(steps + dev + sites))
+    assert m["mean_step_ms"] == pytest.approx(10.0) and m["judged"] == 33
+    # a CPU report keeps its judged steps (its figures unchanged)
+    cpu = Evidence.from_events(steps + sites)
+    assert len(judged_steps(cpu)) == 37

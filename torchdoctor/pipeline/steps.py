@@ -41,15 +41,31 @@ def counted_steps(ev: Evidence) -> set[int]:
             if e.get("entered") and e.get("counted_step") is not None}
 
 
+def site_window_steps(ev: Evidence) -> set[int]:
+    """Steps the memory sampler's allocation-site window ran in (``mem_sites`` {steps: [a, b]}):
+    tracemalloc and the allocation tracker slow every op there (3-15x the step on a host-bound
+    GPU loop, measured on the H200 truth harness). Left out of the step figures of CUDA runs
+    (a CPU report keeps its judged steps: its figures are unchanged)."""
+    if not ev.of("step_device"):
+        return set()
+    out: set[int] = set()
+    for e in ev.of("mem_sites"):
+        st = e.get("steps")
+        if isinstance(st, list) and len(st) == 2 and all(isinstance(x, int) for x in st):
+            out |= set(range(st[0], st[1] + 1))
+    return out
+
+
 def judged_steps(ev: Evidence) -> list[dict[str, Any]]:
     """The step events the rules judge: all but the warm-up step(s) when there are enough, and
-    but the step the FLOP counter ran in (when another step is left)."""
+    but the steps torchdoctor's own measurement slowed (the FLOP counter's step; on CUDA the
+    memory sampler's site window) when other steps are left."""
     steps = ev.of("step")
     if len(steps) >= WARMUP_MIN_STEPS:
         steps = steps[WARMUP_STEPS:]
-    counted = counted_steps(ev)
-    if counted:
-        plain = [s for s in steps if s.get("step") not in counted]
+    perturbed = counted_steps(ev) | site_window_steps(ev)
+    if perturbed:
+        plain = [s for s in steps if s.get("step") not in perturbed]
         steps = plain or steps
     return steps
 
