@@ -34,7 +34,7 @@ def passthrough(fn: Any) -> Any:
     (see ``PASSTHROUGH_CODES``); returns ``fn`` (usable as a decorator)."""
     import types
 
-    if isinstance(fn, types.MethodType):
+    if isinstance(fn, (types.MethodType, classmethod, staticmethod)):
         fn = fn.__func__
     if isinstance(fn, types.FunctionType):
         code = fn.__code__
