@@ -118,3 +118,18 @@ def test_the_crash_rule_reports_ours_as_internal_error_not_script_crashed():
     plain = dict(exc)
     del plain["torchdoctor_frame"]
     assert [f.code for f in crash(_crashed(plain))] == ["script-crashed"]
+
+
+def test_the_harness_records_the_torchdoctor_frame_of_a_crash():
+    from torchdoctor.runner.harness import _exception_record
+
+    try:
+        _user_calls_torchdoctor_code_that_raises()
+    except AttributeError as e:
+        rec = _exception_record(e)
+    assert rec["torchdoctor_frame"]["function"] == "as_dict"
+    assert rec["user_frame"]["function"] == "_user_calls_torchdoctor_code_that_raises"
+    try:
+        raise KeyError("the user's")
+    except KeyError as e:
+        assert "torchdoctor_frame" not in _exception_record(e)
