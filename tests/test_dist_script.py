@@ -153,6 +153,27 @@ def test_nccl_straggler_is_named(tmp_path):
 
 
 @pytest.mark.multigpu
+@pytest.mark.slow
+def test_nccl_healthy_ddp_never_names_a_straggler_in_20_runs(tmp_path):
+    """Issue 27 item 7 acceptance on NCCL: a by-the-book DDP script raised rank-straggler in 3 of 9
+    runs on 2xH200 (2.1-2.5 ms of device time outside backward in a 3.7 ms step). 0 in 20 now
+    (TD_NCCL_RUNS overrides the count); the 30 ms straggler is still named (test above)."""
+    import os
+
+    runs = int(os.environ.get("TD_NCCL_RUNS", "20"))
+    named, lags = [], []
+    for i in range(runs):
+        p, r = dist_run(tmp_path / f"run{i}", "healthy_ddp.py", timeout=120)
+        assert p.returncode == 0, p.stderr[-3000:]
+        per = (r["metrics"].get("ranks") or {}).get("per_rank") or []
+        lags.append(max((abs(x.get("median_lag_ms") or 0.0) for x in per), default=0.0))
+        if "rank-straggler" in codes(r):
+            named.append((i, only(r, "rank-straggler")["evidence"]))
+        assert_no_rank_left(tmp_path / f"run{i}")
+    assert named == [], (named, lags)
+
+
+@pytest.mark.multigpu
 def test_nccl_hang_is_diagnosed_within_timeout_plus_30s_and_no_rank_survives(tmp_path):
     t0 = time.monotonic()
     p, r = dist_run(tmp_path, "hang.py", timeout=40)

@@ -33,6 +33,7 @@ NO_SICK_FIXTURE = {
     "node-env-mismatch": "two simulated nodes, one with TORCH_DISTRIBUTED_DEBUG: tests/test_multinode_e2e.py",
     "node-never-joined": "a node that never starts: tests/test_multinode_e2e.py",
     "node-lost": "a node that sends no report: tests/test_multinode.py (synthetic)",
+    "node-summary-invalid": "a hostile agent on node 0's gather port: tests/test_multinode_hostile.py",
     "inter-node-sockets": "NCCL transport lines of a multi-node self-test: tests/test_multinode.py",
     # a bug of torchdoctor itself, by construction not raised by any healthy code path
     "internal-error": "a crashing rule (planted by tests): tests/test_profile_rules.py, test_env.py, test_checkpoint_hostile.py",

@@ -73,7 +73,10 @@ def test_mfu_single_dtype_mixed_dtypes_and_the_reasons_it_is_absent():
     assert m["mfu"] == pytest.approx(0.5) and m["dtype"] == "bf16"
     # 1 PFLOP of bf16 (1.0106 s at peak) and 0.067 PFLOP of fp32 (1 s at peak) in 4.0212 s: 50%
     m = mfu({"bf16": 1e15, "fp32": 67e12}, 2 * (1e15 / 989.5e12 + 1.0), "cuda", "NVIDIA H100 80GB HBM3")
-    assert m["mfu"] == pytest.approx(0.5) and m["dtype"] == "bf16"
+    assert m["mfu_dtype_peak"] == pytest.approx(0.5) and m["dtype"] == "bf16"
+    # MFU itself is against the card's one bf16 peak, whatever the mix
+    assert m["mfu"] == pytest.approx(1.067e15 / (2 * (1e15 / 989.5e12 + 1.0)) / 989.5e12)
+    assert m["peak_flops_per_s"] == pytest.approx(989.5e12) and m["peak_dtype"] == "bf16"
     m = mfu({"fp32": 1e9}, 0.01, "cpu", None)
     assert "mfu" not in m and m["mfu_reason"] == CPU_NO_MFU and m["achieved_flops_per_s"] == pytest.approx(1e11)
     assert "A10G" in mfu({"bf16": 1e12}, 1.0, "cuda", "NVIDIA A10G")["mfu_reason"]
@@ -126,8 +129,30 @@ def test_a_gpu_step_gets_its_mfu():
     ev = Evidence.from_events(_steps(6) + [_flops(flops=int(4.947e12), flops_by_dtype={"tf32": int(4.947e12)},
                                                   device="cuda", device_name="NVIDIA H100 80GB HBM3")])
     m = flops_metrics(ev)
-    assert m["mfu"] == pytest.approx(1.0, rel=1e-3) and m["dtype"] == "tf32"
-    assert m["peak_flops_per_s"] == pytest.approx(494.5e12) and "h100-sxm" in m["peak_source"]
+    assert m["mfu_dtype_peak"] == pytest.approx(1.0, rel=1e-3) and m["dtype"] == "tf32"
+    assert m["dtype_peak_flops_per_s"] == pytest.approx(494.5e12) and "h100-sxm" in m["peak_source"]
+    # the MFU is against the card's bf16 peak: TF32 at its own peak is half of it
+    assert m["mfu"] == pytest.approx(0.5, rel=1e-3) and m["peak_flops_per_s"] == pytest.approx(989.5e12)
+    assert "mfu_suspect" not in m
+
+
+def test_mfu_before_and_after_a_precision_change_share_one_peak():
+    # regression (H200, GPU-truth issue): the TF32 trial read "mfu 0.727 -> 0.493" after a 5.3x
+    # speed-up, because each side was divided by its own dtype's peak
+    card = "NVIDIA H200"
+    fp32 = mfu({"fp32": 1e12}, 1e12 / (67e12 * 0.727), "cuda", card)
+    tf32 = mfu({"tf32": 1e12}, 1e12 / (67e12 * 0.727) / 5.3, "cuda", card)
+    assert tf32["mfu"] == pytest.approx(5.3 * fp32["mfu"])
+    assert fp32["peak_flops_per_s"] == tf32["peak_flops_per_s"] == pytest.approx(989.5e12)
+    assert fp32["mfu_dtype_peak"] == pytest.approx(0.727)
+
+
+def test_an_mfu_above_75_percent_is_flagged_suspect():
+    m = mfu({"bf16": 989.5e12 * 0.8}, 1.0, "cuda", "NVIDIA H100 80GB HBM3")
+    assert m["mfu"] == pytest.approx(0.8) and "above 75%" in m["mfu_suspect"]
+    assert "mfu_suspect" not in mfu({"bf16": 989.5e12 * 0.7}, 1.0, "cuda", "NVIDIA H100 80GB HBM3")
+    # a card with no tensor-core row keeps its dtype's peak as the yardstick (T4: fp16 row exists)
+    assert mfu({"fp32": 8.1e12 * 0.5}, 1.0, "cuda", "Tesla T4")["peak_dtype"] == "fp16"
 
 
 def test_a_gpu_step_is_timed_by_the_device_when_the_host_runs_ahead():
@@ -141,12 +166,10 @@ def test_a_gpu_step_is_timed_by_the_device_when_the_host_runs_ahead():
     m = flops_metrics(ev)
     assert m["step_ms"] == pytest.approx(40.0) and m["step_time_basis"].startswith("device")
     assert m["mfu"] == pytest.approx(19.78e12 / 0.04 / 989.5e12, rel=1e-3)
-    # the host's time where the device span is shorter (a host-bound step) or missing
-    events2 = _steps(8) + [{"kind": "step_device", "step": s, "device": 0, "span_ms": 2.0}
-                           for s in range(1, 9)]
-    m2 = flops_metrics(Evidence.from_events(events2 + [_flops(device="cuda",
-                                                              device_name="NVIDIA H100 80GB HBM3")]))
-    assert m2["step_ms"] == pytest.approx(10.0)
+    # the host's time where no device span was read
+    m2 = flops_metrics(Evidence.from_events(_steps(8) + [_flops(device="cuda",
+                                                                device_name="NVIDIA H100 80GB HBM3")]))
+    assert m2["step_ms"] == pytest.approx(10.0) and m2["step_time_basis"] == "host wall"
 
 
 def test_no_figure_is_guessed():
@@ -182,6 +205,6 @@ def test_the_console_line():
                                                   device="cuda", device_name="NVIDIA H100 80GB HBM3")])
     con.print(flops_line(flops_metrics(ev)))
     out = con.export_text()
-    assert "9.89 TFLOP per step (step 2, bf16) in a 10 ms median step = 990 TFLOP/s; MFU 100.0% of 990 TFLOP/s peak (NVIDIA H100 80GB HBM3)" in out
+    assert "9.89 TFLOP per step (step 2, bf16) in a 10 ms median step = 990 TFLOP/s; MFU 100.0% (suspect) of 990 TFLOP/s bf16 peak (NVIDIA H100 80GB HBM3)" in out
     con.print(flops_line({"status": "skipped", "reason": "torch.compile is in use"}))
     assert "not measured (skipped): torch.compile is in use" in con.export_text()

@@ -538,3 +538,29 @@ def test_cuda_site_window_with_a_faked_allocator(monkeypatch):
     assert site["site"] == "/home/u/train.py:7" and site["bytes_per_step"] == MiB
     assert [d["name"] for d in ctx.of("mem_device")] == ["fake"]
     assert all("0" in m["cuda"] for m in ctx.of("mem"))
+
+
+def test_site_window_arms_on_a_slow_leak_a_large_host_would_rate_info():
+    """Issue 27 item 9: `epoch_loss += loss` on a slow step and a large host was info with no line,
+    because the window only armed for growth the impact rated warning. It arms on the rise alone."""
+    from torchdoctor.instruments import memory_sampler as ms
+
+    ctx = FakeCtx(probe="memory")
+    sampler = ms.MemorySampler()
+    sampler.install(ctx)
+    sampler.host = {"available": 1 << 50}  # 1 PiB free: 8 KiB/step is ~forever from full
+    sampler.walls.extend([2.0] * 8)  # 2 s a step
+    heap = iter(range(10 << 20, 20 << 20, 8 * 1024))
+    sampler.heap = type("FakeHeap", (), {"read": lambda self: next(heap), "available": True})()
+    opened = []
+    ms.SiteWindow, real = (lambda step, **k: opened.append(step) or _NoWindow()), ms.SiteWindow
+    try:
+        for step in range(1, 40):
+            ctx.step = step
+            sampler._t_prev = None  # keep the slow step times above
+            sampler.on_step_end(ctx, step)
+    finally:
+        ms.SiteWindow = real
+        sampler.window = None
+        sampler.uninstall(ctx)
+    assert len(opened) == 1

@@ -356,3 +356,46 @@ def test_attributed_growth_over_a_short_run_keeps_its_severity():
         {"site": "train.py:22", "function": "<module>", "graph_nodes": 40, "nodes_per_step": 4.0}]}
     [f] = memory_growth(_vae_like(16, graph))
     assert f.severity == "warning" and "train.py:22" in f.title
+
+
+# ---- issue 27 items 6 and 9: no warning without a fit that explains the series; a growing graph is a leak
+
+def test_a_poor_fit_is_at_most_info_and_a_tiny_site_does_not_name_the_growth():
+    # the healthy twin of a real script: a wandering heap (R^2 ~0.2) and a 32 B/step site, rated warning before
+    site = {"kind": "mem_sites", "steps": [20, 23], "tensor_sites": [], "graph_growth": [],
+            "tensor_survivor_bytes": 0, "cpu_tensor_bytes_change": 0, "python_sites": [
+                {"site": "train.py:40", "bytes": 128, "count": 4, "bytes_per_step": 32, "called_from": []}]}
+    import random
+
+    rnd = random.Random(4)  # uniform noise of +-60% of the whole rise: consistent, but R^2 0.26
+    vals = [int(100 * MiB + s * 256 * 1024 + rnd.uniform(-1, 1) * 0.6 * 120 * 256 * 1024) for s in range(120)]
+    ev = Evidence.from_events(mem_events(vals, extra=[site], available=2 * GiB))
+    [f] = memory_growth(ev)
+    assert f.evidence["fit_r2"] < 0.5 and f.severity == "info"
+    assert "train.py:40" not in f.title and "train.py:40" not in f.fix
+    assert "R^2" in f.evidence["impact"]
+    # the same site with a clean line: the site explains 32 B of 256 KiB a step, nothing is named
+    clean = [100 * MiB + s * 256 * 1024 for s in range(60)]
+    [f] = memory_growth(Evidence.from_events(mem_events(clean, extra=[site], available=2 * GiB)))
+    assert f.severity == "info" and "train.py:40" not in f.title and "0%" in f.evidence["impact"]
+
+
+def test_a_clean_line_with_a_site_that_explains_it_still_warns():
+    site = {"kind": "mem_sites", "steps": [20, 23], "tensor_sites": [], "graph_growth": [],
+            "tensor_survivor_bytes": 0, "cpu_tensor_bytes_change": 0, "python_sites": [
+                {"site": "train.py:40", "bytes": 1024 * 1024, "count": 4, "bytes_per_step": 256 * 1024,
+                 "called_from": []}]}
+    vals = [100 * MiB + s * 256 * 1024 for s in range(60)]
+    [f] = memory_growth(Evidence.from_events(mem_events(vals, extra=[site], available=2 * GiB)))
+    assert f.severity in ("warning", "error") and f.title.endswith("growing site: train.py:40")
+
+
+def test_a_growing_graph_is_at_least_a_warning_with_its_line_whatever_the_rate():
+    # `epoch_loss += loss` on a slow step and a large host: 8 KiB/step, years from full (info by impact)
+    w = {"kind": "mem_sites", "steps": [10, 13], "tensor_sites": [], "graph_growth": [
+        {"site": "train.py:33", "function": "train", "graph_nodes": 60, "nodes_per_step": 15.0}]}
+    vals = [100 * MiB + s * 8 * 1024 for s in range(50)]
+    [f] = memory_growth(Evidence.from_events(mem_events(vals, extra=[w], step_s=2.0, available=1 << 50)))
+    assert f.severity == "warning" and f.title.endswith("growing site: train.py:33")
+    assert "loss.item()" in f.fix and "train.py:33" in f.fix
+    assert "whatever the rate" in f.evidence["impact"]

@@ -25,7 +25,7 @@ SCRIPT = "node_ddp.py"
 
 
 def free_port_pair() -> int:
-    """A port P with P and P+1 free (the rendezvous and node 0's gather store)."""
+    """A port P with P and P+1 free (the rendezvous and node 0's gather port)."""
     for _ in range(50):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))

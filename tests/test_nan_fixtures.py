@@ -327,3 +327,26 @@ def test_fused_reduction_falls_back_to_aminmax_when_it_is_not_supported(monkeypa
     f = by_code(rep, "nonfinite-forward")
     assert f.evidence["step"] == 6 and f.evidence["module"] == "model.0"
     assert all("min/max" in line for line in f.evidence["outputs"])
+
+
+def test_the_grad_norm_shown_is_the_one_before_clipping_and_clipping_is_counted():
+    """Issue 27 item 10: under clip_grad_norm_(..., 1.0) the column read 1.0 every step (the norm
+    after clipping); it shows what clip_grad_norm_ returned and how often it clipped."""
+    from torchdoctor.pipeline.nan_metrics import nan_metrics
+
+    ev = run_inprocess("checkup", SCRIPTS / "nan/clipped_grads.py")
+    m = nan_metrics(ev)
+    assert m["series_columns"][-2:] == ["grad_norm_pre_clip", "clip_max"]
+    pre = [p[4] for p in m["series"]]
+    after = [p[3] for p in m["series"]]
+    assert len(pre) >= 10 and all(v > 10 for v in pre), pre
+    assert all(abs(v - 1.0) < 1e-3 for v in after), after  # what the optimizer used
+    assert m["clipping"] == {"max_norm": 1.0, "steps": len(pre), "clipped_steps": len(pre), "steps_without_clip": 0}
+    # the CUDA row path (norms stacked on the device, read a step later), simulated on the CPU
+    deferred = nan_metrics(run_inprocess("checkup", SCRIPTS / "nan/clipped_grads.py",
+                                         options={"nan_async_test": True}))
+    assert [round(p[4], 3) for p in deferred["series"]] == [round(v, 3) for v in pre]
+    assert deferred["clipping"]["clipped_steps"] == len(pre)
+    # a run without clipping keeps its four columns
+    plain = nan_metrics(run_inprocess("checkup", SCRIPTS / "nan/healthy_mlp.py"))
+    assert plain["series_columns"] == ["step", "optimizer", "loss", "grad_norm"] and "clipping" not in plain

@@ -68,3 +68,23 @@ def test_bad_window_options_are_usage_errors(cli, flag, value):
     p = cli("profile", flag, value, SCRIPTS / "cpu_healthy.py")
     assert p.returncode == 2, p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_an_empty_window_says_what_happened_not_another_profiler():
+    """Issue 27 item 11: mnist_forward_forward's window was empty and the hint blamed another
+    torch.profiler; its steps had ended together when the optimizers' cycle was learned."""
+    rep = run_fixture("profile/cpu_layerwise_optimizers.py", "profile").report
+    prof = rep["metrics"]["profile"]
+    assert prof["status"] == "empty", prof
+    assert "ended together" in prof["reason"] and "--skip" in prof["reason"], prof["reason"]
+    assert "own torch.profiler" not in prof["reason"]
+
+
+def test_a_window_not_reached_says_whether_any_optimizer_stepped():
+    from torchdoctor.rules.profile import not_reached
+
+    base = {"status": "not-reached", "steps_needed": 9}
+    assert "no optimizer step was seen" in not_reached({**base, "steps_seen": 0, "optimizers_stepped": 0})
+    assert "2 optimizers stepped but no training step" in not_reached({**base, "steps_seen": 0,
+                                                                        "optimizers_stepped": 2})
+    assert "completed 4 training steps" in not_reached({**base, "steps_seen": 4})

@@ -55,7 +55,7 @@ def test_missing_or_unreached_window_is_not_applicable_with_the_reason():
         R.window(Evidence.from_events(steps()))
     e = Evidence.from_events([{"kind": "profile_window", "status": "not-reached", "steps_seen": 4,
                                "steps_needed": 9}])
-    with pytest.raises(NotApplicable, match="made 4 optimizer steps; .* needs 9"):
+    with pytest.raises(NotApplicable, match="completed 4 training steps; .* needs 9"):
         R.window(e)
     r = Report("profile")
     judge("profile", e, r)

@@ -355,3 +355,81 @@ def test_schedulers_and_scalers_built_under_the_audit_copy_pickle_and_inspect_as
     facts = live_facts(ctx, ctx.inst.live)
     assert [s["cls"] for s in facts["schedulers"]] == ["StepLR", "ReduceLROnPlateau"]
     assert facts["scalers"] == [{"cls": "GradScaler", "enabled": True}]
+
+
+# ---------------------------------------------------------------- issue 27 item 5: timm's way of resuming
+TIMM_LIKE = {"counter_schedulers": [{"cls": "CosineLRScheduler", "calls": 8, "with_counter": 8, "optimizer": 0}]}
+
+
+def test_a_scheduler_stepped_with_the_epoch_and_a_saved_epoch_is_resumable():
+    # timm: param_groups carry initial_lr, no scheduler state saved, the epoch is; lr_scheduler.step(epoch)
+    snap = {"optimizers": [OPT], "progress": {"epoch": 4}}
+    assert ("ckpt-missing-scheduler", "warning") in judge(_save(snap))  # the file alone cannot tell
+    assert not [c for c in judge(_save(snap, TIMM_LIKE)) if c[0] == "ckpt-missing-scheduler"]
+    # without the epoch in the save the counter cannot be restored: still a warning
+    assert ("ckpt-missing-scheduler", "warning") in judge(_save({"optimizers": [OPT]}, TIMM_LIKE))
+    # a scheduler stepped without the counter (counts internally) is state that is lost
+    counting = {"counter_schedulers": [{"cls": "Custom", "calls": 8, "with_counter": 0, "optimizer": 0}]}
+    assert ("ckpt-missing-scheduler", "warning") in judge(_save(snap, counting))
+    # a torch scheduler that is live and unsaved keeps its warning
+    assert ("ckpt-missing-scheduler", "warning") in judge(_save(snap, {**STEPLR, **TIMM_LIKE}))
+
+
+def test_the_finding_names_the_file_the_script_renamed_its_save_to():
+    snap = {"optimizers": [OPT], "progress": {"epoch": 4}}
+    sites = {"kind": "save_sites", "sites": {"/w/train.py:30": 3}, "layouts": [],
+             "renamed": [["ckpt.pt", "last.pth.tar"]]}
+    fs = findings(_save(snap), sites)
+    assert fs and all(f.evidence["file"] == "last.pth.tar" and f.evidence["written_as"] == "ckpt.pt" for f in fs)
+    fs = findings(_save(snap))
+    assert fs and all(f.evidence["file"] == "ckpt.pt" and "written_as" not in f.evidence for f in fs)
+
+
+def test_counted_finds_a_scheduler_outside_torch_and_records_renames(tmp_path):
+    import os
+
+    import torch
+
+    from torchdoctor.instruments.save_audit_counted import Counted
+    from torchdoctor.instruments.save_audit_live import Live
+    from torchdoctor.runner.patching import Patches
+
+    class Sched:
+        def __init__(self, opt):
+            self.optimizer = opt
+            for g in opt.param_groups:
+                g.setdefault("initial_lr", g["lr"])
+
+        def step(self, epoch, metric=None):
+            for g in self.optimizer.param_groups:
+                g["lr"] = g["initial_lr"] / (1 + epoch)
+
+        def step_update(self, num_updates, metric=None):
+            pass
+
+        def state_dict(self):
+            return {k: v for k, v in self.__dict__.items() if k != "optimizer"}
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    sched = Sched(opt)
+    sched.state_dict()  # materialises __dict__: found through it too
+    ctx = type("Ctx", (), {"optimizers": [opt]})()
+    patches = Patches()
+    c = Counted(ctx, Live(), patches)
+    c.install_renames()
+    try:
+        c.look()
+        sched.step(1)
+        sched.step_update(num_updates=7)
+        sched.step(epoch=2)
+        src, dst = tmp_path / "tmp.pt", tmp_path / "last.pt"
+        src.write_bytes(b"x")
+        c.saved_path(str(src))
+        os.rename(src, dst)
+        (tmp_path / "other").write_bytes(b"y")
+        os.replace(tmp_path / "other", tmp_path / "other2")  # not a saved file: not recorded
+    finally:
+        patches.undo()
+    assert c.facts() == [{"cls": "Sched", "calls": 3, "with_counter": 3, "optimizer": 0}]
+    assert c.renames == [["tmp.pt", "last.pt"]]
+    assert "step" not in vars(sched) and os.rename.__module__ in ("os", "posix", "nt", None)

@@ -16,7 +16,7 @@ PKG = Path(__file__).resolve().parent.parent / "torchdoctor"
 ALLOWED = {"rules/compile.py", "torch_internals.py", "instruments/_profiler_compat.py", "checkpoint/allowlist.py",
            "checkpoint/stub_unpickler.py", "checkpoint/pickle_globals.py", "errortext/table.py",
            "envinfo/torchinfo.py"}
-PRIVATE = re.compile(r"torch\._[A-Za-z]|\b_C\b|utils\._python_dispatch|_BaseDataLoaderIter|"
+PRIVATE = re.compile(r"torch\._[A-Za-z]|\b_C\b|utils\._python_dispatch|_BaseDataLoaderIter|_local_tensor\b|"
                      r"_foreach_norm\b|\._next_data\b|cuda\.memory\._|cuda\._lazy_call|"
                      r"_dataset\b|_num_workers\b|_index_sampler\b")
 

@@ -22,6 +22,8 @@ called, and belong to the file format, not to the running torch.
 | saved-tensor hooks on top | ``torch._C._autograd._top_saved_tensors_default_hooks`` | memory saved tensors |
 | CUDA allocator | ``torch._C._cuda_memoryStats``, ``_cuda_attach_out_of_memory_observer``, ``torch.cuda.memory._record_memory_history`` / ``_snapshot``, ``torch.cuda._lazy_call`` | :mod:`torchdoctor.memory.cuda` |
 | flight recorder | ``torch._C._distributed_c10d`` | dist collectives |
+| FSDP1 flat parameters' shard group | ``FullyShardedDataParallel._handle`` (``flat_param``, ``process_group``, ``uses_sharded_strategy``), ``flat_param._params`` | :func:`fsdp1_shard_groups` (nan monitor) |
+| DTensor shards (FSDP2, tensor parallel) | ``DTensor._local_tensor`` (``to_local()`` where absent), the class's module (``torch.distributed.tensor._api``; ``torch.distributed._tensor.api`` before 2.5) | :func:`local_tensor`, :func:`dtensor_norm_share` (nan monitor, gradient norms, parameter audits) |
 | compile start/end callbacks | ``torch._dynamo.callback.callback_handler`` (``register_start_callback``…) | ``treat``'s compile trial |
 | custom ops | ``torch._library.custom_ops.CustomOpDef`` (``__call__``, ``_qualname``, ``_init_fn``, ``_backward_fn``) | gradcheck capture |
 | dynamo counters, compile records | ``torch._dynamo.utils.counters``, ``get_compilation_metrics``, ``compilation_time_metrics``, ``torch._dynamo.config.recompile_limit`` (``cache_size_limit`` before 2.6) | dynamo diagnostics, dynamo counters |
@@ -311,3 +313,87 @@ def c10d_private() -> Any:
     import torch._C._distributed_c10d as c10d_c
 
     return c10d_c
+
+
+# ---- DTensor (FSDP2 ``fully_shard``, tensor parallelism, device meshes), FSDP1 flat params -----
+# Mixing a DTensor with a plain tensor raises; reducing one may run a collective (a hang when only
+# some ranks reach it): read local shards, reduce over the tensor's own mesh groups (numerics/sharded).
+_DTENSOR_MODULES = ("torch.distributed.tensor._api", "torch.distributed._tensor.api")  # 2.5+, 2.0-2.4
+_DTENSOR: list[Any] = []  # [class] once found
+
+
+def dtensor_class() -> Any:
+    """torch's DTensor class, or None while no DTensor module is imported (nothing imported here)."""
+    if _DTENSOR:
+        return _DTENSOR[0]
+    for name in _DTENSOR_MODULES:
+        cls = getattr(sys.modules.get(name), "DTensor", None)
+        if isinstance(cls, type):
+            _DTENSOR.append(cls)
+            return cls
+    return None
+
+
+def is_dtensor(t: Any) -> bool:
+    cls = dtensor_class()
+    return cls is not None and isinstance(t, cls)
+
+
+def local_tensor(t: Any) -> Any:
+    """A DTensor's local shard (same storage and version counter; no copy, no collective)."""
+    if not is_dtensor(t):
+        return t
+    lt = getattr(t, "_local_tensor", None)
+    return t.to_local() if lt is None else lt
+
+
+def dtensor_layout(t: Any) -> dict[str, Any] | None:
+    """{placements, mesh_shape, mesh_dims, local_shape} of a DTensor (evidence), else None."""
+    if not is_dtensor(t):
+        return None
+    try:
+        mesh = t.device_mesh
+        return {"placements": [str(p) for p in t.placements], "mesh_shape": list(mesh.shape),
+                "mesh_dims": list(getattr(mesh, "mesh_dim_names", None) or []),
+                "local_shape": list(local_tensor(t).shape)}
+    except Exception:  # noqa: BLE001 - another DTensor layout: no facts
+        return None
+
+
+def dtensor_norm_share(t: Any) -> tuple[Any, float] | None:
+    """(mesh, weight): the full squared L2 norm = sum over the mesh's ranks of ``weight *
+    |local|^2``. Shard (and ``_StridedShard``, whose ``is_shard()`` is False) splits elements,
+    Replicate repeats them (weight / size); None for a plain tensor and for Partial."""
+    if not is_dtensor(t):
+        return None
+    mesh, weight = t.device_mesh, 1.0
+    for i, p in enumerate(t.placements):
+        if p.is_replicate():
+            weight /= mesh.size(i)
+        elif p.is_partial():
+            return None
+    return mesh, weight
+
+
+def mesh_groups(mesh: Any) -> list[Any]:
+    """Groups of ``mesh``'s dimensions of > 1 rank (all-reduces over each in turn sum over the mesh's ranks); a process group (FSDP1's) is its own."""
+    if not hasattr(mesh, "get_group"):
+        return [mesh]
+    return [mesh.get_group(i) for i in range(mesh.ndim) if mesh.size(i) > 1]
+
+
+def fsdp1_shard_groups(roots: Any) -> dict[int, Any]:
+    """{id(param): group its gradient is sharded over} for FSDP1 modules under ``roots``: flat
+    params and the originals viewing into them (use_orig_params); NO_SHARD left out. Private:
+    ``module._handle`` (flat_param, process_group, uses_sharded_strategy), ``flat_param._params``."""
+    mod = sys.modules.get("torch.distributed.fsdp.fully_sharded_data_parallel")
+    fsdp = getattr(mod, "FullyShardedDataParallel", None)
+    out: dict[int, Any] = {}
+    for root in roots if fsdp is not None else ():
+        for m in root.modules():
+            h = getattr(m, "_handle", None) if isinstance(m, fsdp) else None
+            fp, pg = getattr(h, "flat_param", None), getattr(h, "process_group", None)
+            if fp is not None and pg is not None and getattr(h, "uses_sharded_strategy", False):
+                for p in [fp, *(getattr(fp, "_params", None) or [])]:
+                    out.setdefault(id(p), pg)
+    return out

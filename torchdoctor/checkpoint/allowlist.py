@@ -71,6 +71,24 @@ _NUMPY_SAFE = frozenset({
     "UInt8", "UInt16", "UInt32", "UInt64", "Int8", "Int16", "Int32", "Int64",
     "Float16", "Float32", "Float64", "Bool"))
 
+# DTensor state (a per-rank torch.save of FSDP2 / tensor-parallel state dicts): torch allowlists
+# these when torch.distributed.tensor is imported (torch/distributed/tensor/__init__.py and
+# device_mesh.py call add_safe_globals; torch 2.13), which every FSDP2/TP script does; a bare
+# torch.load in a fresh process refuses them ("torch.distributed.tensor must be imported to load
+# DTensors").
+DTENSOR_GLOBALS = frozenset({
+    "torch.distributed.tensor.DTensor", "torch.distributed.tensor._api.DTensor",
+    "torch.distributed.device_mesh.DeviceMesh",
+    "torch.distributed.tensor._dtensor_spec.DTensorSpec",
+    "torch.distributed.tensor._dtensor_spec.TensorMeta",
+    "torch.distributed.tensor._dtensor_spec.ShardOrderEntry",
+    "torch.distributed.tensor.placement_types.Partial",
+    "torch.distributed.tensor.placement_types.Replicate",
+    "torch.distributed.tensor.placement_types.Shard",
+    "torch.distributed.tensor.placement_types._StridedShard",
+    "torch.distributed._mesh_layout._MeshLayout", "torch.distributed._mesh_layout._FlatLayout",
+})
+
 # Opcodes torch._weights_only_unpickler.Unpickler.load implements (pickle protocol 2).
 WEIGHTS_ONLY_OPS = frozenset({
     "GLOBAL", "NEWOBJ", "REDUCE", "BUILD", "APPEND", "APPENDS", "SETITEM", "SETITEMS", "MARK",
@@ -96,3 +114,8 @@ def is_weights_only_global(name: str) -> bool:
 def is_numpy_array_global(name: str) -> bool:
     """numpy array/dtype reconstruction: harmless, but refused unless allowlisted."""
     return name in _NUMPY_SAFE
+
+
+def is_dtensor_global(name: str) -> bool:
+    """A DTensor class torch allowlists once ``torch.distributed.tensor`` is imported."""
+    return name in DTENSOR_GLOBALS

@@ -11,6 +11,7 @@ Everything is read with the stub unpickler: no class named in these pickles is i
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 from torchdoctor.checkpoint.errors import Unreadable
@@ -18,7 +19,7 @@ from torchdoctor.checkpoint.fsutil import not_regular, open_regular
 from torchdoctor.checkpoint.pickle_scan import PickleScanError, scan_pickle
 from torchdoctor.checkpoint.stub_unpickler import DType, _as_tuple, stub_load
 from torchdoctor.checkpoint.torch_zip import read_torch_zip
-from torchdoctor.checkpoint.values import ITEMSIZE, Contents, Opaque, Storage, TensorInfo, brief
+from torchdoctor.checkpoint.values import ITEMSIZE, Contents, Opaque, Storage, TensorInfo, Unread, brief
 
 # Globals DCP's own writer puts in .metadata and in its byte items: expected, not alarming.
 DCP_EXPECTED_PREFIXES = ("torch.distributed.checkpoint.", "pathlib.")
@@ -83,7 +84,45 @@ def read_dcp(path: str, contents: Contents) -> Any:
     flat: dict[str, Any] = {}
     for fqn, item in sd_meta.items():
         flat[fqn] = _read_item(path, fqn, item, where.get(fqn, []), contents)
+    _writers(where, contents)
     return _nest(flat, planner)
+
+
+WRITER_FILE = re.compile(r"__(\d+)_(\d+)\.distcp")  # FileSystemWriter: __{rank}_{n}.distcp
+
+
+def _writers(where: dict[str, list], contents: Contents) -> None:
+    """How many ranks wrote the checkpoint (from its data files' names) and, per missing data
+    file, one problem naming its rank and the entries with data there (instead of one per
+    entry: a sharded model has a chunk of every tensor in every rank's file)."""
+    files: dict[str, list[str]] = {}
+    for fqn, sinfos in where.items():
+        for s in sinfos:
+            rel = _attr(s, "relative_path")
+            if isinstance(rel, str):
+                files.setdefault(rel, []).append(fqn)
+    ranks = {int(m.group(1)) for rel in files if (m := WRITER_FILE.fullmatch(rel))}
+    if len(ranks) > 1:  # sharded training (FSDP, tensor parallel): one data file per rank
+        contents.metadata["dcp_writer_ranks"] = len(ranks)
+        contents.notes.append(
+            f"written by {len(ranks)} rank{'s' if len(ranks) != 1 else ''} "
+            f"({len(files)} data file{'s' if len(files) != 1 else ''}); DCP re-shards on load, so a "
+            f"run with another world size can resume from it")
+    missing = {f"data file {rel} is missing" for rel in files}
+    kept, grouped = [], {}
+    for p in contents.problems:
+        if p.get("reason") in missing:
+            grouped.setdefault(p["reason"], []).append(p["what"])
+        else:
+            kept.append(p)
+    for reason, fqns in grouped.items():
+        rel = reason[len("data file "):-len(" is missing")]
+        m = WRITER_FILE.fullmatch(rel)
+        who = f" (written by rank {m.group(1)} of {len(ranks)})" if m else ""
+        kept.append({"what": rel, "reason": (
+            f"data file missing{who}: {len(set(fqns))} entr{'ies' if len(set(fqns)) != 1 else 'y'} "
+            f"have data there ({', '.join(sorted(set(fqns))[:3])}{', …' if len(set(fqns)) > 3 else ''})")})
+    contents.problems[:] = kept
 
 
 def _read_item(root: str, fqn: str, item: Any, sinfos: list, contents: Contents) -> Any:
@@ -100,6 +139,8 @@ def _read_item(root: str, fqn: str, item: Any, sinfos: list, contents: Contents)
                 t.parts.append(st)
         return t
     values = [_locate(root, fqn, s, contents) for s in sinfos[:1]]
+    if values and values[0] is None and contents.problems and contents.problems[-1].get("what") == fqn:
+        return Unread(contents.problems[-1]["reason"])  # saved, its data not readable
     return values[0] if values else None
 
 

@@ -9,7 +9,8 @@ Nothing here unpickles anything: the globals were read from the opcodes.
 
 from __future__ import annotations
 
-from torchdoctor.checkpoint.allowlist import BLOCKED_MODULES, is_numpy_array_global, is_weights_only_global
+from torchdoctor.checkpoint.allowlist import (BLOCKED_MODULES, is_dtensor_global, is_numpy_array_global,
+                                              is_weights_only_global)
 from torchdoctor.checkpoint.dcp import DCP_EXPECTED_PREFIXES
 
 # Globals through which unpickling runs code (a shell, exec/eval, imports, file or network
@@ -90,6 +91,7 @@ class PickleGlobals:
         self.numpy_fw: dict[str, list[str]] = {}  # numpy arrays in HF/accelerate RNG files (their loader allowlists)
         self.inert: dict[str, list[str]] = {}  # argparse.Namespace & co
         self.aux: dict[str, list[str]] = {}  # training_args.bin
+        self.dtensor: dict[str, list[str]] = {}  # DTensor state: allowed once torch.distributed.tensor is imported
         self.ops: dict[str, list[str]] = {}
         self.module_records: list[str] = []
         self.stopped: list[str] = []  # pickles whose scan stopped early (truncated/corrupt)
@@ -112,6 +114,8 @@ class PickleGlobals:
                 target = self.numpy_fw if _framework_rng(p.name) else self.numpy_user
             elif name in INERT_CONFIG:
                 target = self.inert
+            elif is_dtensor_global(name):
+                target = self.dtensor
             else:
                 target = self.unsafe
             target.setdefault(name, []).append(p.name)

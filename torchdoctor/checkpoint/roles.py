@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchdoctor.checkpoint.values import NdArrayInfo, Opaque, TensorInfo, plain
+from torchdoctor.checkpoint.values import NdArrayInfo, Opaque, TensorInfo, Unread, plain
 from torchdoctor.checkpoint.walk import children, join, key_text
 
 MODEL_KEYS = ("model", "state_dict", "model_state_dict", "model_state", "net", "network", "module",
@@ -150,6 +150,8 @@ def _rng_kind(path: str, v: Any) -> str | None:
 def _progress_value(v: Any) -> bool:
     if isinstance(v, bool):
         return False
+    if isinstance(v, Unread):  # saved, but its data file is missing: ckpt-unreadable says so
+        return True
     if isinstance(v, (int, float)):
         return True
     return isinstance(v, TensorInfo) and v.numel == 1

@@ -136,12 +136,28 @@ def _rebuild_from_type_v2(func, new_type, args, state):
     if not callable(func) or not isinstance(args, tuple):
         return opaque_type("torch._tensor._rebuild_from_type_v2")(func, new_type, args, state)
     ret = func(*args)  # func is one of ours or an Opaque class: never user code
+    local = None if isinstance(ret, TensorInfo) else _wrapped_local(state)
+    if local is not None:
+        # a wrapper subclass that keeps its data in a plain tensor (a DTensor: this rank's shard,
+        # in ``_local_tensor``; ``_rebuild_wrapper_subclass`` made only an empty shell)
+        if isinstance(new_type, type) and issubclass(new_type, Opaque):
+            local.kind = new_type.cls
+        return local
     if isinstance(ret, TensorInfo) and isinstance(new_type, type) and issubclass(new_type, Opaque):
         if new_type.cls != "torch.Tensor":
             ret.kind = new_type.cls
         if state:
             ret.state = state
     return ret
+
+
+def _wrapped_local(state: Any) -> TensorInfo | None:
+    """The ``_local_tensor`` of a pickled wrapper subclass's state (a dict, or the dict part of a
+    (dict, slots) pair), when it is a tensor."""
+    for part in (state if isinstance(state, tuple) else (state,)):
+        if isinstance(part, dict) and isinstance(part.get("_local_tensor"), TensorInfo):
+            return part["_local_tensor"]
+    return None
 
 
 def _rebuild_meta_tensor_no_storage(dtype, size, stride, requires_grad=False, *_rest):

@@ -151,6 +151,20 @@ class Opaque:
         return st if isinstance(st, dict) else {}
 
 
+class Unread:
+    """A value the checkpoint holds but whose data could not be read (a DCP byte item in a
+    missing rank's data file): present, value unknown. Rules that look for a key (a progress
+    counter) count it as present; the unreadable part is ckpt-unreadable's finding."""
+
+    __slots__ = ("why",)
+
+    def __init__(self, why: str):
+        self.why = why
+
+    def __repr__(self) -> str:
+        return f"<unread: {self.why}>"
+
+
 _OPAQUE_TYPES: dict[str, type] = {}
 
 
@@ -273,6 +287,8 @@ def brief(v: Any, limit: int = 120, depth: int = 0) -> str:
         return f"<tensor {brief(v.dtype, 40, depth + 1)}>"
     if isinstance(v, Opaque):
         return f"<{v.cls[:limit]}>"
+    if isinstance(v, Unread):
+        return f"<unread: {v.why[:limit]}>"
     if isinstance(v, (list, tuple, set, frozenset, dict)):
         items = list(v.items())[:6] if isinstance(v, dict) else list(v)[:6] if not isinstance(
             v, (set, frozenset)) else [x for _i, x in zip(range(6), v)]

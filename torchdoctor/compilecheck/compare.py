@@ -16,7 +16,7 @@ from torchdoctor.evidence import Evidence
 def compare_eager(m: dict[str, Any], eager: Evidence, failure: str | None) -> dict[str, Any]:
     """The keys to add to the ``compile`` section: eager_step_ms, eager_steps, speedup (or
     eager_skipped, why there is no comparison)."""
-    from torchdoctor.pipeline.steps import judged_steps
+    from torchdoctor.pipeline.steps import judged_steps, step_seconds
 
     if failure:
         return {"eager_skipped": f"the eager run failed: {failure}"}
@@ -25,8 +25,9 @@ def compare_eager(m: dict[str, Any], eager: Evidence, failure: str | None) -> di
         return {"eager_skipped": "compilation could not be switched off from outside "
                                  "(dynamo compiled in the eager run)"}
     skip = set(m.get("compile_steps") or [])
-    walls = [float(s["wall_s"]) for s in judged_steps(eager)
+    steps = [s for s in judged_steps(eager)
              if int(s.get("step", 0)) not in skip and s.get("wall_s") is not None]
+    walls = step_seconds(eager, steps)[0]
     if not walls:
         return {"eager_skipped": "no eager step outside the compiled run's compile steps"}
     e = round(statistics.median(walls) * 1e3, 3)

@@ -37,8 +37,11 @@ def compile_steps(ev: Evidence) -> list[int]:
     return sorted({int(e["step"]) for e in ev.of("dynamo_step") if e.get("step") is not None})
 
 
-def _median_ms(steps: list[dict[str, Any]]) -> float | None:
-    walls = [float(s["wall_s"]) for s in steps if s.get("wall_s") is not None]
+def _median_ms(ev: Evidence, steps: list[dict[str, Any]]) -> float | None:
+    """Median step time by the one step-time basis (on CUDA: host wall or device span)."""
+    from torchdoctor.pipeline.steps import step_seconds
+
+    walls = step_seconds(ev, [s for s in steps if s.get("wall_s") is not None])[0]
     return round(statistics.median(walls) * 1e3, 3) if walls else None
 
 
@@ -128,8 +131,8 @@ def around(ev: Evidence, step: int) -> dict[str, Any]:
     js = judged_steps(ev)
     before = [s for s in js if int(s.get("step", 0)) < step]
     after = [s for s in js if int(s.get("step", 0)) > step and int(s.get("step", 0)) not in skip]
-    return {"before_ms": _median_ms(before), "before_steps": len(before),
-            "after_ms": _median_ms(after), "after_steps": len(after)}
+    return {"before_ms": _median_ms(ev, before), "before_steps": len(before),
+            "after_ms": _median_ms(ev, after), "after_steps": len(after)}
 
 
 def summarize(ev: Evidence) -> dict[str, Any] | None:
@@ -154,6 +157,6 @@ def summarize(ev: Evidence) -> dict[str, Any] | None:
         "compile_s": round(secs, 3) if records else c.get("compile_s"),
         "compile_steps": steps,
         "steady_steps": len(steady),
-        "compiled_step_ms": _median_ms(steady) if (c.get("frames") or records) else None,
+        "compiled_step_ms": _median_ms(ev, steady) if (c.get("frames") or records) else None,
     }
     return out

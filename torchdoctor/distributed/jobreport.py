@@ -3,7 +3,7 @@
 Flow on every node (after its torchrun ended): the node's rank dirs (by local rank, labelled
 with their global ranks) → each rank judged as a single run (``ranked.judge_ranks``) → the
 node's summary (:func:`node_summary`: its facts, each rank's findings, the evidence the
-cross-rank rules read, its outcome) → node 0 collects the summaries through its gather store
+cross-rank rules read, its outcome) → node 0 collects the summaries through its gather port
 (:mod:`torchdoctor.distributed.gather`) and prints the job report (:func:`job_report`:
 findings merged across every rank, cross-rank rules on every rank, cross-node rules of probe
 ``"nodes"``, the ``nodes`` list); every other node sends its summary and prints its own section,
@@ -23,15 +23,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from torchdoctor.distributed.peer import NUMERIC, SHIPPED  # what a summary may carry
 from torchdoctor.evidence import Evidence
-from torchdoctor.findings import SEVERITY_RANK, Finding, Report, Skipped
+from torchdoctor.findings import Finding, Report, Skipped
 
 GATHER_WAIT_S = 30.0  # node 0 waits this long for the other nodes' summaries after its run
 RDZV_FAILED_WAIT_S = 3.0  # ... and only this long when its rendezvous never completed
 KIND_CAP = 2000  # events of one kind per rank shipped (the most recent)
 COLLECTIVE_CAP = 400
-SHIPPED = ("step", "dist_step", "step_device", "dist_init", "dist_loader", "dist_batch",
-           "collective", "fr_entries", "rank_result", "rank_stacks", "device", "env")
 CLOCK_FIELDS = {"dist_step": ("bwd_at", "end_at"), "collective": ("t",)}
 RDZV_ERRORS = ("RendezvousTimeoutError", "RendezvousClosedError", "RendezvousConnectionError",
                "RendezvousError", "DistStoreError")
@@ -39,13 +38,13 @@ RDZV_ERRORS = ("RendezvousTimeoutError", "RendezvousClosedError", "RendezvousCon
 
 # ---------------------------------------------------------------- every node
 def preload() -> None:
-    """Import torch.distributed (the gather store) in a thread while the ranks run (≈ 2-4 s)."""
+    """Import torch (the node's facts read its build) in a thread while the ranks run (≈ 2 s)."""
     import threading
 
     def _imp() -> None:
         try:
-            import torch.distributed  # noqa: F401
-        except Exception:  # noqa: BLE001 - the gather reports it when it needs the store
+            import torch  # noqa: F401
+        except Exception:  # noqa: BLE001 - nodefacts reports it when it needs torch
             pass
 
     threading.Thread(target=_imp, name="torchdoctor-preload", daemon=True).start()
@@ -61,8 +60,9 @@ def run_node(probe: str, target: str, run_dir: Path, nproc: int, node: Any) -> R
     own = node_summary(node, per, reports, merged)
     wait = RDZV_FAILED_WAIT_S if own["rendezvous"] == "failed" else gather_wait()
     if node.node_rank == 0:
-        got, info = gather.collect(node.host, node.gather_port(), node.rdzv_id, node.nnodes, own, wait)
-        return job_report(probe, target, node, per, got, info, wait)
+        blobs, info = gather.collect(node.gather_port(), node.rdzv_id, node.nnodes, wait)
+        return job_report(probe, target, node, per, {0: own, **blobs}, info, wait)
+    own = fit(own, gather.MAX_BYTES)
     sent = gather.send(node.host, node.gather_port(), node.rdzv_id, node.node_rank, own, wait)
     return node_section(probe, target, node, per, reports, merged, own, sent)
 
@@ -93,17 +93,7 @@ def node_summary(node: Any, per: dict[int, Evidence], reports: dict[int, Report]
 
     gpus = [e.get("name") for ev in per.values() for e in ev.of("device")
             if str(e.get("device", "")).startswith("cuda") and e.get("name")]
-    kept: list[dict[str, Any]] = []
-    counts: dict[tuple[int, str], int] = {}
-    for e in reversed(merged.events):  # the most recent of each kind
-        k = e.get("kind")
-        if k not in SHIPPED:
-            continue
-        key = (int(e.get("rank", -1)), k)
-        counts[key] = counts.get(key, 0) + 1
-        if counts[key] <= (COLLECTIVE_CAP if k == "collective" else KIND_CAP):
-            kept.append(e)
-    kept.reverse()
+    kept = recent(merged.events, KIND_CAP)
     res = merged.result
     started = bool(per)
     err = None if started else rendezvous_error(merged)
@@ -124,6 +114,37 @@ def node_summary(node: Any, per: dict[int, Evidence], reports: dict[int, Report]
     }
 
 
+def recent(events: list[dict[str, Any]], cap: int) -> list[dict[str, Any]]:
+    """The shipped events, at most ``cap`` of a kind per rank (collectives: a fifth of it, at
+    most COLLECTIVE_CAP), the most recent, in their order."""
+    kept: list[dict[str, Any]] = []
+    counts: dict[tuple[int, str], int] = {}
+    for e in reversed(events):
+        k = e.get("kind")
+        if k not in SHIPPED:
+            continue
+        key = (int(e.get("rank", -1)), k)
+        counts[key] = counts.get(key, 0) + 1
+        if counts[key] <= (min(COLLECTIVE_CAP, cap // 5) if k == "collective" else cap):
+            kept.append(e)
+    kept.reverse()
+    return kept
+
+
+def fit(summary: dict[str, Any], limit: int) -> dict[str, Any]:
+    """The summary within ``limit`` bytes of JSON (what node 0 reads of one node): while it is
+    larger, keep half as many events of a kind per rank (the most recent; ``events_cap`` says
+    how many), down to none. A long GPU run on a node of 8 ranks ships 8.26 MB at KIND_CAP."""
+    from torchdoctor.distributed.gather import encode
+
+    cap = KIND_CAP
+    while len(encode(summary)) > limit and summary["events"]:
+        cap //= 2
+        summary = {**summary, "events": recent(summary["events"], cap) if cap >= 10 else [],
+                   "events_cap": cap if cap >= 10 else 0}
+    return summary
+
+
 def node_section(probe: str, target: str, node: Any, per: dict[int, Evidence],
                  reports: dict[int, Report], merged: Evidence, own: dict[str, Any],
                  sent: dict[str, Any]) -> Report:
@@ -141,60 +162,16 @@ def node_section(probe: str, target: str, node: Any, per: dict[int, Evidence],
 
 
 # ---------------------------------------------------------------- node 0
-def _as_finding(d: Any) -> Finding | None:
-    """A finding from another node (untrusted JSON): shape-checked, strings capped."""
-    from torchdoctor.catalog import catalog
-
-    if not isinstance(d, dict) or not isinstance(d.get("code"), str):
-        return None
-    code = d["code"][:80]
-    info = catalog().get(code)
-    sev = d.get("severity") if d.get("severity") in SEVERITY_RANK else "info"
-    ev = d.get("evidence") if isinstance(d.get("evidence"), dict) else {}
-    return Finding(code=code, skill=info.skill if info else str(d.get("skill", ""))[:80],
-                   severity=info.severity if info else sev, title=str(d.get("title", ""))[:4000],
-                   evidence=ev, fix=str(d.get("fix", ""))[:4000], docs=info.docs if info else "")
-
-
-NUMERIC = ("step", "wall_s", "backward_s", "data_s", "forward_s", "optimizer_s", "other_s", "bwd_at",
-           "end_at", "coll_s", "span_ms", "backward_ms", "t", "seq", "steps", "exit_code")
-
-
-def _numbers_ok(e: dict[str, Any]) -> bool:
-    """The fields the per-rank tables compute with are numbers (or absent/None)."""
-    return all(e.get(k) is None or (isinstance(e[k], (int, float)) and not isinstance(e[k], bool))
-               for k in NUMERIC)
-
-
-def _list(v: Any) -> list:
-    return v if isinstance(v, list) else []
-
-
-def _clean(s: dict[str, Any]) -> dict[str, Any]:
-    """Another node's summary with the shapes the report relies on (anything else dropped)."""
-    facts = s.get("facts") if isinstance(s.get("facts"), dict) else {}
-    env = facts.get("env") if isinstance(facts.get("env"), dict) else {}
-    facts = {k: str(v)[:300] for k, v in facts.items()
-             if isinstance(k, str) and k != "env" and isinstance(v, (str, int, float)) and not isinstance(v, bool)}
-    facts["env"] = {k: str(v)[:300] for k, v in list(env.items())[:500] if isinstance(k, str)}
-    return {**s, "facts": facts, "output_tail": [x for x in _list(s.get("output_tail")) if isinstance(x, str)],
-            "result": s.get("result") if isinstance(s.get("result"), dict) else {},
-            "rank_reports": s.get("rank_reports") if isinstance(s.get("rank_reports"), dict) else {},
-            "events": _list(s.get("events")),
-            "rendezvous": s.get("rendezvous") if s.get("rendezvous") in ("ok", "failed", "unknown") else "unknown",
-            "rendezvous_error": str(s["rendezvous_error"])[:300] if s.get("rendezvous_error") else None}
-
-
 def _rank_reports(probe: str, s: dict[str, Any], ranks: set[int]) -> dict[int, Report]:
+    """The per-rank findings of a summary checked by :mod:`~torchdoctor.distributed.peer`."""
     out: dict[int, Report] = {}
-    rr = s.get("rank_reports") if isinstance(s.get("rank_reports"), dict) else {}
-    for key, rep in rr.items():
-        if not (str(key).isdigit() and int(key) in ranks and isinstance(rep, dict)):
+    for key, rep in (s.get("rank_reports") or {}).items():
+        if int(key) not in ranks:
             continue
         r = Report(command=probe)
-        r.findings = [f for f in map(_as_finding, _list(rep.get("findings"))[:200]) if f]
-        r.skipped = [Skipped(str(x.get("rule", ""))[:100], str(x.get("reason", ""))[:500])
-                     for x in _list(rep.get("skipped"))[:200] if isinstance(x, dict)]
+        r.findings = [Finding(f["code"], f["skill"], f["severity"], f["title"], f["evidence"], f["fix"],
+                              f["docs"]) for f in rep["findings"]]
+        r.skipped = [Skipped(x["rule"], x["reason"]) for x in rep["skipped"]]
         out[int(key)] = r
     return out
 
@@ -204,12 +181,52 @@ def _ranks_of(s: dict[str, Any], taken: set[int]) -> list[int]:
     return sorted({r for r in rs if isinstance(r, int) and 0 <= r < 1_000_000 and r not in taken})
 
 
+def _numbers_ok(e: dict[str, Any]) -> bool:
+    from torchdoctor.distributed.peer import number
+
+    return all(e.get(k) is None or number(e[k]) for k in NUMERIC)
+
+
+def checked(got: dict[int, Any], info: dict[str, Any]) -> tuple[dict[int, dict[str, Any]], dict[int, list[str]]]:
+    """Node 0's own summary as it is, every other node's through :mod:`~torchdoctor.distributed.peer`
+    (bytes from the port are parsed, dicts checked): ({node: summary}, {node: reasons}).
+
+    A node whose summary could not be used at all (or whose claim the port refused) keeps a
+    place with no ranks and ``rejected``: it did report, so it is not lost; it is not compared."""
+    from torchdoctor.distributed import peer
+
+    out: dict[int, dict[str, Any]] = {0: got[0]}
+    bad: dict[int, list[str]] = {}
+    for k, s in sorted(got.items()):
+        if k == 0:
+            continue
+        clean, reasons = peer.parse(bytes(s), k) if isinstance(s, (bytes, bytearray)) else peer.check(s, k)
+        out[k] = clean if clean is not None else _rejected(k)
+        if reasons:
+            bad[k] = reasons
+    for k, why in (info.get("refused") or {}).items():
+        if isinstance(k, int) and k not in out:
+            out[k], bad[k] = _rejected(k), [str(why)]
+    for key, when in (("claimed_again", "after its summary arrived"),
+                      ("claimed_while_arriving", "while its summary was arriving")):
+        for k, n in (info.get(key) or {}).items():
+            if isinstance(k, int) and k in out:
+                bad.setdefault(k, []).append(
+                    f"{n} more sender{'s' if n > 1 else ''} claimed to be node {k} {when}")
+    return out, bad
+
+
+def _rejected(k: int) -> dict[str, Any]:
+    return {"v": 1, "node_rank": k, "ranks": [], "facts": {"env": {}}, "rendezvous": "unknown",
+            "result": {}, "output_tail": [], "rank_reports": {}, "events": [], "rejected": True}
+
+
 def job_report(probe: str, target: str, node: Any, per: dict[int, Evidence],
                got: dict[int, dict[str, Any]], info: dict[str, Any], wait: float) -> Report:
     from torchdoctor.distributed.ranked import assemble
     from torchdoctor.distributed.torchrun import merged_outcome
 
-    got = {k: (s if k == 0 else _clean(s)) for k, s in got.items()}  # node 0's own is ours
+    got, bad = checked(got, info)  # node 0's own is ours; every other node's is untrusted
     c0 = got[0].get("clock")
     clock0 = float(c0) if isinstance(c0, (int, float)) else 0.0
     events: list[dict[str, Any]] = []
@@ -220,7 +237,7 @@ def job_report(probe: str, target: str, node: Any, per: dict[int, Evidence],
         node_of.update({r: k for r in ranks})
         rank_reports.update(_rank_reports(probe, s, set(ranks)))
         shift = float(s.get("clock") or 0.0) - clock0 if isinstance(s.get("clock"), (int, float)) else 0.0
-        for e in (s.get("events") if isinstance(s.get("events"), list) else [])[:200_000]:
+        for e in s.get("events") or []:
             if not (isinstance(e, dict) and e.get("kind") in SHIPPED and e.get("rank") in ranks
                     and _numbers_ok(e)):
                 continue
@@ -245,7 +262,7 @@ def job_report(probe: str, target: str, node: Any, per: dict[int, Evidence],
                       result=job_result)
     report = assemble(probe, target, per, rank_reports, merged, world, ranks=sorted(node_of),
                       cross_rank=bool(node_of))
-    _judge_nodes(report, got, node, info, wait, merged)
+    _judge_nodes(report, got, node, info, wait, merged, bad)
     _name_nodes(report, node_of, got)
     _attribute_straggler(report, node_of)
     report.metrics["nodes"] = _nodes_metric(got, node_of, report, node.nnodes)
@@ -256,7 +273,7 @@ def job_report(probe: str, target: str, node: Any, per: dict[int, Evidence],
 
 
 def _judge_nodes(report: Report, got: dict[int, dict[str, Any]], node: Any, info: dict[str, Any],
-                 wait: float, merged: Evidence | None = None) -> None:
+                 wait: float, merged: Evidence | None = None, bad: dict[int, list[str]] | None = None) -> None:
     from torchdoctor.judge import judge as apply_rules
 
     failed = any(s.get("rendezvous") == "failed" for s in got.values())
@@ -272,7 +289,8 @@ def _judge_nodes(report: Report, got: dict[int, dict[str, Any]], node: Any, info
 
         meta["rank_outcomes"] = rank_outcomes(merged)
     evs = [{"kind": "node_summary", "node_rank": k, "facts": s.get("facts") if isinstance(s.get("facts"), dict) else {},
-            "ranks": s.get("ranks"), "rendezvous": s.get("rendezvous")} for k, s in sorted(got.items())]
+            "ranks": s.get("ranks"), "rendezvous": s.get("rendezvous"), "rejected": bool(s.get("rejected")),
+            "invalid": (bad or {}).get(k) or []} for k, s in sorted(got.items())]
     view = Report(command=report.command)
     apply_rules("nodes", Evidence(meta=meta, events=evs), view)
     if any(f.code in ("node-lost", "node-never-joined") for f in view.findings):
@@ -364,6 +382,7 @@ def _nodes_metric(got: dict[int, dict[str, Any]], node_of: dict[int, int], repor
         meds = [rows[r]["median_step_ms"] for r in ranks if r in rows and "median_step_ms" in rows[r]]
         out.append({"node_rank": k, "reported": True, "hostname": facts.get("hostname"),
                     "ranks": ranks, "gpu": facts.get("gpu"),
+                    **({"events_per_kind": s["events_cap"]} if s.get("events_cap") is not None else {}),
                     "median_step_ms": round(statistics.median(meds), 3) if meds else None,
                     "outcome": (s.get("result") or {}).get("outcome") if isinstance(s.get("result"), dict) else None})
     return out

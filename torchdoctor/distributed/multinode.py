@@ -53,7 +53,7 @@ class NodeSpec:
     def gather_port(self, env: Mapping[str, str] | None = None) -> int:
         env = os.environ if env is None else env
         v = env.get(GATHER_PORT_ENV)
-        if v and v.isdigit():
+        if v and _digits(v) and 0 < int(v) < 65536:
             return int(v)
         return self.port + 1
 
@@ -80,6 +80,11 @@ class NodeSpec:
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
+def _digits(s: str) -> bool:
+    """ASCII digits only: ``str.isdigit`` is also true of ``"²"``, which ``int()`` refuses."""
+    return s.isascii() and s.isdigit() and len(s) < 7
+
+
 def split_endpoint(ep: str) -> tuple[str, int]:
     ep = ep.strip()
     if ep.startswith("["):  # [::1]:29500
@@ -87,7 +92,7 @@ def split_endpoint(ep: str) -> tuple[str, int]:
         port = rest.lstrip(":")
     else:
         host, _, port = ep.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65535:
+    if not host or not _digits(port) or not 0 < int(port) < 65535:
         raise DoctorError(f"--rdzv-endpoint must be HOST:PORT, not {ep!r}",
                           hint="e.g. --rdzv-endpoint node01:29500 (the host of node 0)")
     return host, int(port)
@@ -143,7 +148,7 @@ def resolve(nnodes: int | None, node_rank: int | None, rdzv_endpoint: str | None
     if backend not in BACKENDS:
         raise DoctorError(f"--rdzv-backend must be one of {', '.join(BACKENDS)}, not {rdzv_backend!r}")
     rid = rdzv_id or DEFAULT_RDZV_ID
-    if not all(c.isalnum() or c in "-_." for c in rid):
+    if not all(c.isascii() and (c.isalnum() or c in "-_.") for c in rid):
         raise DoctorError(f"--rdzv-id may hold letters, digits, '-', '_' and '.', not {rid!r}")
     return NodeSpec(nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint.strip(),
                     rdzv_backend=backend, rdzv_id=rid,

@@ -38,7 +38,7 @@ def run_ranked(probe: str, target: str, argv: list[str], *, module: bool, opts: 
     n = int(opts["nproc_per_node"])
     node = NodeSpec.from_dict(opts.get("node"))  # one node of a multi-node job, or None
     run_dir, is_tmp = _run_dir(opts.get("out"))  # fresh: no rank dir of an earlier run
-    if node is not None:  # the gather store needs torch here: import it while the ranks run
+    if node is not None:  # the node's facts need torch here: import it while the ranks run
         from torchdoctor.distributed.jobreport import preload
 
         preload()
@@ -94,6 +94,12 @@ def assemble(probe: str, target: str, per: dict[int, Evidence], rank_reports: di
         add_metrics(first, scratch)  # the first rank's families (steps, memory, profile, nan...)
         report.metrics.update(scratch.metrics)
         report.findings.extend(f for f in scratch.findings if f.code == "internal-error")
+        if isinstance(report.metrics.get("memory"), dict):
+            from torchdoctor.distributed.memranks import memory_by_rank
+
+            by_rank = memory_by_rank(per)  # each rank's peak, which rank is highest, the skew
+            if by_rank:
+                report.metrics["memory"]["by_rank"] = by_rank
     summary = rank_summary(merged.events, nproc, ranks)
     if summary:
         report.metrics["ranks"] = summary
@@ -139,8 +145,9 @@ def merge_findings(report: Report, rank_reports: dict[int, Report], cross: Repor
                                            f"{visible_first_line(f.title)}")
                 continue
             by_code.setdefault(f.code, []).append((r, f))
+    received = _fold_received_gradients(by_code)
     for code, items in by_code.items():
-        report.add(_merge_one(items, nproc, folded if code in SYMPTOM_CODES else None))
+        report.add(_merge_one(items, nproc, folded if code in SYMPTOM_CODES else received.get(code)))
     for f in cross.findings:
         report.add(f)
     seen: dict[str, list[int]] = {}
@@ -154,6 +161,38 @@ def merge_findings(report: Report, rank_reports: dict[int, Report], cross: Repor
         report.skip(rule_name, reasons[rule_name] + suffix)
     for s in cross.skipped:
         report.skip(s.rule, s.reason)
+
+
+# where a non-finite value can start on a rank: its own forward or loss (the data it was given)
+ORIGIN_CODES = ("nonfinite-forward", "nonfinite-loss")
+
+
+def _fold_received_gradients(by_code: dict[str, list[tuple[int, Finding]]]) -> dict[str, dict[str, str]]:
+    """A rank whose forward and loss were finite but whose gradients were not, at the step (or
+    after the step) where another rank's forward or loss went non-finite, received them through
+    the gradient reduction (DDP's all-reduce, FSDP's reduce-scatter): its nonfinite-gradient is
+    that rank's symptom, folded into the origin's finding. Returns {origin code: {"rank R": why}}
+    and removes the folded items from ``by_code``."""
+    origins = [(f.evidence.get("step"), code, r) for code in ORIGIN_CODES
+               for r, f in by_code.get(code, []) if isinstance(f.evidence.get("step"), int)]
+    grads = by_code.get("nonfinite-gradient")
+    if not origins or not grads:
+        return {}
+    step0, code0, rank0 = min(origins)
+    out: dict[str, str] = {}
+    keep = []
+    for r, f in grads:
+        step = f.evidence.get("step")
+        if isinstance(step, int) and step >= step0 and r not in {o[2] for o in origins}:
+            out[f"rank {r}"] = (f"non-finite gradients from step {step} with a finite forward and "
+                                f"loss: received from rank {rank0} through the gradient reduction")
+        else:
+            keep.append((r, f))
+    if keep:
+        by_code["nonfinite-gradient"] = keep
+    else:
+        del by_code["nonfinite-gradient"]
+    return {code0: out} if out else {}
 
 
 def visible_first_line(text: str, limit: int = 200) -> str:

@@ -39,6 +39,10 @@ def _split_top(s: str) -> list[str]:
     return [p.strip() for p in out if p.strip()]
 
 
+def _digits(s: str) -> bool:
+    return s.isascii() and s.isdigit()  # not "²": str.isdigit() is true of it, int() refuses it
+
+
 def _range(spec: str) -> list[str]:
     """'01-03,7' -> ['01', '02', '03', '7'] (zero padding kept, as Slurm does)."""
     out: list[str] = []
@@ -46,13 +50,13 @@ def _range(spec: str) -> list[str]:
         part = part.strip()
         if "-" in part:
             lo, hi = part.split("-", 1)
-            if not (lo.isdigit() and hi.isdigit()) or int(hi) < int(lo):
+            if not (_digits(lo) and _digits(hi)) or int(hi) < int(lo):
                 raise NodeListError(f"bad range {part!r}")
             if int(hi) - int(lo) > 100_000:
                 raise NodeListError(f"range too large: {part!r}")
             width = len(lo) if lo.startswith("0") else 0
             out.extend(str(i).zfill(width) for i in range(int(lo), int(hi) + 1))
-        elif part.isdigit():
+        elif _digits(part):
             out.append(part)
         else:
             raise NodeListError(f"bad range item {part!r}")

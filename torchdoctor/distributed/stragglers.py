@@ -56,12 +56,13 @@ def own_work(events: list[dict[str, Any]]) -> dict[int, dict[int, float]]:
     return dict(out)
 
 
-def lag_table(events: list[dict[str, Any]], world: int) -> dict[str, Any] | None:
+def lag_table(events: list[dict[str, Any]], world: int, only: Any = None) -> dict[str, Any] | None:
     """Per rank: median lag (s), share of judged steps it arrived last, median excess of its own
-    work over the others' (s); None if unjudgeable."""
+    work over the others' (s); None if unjudgeable. ``only``: the steps to judge (default all)."""
     arr = arrivals(events)
     own = own_work(events)
-    steps = sorted(s for s, by in arr.items() if len(by) == world and s > WARMUP_STEPS)
+    steps = sorted(s for s, by in arr.items() if len(by) == world and s > WARMUP_STEPS
+                   and (only is None or s in only))
     if world < 2 or not steps:
         return None
     lags: dict[int, list[float]] = defaultdict(list)
@@ -76,13 +77,13 @@ def lag_table(events: list[dict[str, Any]], world: int) -> dict[str, Any] | None
             if r in mine and rest:
                 excess[r].append(mine[r] - statistics.median(rest))
         last[max(by, key=by.get)] += 1
-    return {"steps": len(steps), "basis": "host",
+    return {"steps": len(steps), "judged": steps, "basis": "host",
             "median_lag_s": {r: statistics.median(v) for r, v in sorted(lags.items())},
             "last_share": {r: last[r] / len(steps) for r in sorted(lags)},
             "own_excess_s": {r: statistics.median(v) for r, v in sorted(excess.items())}}
 
 
-def device_table(events: list[dict[str, Any]], world: int) -> dict[str, Any] | None:
+def device_table(events: list[dict[str, Any]], world: int, only: Any = None) -> dict[str, Any] | None:
     """On CUDA: per rank, median excess of device time outside backward (s) and the share of
     steps it had the most; None without CUDA-event step times on every rank.
 
@@ -98,7 +99,7 @@ def device_table(events: list[dict[str, Any]], world: int) -> dict[str, Any] | N
     for e in events:
         if e.get("kind") == "step_device" and "rank" in e and e.get("span_ms") is not None:
             s = int(e["step"])
-            if s > WARMUP_STEPS:
+            if s > WARMUP_STEPS and (only is None or s in only):
                 own[s][int(e["rank"])] = (float(e["span_ms"]) - float(e.get("backward_ms") or 0.0)) / 1e3
                 spans.append(float(e["span_ms"]) / 1e3)
     steps = sorted(s for s, by in own.items() if len(by) == world)
@@ -112,17 +113,41 @@ def device_table(events: list[dict[str, Any]], world: int) -> dict[str, Any] | N
             excess[r].append(v - statistics.median([u for q, u in by.items() if q != r]))
         most[max(by, key=by.get)] += 1
     med = {r: statistics.median(v) for r, v in sorted(excess.items())}
-    return {"steps": len(steps), "basis": "device", "median_lag_s": med,
+    return {"steps": len(steps), "judged": steps, "basis": "device", "median_lag_s": med,
             "last_share": {r: most[r] / len(steps) for r in sorted(excess)},
             "own_excess_s": med, "median_span_s": statistics.median(spans)}
 
 
-def step_medians(steps: list[dict[str, Any]]) -> dict[str, Any] | None:
+def collective_s(events: list[dict[str, Any]]) -> dict[int, float]:
+    """Per rank: median host seconds a step spent inside the script's own recorded collectives
+    (outside DDP's backward all-reduce, which the reducer issues unrecorded)."""
+    by: dict[int, list[float]] = defaultdict(list)
+    for e in events:
+        if e.get("kind") == "dist_step" and int(e.get("step") or 0) > WARMUP_STEPS:
+            by[int(e["rank"])].append(float(e.get("coll_s") or 0.0))
+    return {r: statistics.median(v) for r, v in by.items() if v}
+
+
+def rank_spans(events: list[dict[str, Any]]) -> dict[int, dict[int, float]]:
+    """{rank: {step: seconds}}: each rank's device span between step ends (CUDA runs)."""
+    out: dict[int, dict[int, float]] = defaultdict(dict)
+    for e in events:
+        if e.get("kind") == "step_device" and "rank" in e and e.get("span_ms") is not None:
+            out[int(e["rank"])][int(e.get("step") or 0)] = float(e["span_ms"]) / 1e3
+    return dict(out)
+
+
+def step_medians(steps: list[dict[str, Any]], spans: dict[int, float] | None = None
+                 ) -> dict[str, Any] | None:
+    """A rank's step medians. ``spans`` ({step: s}, CUDA): the one step-time basis of every
+    command (``evidence.step_seconds``): a step's time is its device span where one was read."""
     judged = steps[WARMUP_STEPS:] if len(steps) > WARMUP_STEPS + 1 else steps
     if not judged:
         return None
+    sp = spans or {}
     out = {"steps": len(steps),
-           "median_step_s": statistics.median(float(s["wall_s"]) for s in judged)}
+           "median_step_s": statistics.median(sp.get(int(s.get("step") or 0), float(s["wall_s"]))
+                                              for s in judged)}
     for p in PHASES:
         out[f"{p}_s"] = statistics.median(float(s.get(f"{p}_s", 0.0)) for s in judged)
     return out
@@ -135,10 +160,11 @@ def rank_summary(events: list[dict[str, Any]], world: int,
     steps = per_rank_steps(events)
     if not steps:
         return None
+    spans = rank_spans(events)
     lags = device_table(events, world) or lag_table(events, world)
     rows = []
     for r in (ranks if ranks is not None else range(world)):
-        m = step_medians(steps.get(r, []))
+        m = step_medians(steps.get(r, []), spans.get(r))
         row: dict[str, Any] = {"rank": r, "steps": len(steps.get(r, []))}
         if m:
             row["median_step_ms"] = round(m["median_step_s"] * 1e3, 3)

@@ -13,6 +13,9 @@ from typing import Any
 
 from torchdoctor.instruments._nan_window import EMIT_EVERY, LEARN_CONTAINED, MAX_PENDING, _Row, _Window
 from torchdoctor.numerics.locate import num as _num
+from torchdoctor.numerics.sharded import ShardedNorm
+from torchdoctor.torch_internals import (dtensor_norm_share, fsdp1_shard_groups, is_dtensor,
+                                         local_tensor)
 
 class RowReader:
     """Mixin of the monitor: rows, their reading and the localisation."""
@@ -35,11 +38,31 @@ class RowReader:
         self.records += len(w.recs)
         self.modified += w.modified
         strided = torch.strided
+        Tensor = self._Tensor
         gp = []
         grads = []
+        shards = None  # ShardedNorm when some gradients are DTensors (FSDP2, tensor parallel)
+        flat = self._flat_groups(opt, params)  # FSDP1: {id(param): shard group}
+        if flat:
+            shards = ShardedNorm()
+            for p in params:  # every rank: the same groups, in the optimizer's order
+                if id(p) in flat:
+                    shards.group(flat[id(p)])
         for p in params:
             g = p.grad
-            if g is not None and g.layout == strided:
+            if g is None:
+                continue
+            share = None
+            if type(g) is not Tensor and is_dtensor(g):
+                share = (dtensor_norm_share(g), g.device_mesh)
+                g = local_tensor(g)  # this rank's shard: no collective, no copy
+            elif flat and id(p) in flat:
+                share = ((flat[id(p)], 1.0), flat[id(p)])  # an FSDP1 shard of a flat parameter
+            if g.layout == strided:
+                if share is not None:
+                    if shards is None:
+                        shards = ShardedNorm()
+                    shards.add(len(grads), *share)
                 gp.append(p)
                 grads.append(g)
         norms = loss_vec = None
@@ -61,6 +84,12 @@ class RowReader:
                         norms = torch.stack(ns)
                     except RuntimeError:  # gradients on several devices
                         norms = torch.stack([n.to(dev) for n in ns])
+            if shards:  # the full gradients' norm: shares summed over each mesh (a collective),
+                # first, before anything this rank alone could fail on: every rank must enter it
+                self.sharded_rows += 1
+                self.partial_grads = max(self.partial_grads, len(shards.partial))
+                total = (shards.total_cpu(torch, norms) if isinstance(norms, list)
+                         else shards.total_dev(torch, norms))
             flags = []
             for (key, k), (vals, seqs) in w.reduced.items():
                 st = torch.stack(vals).view(-1, k)  # one row of k statistics per record
@@ -87,6 +116,9 @@ class RowReader:
                 if last is not None:
                     parts.append(loss_vec[last])
                     layout.append("loss")
+            if w.clip is not None and norms is not None:  # the norm clip_grad_norm_ returned: before clipping
+                parts.append(self._keep(w.clip[0].detach().reshape(())))
+                layout.append("pnorm")
             if norms is not None:
                 layout.append("gnorm")
             if not layout:
@@ -95,20 +127,29 @@ class RowReader:
             if on_cpu and not self.async_test:
                 row: Any = [float(x) for x in parts]
                 if norms is not None:
-                    row.append(math.hypot(*norms))  # float64, exact to an ulp
+                    row.append(total if shards else math.hypot(*norms))  # float64, exact to an ulp
             else:
                 if isinstance(norms, list):  # CPU gradients, a CUDA loss
-                    parts.append(torch.tensor(math.hypot(*norms), device="cpu"))
+                    parts.append(torch.tensor(total if shards else math.hypot(*norms), device="cpu"))
                 elif norms is not None:
-                    parts.append(torch.linalg.vector_norm(norms))
+                    parts.append(total.float() if shards else torch.linalg.vector_norm(norms))
                 dev = parts[-1].device
                 row = torch.stack([x if x.device == dev else x.to(dev) for x in parts])
         finally:
             if was_on:
                 set_grad(True)
+        # the row keeps the window for the records' names, not its tensors: the last watched
+        # output (the logits), the losses and the per-record values (``stacks`` holds them)
+        # would otherwise live until the row is read, a step or more later on CUDA
+        w.last_out = None
+        w.losses = []
+        w.reduced = {}
         for r in self.pending:
             r.live = False  # gradients / tensors of older rows may have changed since
         new = _Row(step, opt, row, w, gp, norms, stacks, loss_vec, layout)
+        if "pnorm" in layout:
+            new.clip_max = w.clip[1]
+        new.sharded = shards is not None
         if not isinstance(row, list) and not self.sync_read and (row.is_cuda or self.async_test):
             if self.reader is None:
                 from torchdoctor.numerics import hostread
@@ -118,6 +159,21 @@ class RowReader:
             new.handle = self.reader.submit(row)
         self.pending.append(new)
         self.rows += 1
+
+    def _flat_groups(self, opt: int | None, params: list) -> dict[int, Any]:
+        """FSDP1's {id(param): shard group} for the parameters of optimizer ``opt``, looked up
+        once per optimizer (FSDP1 builds its flat parameters before the optimizer exists)."""
+        if not params:
+            return {}
+        cache = self.__dict__.setdefault("_flat_cache", {})
+        got = cache.get(opt)
+        if got is None:
+            models = self.ctx.models()
+            groups = fsdp1_shard_groups(models)
+            got = {id(p): groups[id(p)] for p in params if id(p) in groups}
+            if models and opt is not None:  # (no-optimizer rows: the models' parameters may change)
+                cache[opt] = got
+        return got
 
     def _maybe_read(self) -> None:
         """CPU rows: read every ``check_every`` rows (a CPU read costs no sync). CUDA rows:
@@ -182,6 +238,8 @@ class RowReader:
             opts.append(r.opt)
             losses.append(_num(vals["loss"]) if "loss" in vals else None)
             norms.append(_num(vals["gnorm"]) if "gnorm" in vals else None)
+            self.clip_series[0].append(_num(vals["pnorm"]) if "pnorm" in vals else None)
+            self.clip_series[1].append(r.clip_max)
             fwd_ok = math.isfinite(vals.get("fwd", 0.0))
             loss_ok = math.isfinite(vals.get("lossflag", vals.get("loss", 0.0)))
             grads_ok = math.isfinite(vals.get("gnorm", 0.0))
@@ -208,10 +266,14 @@ class RowReader:
             self._emit_series()
 
     def _emit_series(self) -> None:
-        se = self.series
+        se, cs = self.series, self.clip_series
         if se[0]:
-            self.ctx.emit("numerics", steps=se[0], opt=se[1], loss=se[2], grad_norm=se[3])
+            extra = {}
+            if any(m is not None for m in cs[1]):  # clipping seen: the norm before it and max_norm
+                extra = {"grad_norm_pre_clip": cs[0], "clip_max": cs[1]}
+            self.ctx.emit("numerics", steps=se[0], opt=se[1], loss=se[2], grad_norm=se[3], **extra)
         self.series = ([], [], [], [])
+        self.clip_series = ([], [])
 
     # ------------------------------------------------------------------ localization
     def _localize(self, r: _Row, fwd_ok: bool, loss_ok: bool, grads_ok: bool) -> None:
@@ -228,6 +290,14 @@ class RowReader:
         if ev is None and not grads_ok:
             ev = self.locator.grads(r, namer)
         if ev is None:
+            if r.elsewhere:
+                # every local shard finite, the mesh-wide norm not: another rank holds the bad
+                # value (and names it); this rank stops at the same row as that one
+                self.found = True
+                ctx.emit("nonfinite_elsewhere", step=r.step, optimizer=r.opt,
+                         params_with_grad=len(r.params))
+                if self.stop_on_bad:
+                    ctx.request_stop(f"a non-finite gradient on another rank at step {r.step}")
             return
         ev.setdefault("step", r.step)
         ev["forward_watch"] = self.watch

@@ -55,7 +55,7 @@ class _Window:
 
     __slots__ = ("pend", "npend", "qbytes", "reduced", "modified", "last_entry", "inplace", "recs", "calls", "parents",
                  "grad_on", "losses", "loss_info", "stack", "last_out", "last_ver", "last_seq",
-                 "order", "root_outs")
+                 "order", "root_outs", "clip")
 
     def __init__(self) -> None:
         self.pend: dict[Any, list] = {}
@@ -77,6 +77,7 @@ class _Window:
         self.last_seq = -1
         self.order: dict[int, int] = {}  # id(module) -> seq of its last output
         self.root_outs: list[int] = []  # seqs of root modules' outputs
+        self.clip: tuple[Any, float] | None = None  # (total norm before clipping, max_norm): last clip_grad_norm_
 
     def empty(self) -> bool:
         return not self.recs and not self.losses
@@ -84,7 +85,8 @@ class _Window:
 
 class _Row:
     __slots__ = ("step", "opt", "row", "win", "params", "norms", "stacks", "loss_vec", "live",
-                 "layout", "gnorm64", "neg_inf_before", "handle")
+                 "layout", "gnorm64", "neg_inf_before", "handle", "clip_max", "sharded",
+                 "elsewhere")
 
     def __init__(self, step, opt, row, win, params, norms, stacks, loss_vec, layout):
         self.step, self.opt, self.row, self.win = step, opt, row, win
@@ -94,6 +96,9 @@ class _Row:
         self.gnorm64: float | None = None  # float64 norm when the float32 one overflowed
         self.neg_inf_before: int | None = None  # an earlier -Inf-only record (a mask?)
         self.handle: Any = None  # CudaRowReader handle (None: a CPU row, read directly)
+        self.clip_max: float | None = None  # max_norm of a clip_grad_norm_ in the window
+        self.sharded = False  # some gradients are DTensor shards: the norm was summed over meshes
+        self.elsewhere = False  # sharded, the summed norm not finite, every local shard finite
 
 
 class WindowQueue:

@@ -10,9 +10,9 @@ allocator-stats read per device (host-side, no device sync). Peaks are never res
 script may read them).
 
 When a series keeps rising after warm-up (:func:`torchdoctor.memory.trend.rising` over
-:data:`SUSPECT_SAMPLES` boundaries) and the rise would matter (the growth judgment's
-:func:`torchdoctor.memory.growth.impact` at the rate seen so far, the room left and the median
-step time: warning or error), it arms a short *site window*
+:data:`SUSPECT_SAMPLES` boundaries) by at least the growth rule's minimum rise, it arms a short
+*site window* whatever the rate (a kept loss graph grows a few KiB a step: slow against a large
+host's room, still a leak whose line must be named; the severity is the rule's)
 (:class:`torchdoctor.memory.window.SiteWindow`, a few steps, once) that records which lines
 allocate the memory that survives (``mem_sites`` event): a dispatch-mode tracker (CPU and
 CUDA), on CUDA allocator snapshots with Python stacks, on the host ``tracemalloc``. The window
@@ -36,7 +36,6 @@ from typing import Any
 from torchdoctor.instruments import Instrument, register
 from torchdoctor.memory import cuda, session
 from torchdoctor.memory.host import host_memory, rss_bytes
-from torchdoctor.memory.growth import impact
 from torchdoctor.memory.trend import rising
 from torchdoctor.memory.units import KiB, human_bytes
 from torchdoctor.memory.window import SiteWindow, budget_for
@@ -163,18 +162,6 @@ class MemorySampler(Instrument):
         """Median of the recent step intervals (the window's own steps left out)."""
         return median(self.walls) if len(self.walls) >= 3 else None
 
-    def _matters(self, key: str, value: int, first: int, steps: int) -> bool:
-        """Would growth at the rate seen since warm-up be reported at warning or above?"""
-        slope = (value - first) / max(1, steps)
-        if key == "cuda":
-            cap = sum(self.capacity.get(d, 0) for d in self.devs)
-            room = cap - value if cap else None
-        else:
-            avail = (self.host or {}).get("available")
-            base = self.sess.base_heap
-            room = None if avail is None else avail - max(0, value - (base or value))
-        return impact(slope, room, self.step_seconds())[0] in ("warning", "error")
-
     # ---- allocation-site window --------------------------------------------------------
     def _window_tick(self, step: int, values: dict[str, int | None]) -> None:
         if self.window is not None:
@@ -197,8 +184,7 @@ class MemorySampler(Instrument):
             if (len(q) == q.maxlen and q[-1] - q[0] >= SUSPECT_MIN_RISE * SUSPECT_SAMPLES
                     and v - first >= max(SUSPECT_MIN_TOTAL,
                                          (step - first_step) * SUSPECT_MIN_SLOPE_SINCE)
-                    and rising(list(q), SUSPECT_MIN_RISE)
-                    and self._matters(key, v, first, step - first_step)):
+                    and rising(list(q), SUSPECT_MIN_RISE)):
                 armed = key
         if armed:
             self.windows += 1

@@ -36,10 +36,25 @@ attention mask) is not reported; the modules that made those -Inf values are rem
 their Inf-only values are skipped when a later step does go bad (the NaN it caused is what
 gets named).
 
-Events: ``numerics`` {steps, opt, loss, grad_norm} (every 32 rows); ``nonfinite`` {what, step,
-...} once; ``nonfinite_contained`` once; ``grad_norm_overflow``; ``nan_monitor`` {forward_watch,
-check_every, rows, reads, records, flushes, modified, flush_bytes, found, contained,
-scaler_skips} at the end.
+``clip_grad_norm_`` is wrapped to keep the norm it returns (before clipping) and ``max_norm``
+for the window's row: the series then shows what the gradients were, not the clipped 1.0.
+
+Sharded parameters (FSDP2 ``fully_shard``, tensor parallelism: DTensor parameters, gradients
+and module outputs): every tensor is read through its local shard
+(``torch_internals.local_tensor``), so nothing here mixes a DTensor with a plain tensor or runs
+a collective by reducing a DTensor. The row's gradient norm is the full gradients' norm, equal
+to ``clip_grad_norm_`` on the full tensors: each mesh's shares summed by one all-reduce per mesh
+dimension over that dimension's own group (``numerics/sharded.py``), at the optimizer pre-step
+that every rank reaches in order. So every rank of the mesh sees a non-finite norm at the same
+row; the rank whose own shard, forward or loss holds the value names it, a rank whose shards
+are all finite records ``nonfinite_elsewhere`` and (``nan`` probe) stops at the same step.
+Localisation reads local shards only: it runs on whichever rank found something, and a
+collective there would hang.
+
+Events: ``numerics`` {steps, opt, loss, grad_norm[, grad_norm_pre_clip, clip_max]} (every 32 rows); ``nonfinite`` {what, step,
+...} once; ``nonfinite_contained`` once; ``nonfinite_elsewhere`` {step} once; ``grad_norm_overflow``;
+``nan_monitor`` {forward_watch, check_every, rows, reads, records, flushes, modified,
+flush_bytes, found, contained, scaler_skips, sharded_rows, partial_grads} at the end.
 """
 
 from __future__ import annotations
@@ -55,12 +70,13 @@ from torchdoctor.instruments._nan_window import (FLUSH_AT, FLUSH_MIN_BYTES, FORC
 from torchdoctor.runner.patching import Patches
 from torchdoctor.torch_internals import foreach_norm, set_grad_enabled_raw
 from torchdoctor.numerics.locate import Locator
+from torchdoctor.numerics.tensors import kept_scalar
 
 @register
 class NanMonitor(WindowQueue, RowReader, Instrument):
     name = "nan_monitor"
     produces = frozenset({"nonfinite", "numerics", "grad_norm_overflow", "nan_monitor",
-                          "nonfinite_contained"})
+                          "nonfinite_contained", "nonfinite_elsewhere"})
     priority = 60
 
     # ------------------------------------------------------------------ install
@@ -103,6 +119,7 @@ class NanMonitor(WindowQueue, RowReader, Instrument):
         self.pending: list[_Row] = []
         self.reader = None  # CudaRowReader, made on the first CUDA row
         self.series: tuple[list, list, list, list] = ([], [], [], [])
+        self.clip_series: tuple[list, list] = ([], [])  # per row: norm before clipping, max_norm
         self.found = False
         self.contained = 0
         self.benign: set[int] = set()
@@ -120,7 +137,10 @@ class NanMonitor(WindowQueue, RowReader, Instrument):
             self.handles.append(mod_mod.register_module_forward_hook(self._fwd_post, always_call=True))
         self._undo = Patches()  # undone only where our wrapper is still on top
         self.scaler_skips = 0
+        self.sharded_rows = 0  # rows whose gradient norm was summed over DTensor meshes
+        self.partial_grads = 0  # most Partial-placed gradients in a row (finiteness only)
         self._patch_scaler(torch)
+        self._patch_clip(torch)
         try:
             self._compiling = torch.compiler.is_compiling
         except AttributeError:  # pragma: no cover - older torch
@@ -150,6 +170,31 @@ class NanMonitor(WindowQueue, RowReader, Instrument):
 
         self._undo.set(GS, "step", step, orig)
 
+    def _patch_clip(self, torch) -> None:
+        """``clip_grad_norm_`` returns the total norm *before* clipping; the row's own norm, read at
+        the optimizer pre-step, is the clipped one (1.0 every step under ``max_norm=1``). The
+        returned tensor (no copy, no sync) and ``max_norm`` are kept for the window's row."""
+        from torch.nn.utils import clip_grad
+
+        orig = clip_grad.clip_grad_norm_
+        inst = self
+
+        def clip_grad_norm_(parameters, max_norm, *a, **k):
+            total = orig(parameters, max_norm, *a, **k)
+            try:
+                # a plain tensor only: a DTensor norm (FSDP2) would not stack with the row's tensors
+                if inst._owner() and type(total) is torch.Tensor and total.numel() == 1 \
+                        and total.device.type != "meta":
+                    inst.win.clip = (total, float(max_norm))
+            except Exception:  # noqa: BLE001 - never raise into the user's code
+                inst.hook_failed(inst.ctx, "clip_grad_norm_")
+            return total
+
+        clip_grad_norm_.__doc__ = orig.__doc__
+        self._undo.set(clip_grad, "clip_grad_norm_", clip_grad_norm_, orig)
+        if getattr(torch.nn.utils, "clip_grad_norm_", None) is orig:
+            self._undo.set(torch.nn.utils, "clip_grad_norm_", clip_grad_norm_, orig)
+
     def uninstall(self, ctx: Any) -> None:
         for h in self.handles:
             h.remove()
@@ -162,7 +207,8 @@ class NanMonitor(WindowQueue, RowReader, Instrument):
         ctx.emit("nan_monitor", forward_watch=self.watch, check_every=self.every, rows=self.rows,
                  reads=self.reads, records=self.records, flushes=self.flushes, modified=self.modified,
                  flush_bytes=self.flush_bytes, found=self.found,
-                 contained=self.contained, scaler_skips=self.scaler_skips)
+                 contained=self.contained, scaler_skips=self.scaler_skips,
+                 sharded_rows=self.sharded_rows, partial_grads=self.partial_grads)
 
     # ------------------------------------------------------------------ forward watch
     def _owner(self) -> bool:
@@ -170,7 +216,7 @@ class NanMonitor(WindowQueue, RowReader, Instrument):
 
     def _fwd_pre(self, module, args):
         try:
-            if self.found or not self._owner() or self._compiling():
+            if self._compiling() or self.found or not self._owner():
                 return None
             w = self.win
             if w.npend and not w.stack:  # a new root call: the last one's tensors are reduced now
@@ -196,7 +242,7 @@ class NanMonitor(WindowQueue, RowReader, Instrument):
 
     def _fwd_post(self, module, args, output):
         try:
-            if self.found or not self._owner() or self._compiling():
+            if self._compiling() or self.found or not self._owner():
                 return None
             w = self.win
             cid = -1
@@ -277,6 +323,7 @@ class NanMonitor(WindowQueue, RowReader, Instrument):
             return
         w = self.win
         self._flush(w)  # before backward frees the activations (returns at once if empty)
+        w.last_out = None  # the forward is over: autograd decides what of it lives on
         if ctx.step >= self.budget_step and w.reduced:
             # steps 0, 1, 2, 4, ... 64, then every 64: the allocator's statistics cost ~0.2 ms
             # a read, and a step's memory settles after the first few
@@ -287,7 +334,8 @@ class NanMonitor(WindowQueue, RowReader, Instrument):
         t = ctx.last_backward_tensor
         if (type(t) is self._Tensor and t.numel() == 1 and self._ok(t)
                 and not t.is_complex()):  # a real scalar loss: inlined
-            w.losses.append(t.detach())
+            # kept until the window is read: a copy when the loss is a view of a larger storage
+            w.losses.append(kept_scalar(t))
             w.loss_info.append(LossInfo(t.shape, t.dtype, True, len(w.recs), ctx.step + 1))
             return
         ts = self._float_tensors(t, limit=4)
@@ -297,7 +345,7 @@ class NanMonitor(WindowQueue, RowReader, Instrument):
         for t in ts:
             d = self._as_real(t.detach())  # detached: not recorded for autograd; complex: real
             scalar = d.numel() == 1
-            w.losses.append(d if scalar else self._keep(torch.stack(torch.aminmax(d))))
+            w.losses.append(kept_scalar(d) if scalar else self._keep(torch.stack(torch.aminmax(d))))
             w.loss_info.append(LossInfo(t.shape, t.dtype, scalar, len(w.recs), ctx.step + 1))
 
     # ------------------------------------------------------------------ gradients / rows

@@ -51,6 +51,9 @@ from torchdoctor.instruments._profile_plan import (  # noqa: F401 - re-exported
 
 RECORD_SLOWDOWN_MAX = 4.0  # recorded steps this many times the un-profiled step time ...
 RECORD_MIN_S = 0.5  # ... and at least this long: the window stops after the current step
+MAX_BOUNDARIES = 64  # step boundary times kept, to tell an empty window's cause
+BURST_S = 0.005  # each step of an empty window ended within this of the previous: boundaries placed after
+# the fact (measured 0.07-0.3 ms apart on the CPU box, idle; a step that runs a torch op is recorded)
 
 
 @register
@@ -77,6 +80,8 @@ class ProfilerWindow(Instrument):
         self.plain_s: list[float] = []  # un-profiled step times before the window (step 1 left out)
         self.rec_s: list[float] = []  # recorded step times
         self.stopped_early: str | None = None
+        self.gaps: list[float] = []  # per step boundary (the first MAX_BOUNDARIES): the script's time before it
+        self.t_out = self.t_last  # when our previous on_step_end returned
         reason = compat.unavailable_reason()
         if reason:
             ctx.emit("profile_window", status="unavailable", reason=reason)
@@ -97,6 +102,14 @@ class ProfilerWindow(Instrument):
         self.steps_seen += 1
         now = time.perf_counter()
         dt, self.t_last = now - self.t_last, now
+        if self.steps_seen <= MAX_BOUNDARIES:
+            self.gaps.append(now - self.t_out)  # the script's time since our previous boundary returned
+        try:
+            self._on_step_end(ctx, dt)
+        finally:
+            self.t_out = time.perf_counter()
+
+    def _on_step_end(self, ctx: Any, dt: float) -> None:
         if (self.prof is not None and not self.closed and not self.frozen
                 and ctx.in_owner_process()):
             if self.done:
@@ -215,6 +228,9 @@ class ProfilerWindow(Instrument):
             info["budget"] = self.budget
         if self.stopped_early:
             info["stopped_early"] = self.stopped_early
+        # the script's own time before each step boundary (our and other instruments' boundary work left
+        # out): back-to-back boundaries are steps ended after the fact
+        info["boundary_gaps_ms"] = [round(g * 1e3, 3) for g in self.gaps[:self.wait + self.warmup + self.active + 1]]
         try:
             from torchdoctor.instruments import _profiler_compat as compat
             from torchdoctor.instruments._profile_analysis import analyze
@@ -238,8 +254,7 @@ class ProfilerWindow(Instrument):
             if window.get("active_steps") and not (payloads.get("profile_ops") or {}).get("by_self_cpu"):
                 # steps were recorded but not one torch op: another profiler in the script holds
                 # the op callbacks; judging this window would call every step "pure Python"
-                window.update(status="empty", reason="the profiler recorded no torch op in the "
-                              "window (is the script running its own torch.profiler?)")
+                window.update(status="empty", reason=self._empty_reason())
                 payloads = {}
             ctx.emit("profile_window", **window)
             for kind, data in payloads.items():
@@ -248,6 +263,25 @@ class ProfilerWindow(Instrument):
             info.update(status="failed", error=f"{type(e).__name__}: {e}",
                         traceback=traceback.format_exc(limit=8))
             ctx.emit("profile_window", **info)
+
+    def _empty_reason(self) -> str:
+        """Why recorded steps hold no torch op, from what was measured."""
+        first, last = self.wait + self.warmup, self.wait + self.warmup + self.active
+        if last <= len(self.gaps) and first >= 1:
+            span = sum(self.gaps[first:last])  # the script's own time inside the recorded steps
+            if max(self.gaps[first:last]) < BURST_S:
+                j, e = last - 1, last  # the run of back-to-back boundaries holding the window
+                while j > 0 and self.gaps[j] < BURST_S:
+                    j -= 1
+                while e < len(self.gaps) and self.gaps[e] < BURST_S:
+                    e += 1
+                return (f"the {self.active} recorded steps ended together, within {span * 1e3:.2g} ms: "
+                        f"their step boundaries were placed after the fact (several optimizers: the step "
+                        f"clock first learns their cycle, then ends the steps already run at once, up to step {e}), "
+                        f"so no op ran while the profiler recorded; profile later steps with --skip {e}")
+        return ("the profiler recorded no torch op in the window although its steps took time: another "
+                "profiler in the script (torch.profiler, Kineto, a framework's profiler callback) may hold "
+                "the op callbacks")
 
     def _export(self, prof: Any) -> dict[str, Any]:
         """Write the trace under --out (gzip above the cap; dropped if still above)."""
@@ -297,4 +331,5 @@ class ProfilerWindow(Instrument):
         if not self.done:
             ctx.emit("profile_window", status="not-reached", wait=self.wait, warmup=self.warmup,
                      active=self.active, steps_seen=self.steps_seen,
-                     steps_needed=self.wait + self.warmup + self.active)
+                     steps_needed=self.wait + self.warmup + self.active,
+                     optimizers_stepped=len(getattr(ctx, "optimizers", None) or []))

@@ -23,7 +23,9 @@ Events: ``save`` {fn, where (user file:line), step, target (file | stream), name
 (the file's base name), folder, layout (a known multi-file layout of that folder, from the
 checkpoint family's ``checkpoint/layout.py``: its sibling names), n (the ordinal of this save at
 its site), roles, live, matched, nodes, describe_ms[, truncated]}; ``save_sites`` {sites: {where:
-saves}, layouts: [[where, n, layout]] recognised at the end, once the folder was complete}. The resume check
+saves}, layouts: [[where, n, layout]] recognised at the end, once the folder was complete, renamed:
+[[written as, kept as]] (``os.rename``/``os.replace`` of a saved path)}; ``live.counter_schedulers``
+in a save: schedulers outside torch's classes stepped with an explicit counter (``save_audit_counted.py``). The resume check
 (``save_audit_reset.py``, ``ctx.options["resume_reset"]``) adds ``resume_reset`` and
 ``lr_trace``.
 """
@@ -69,6 +71,10 @@ class SaveAudit(Instrument):
 
             self.reset = ResumeReset(ctx, self.live, ctx.options.get("resume_reset") or {})
         self.live.install(ctx, self.patches)
+        from torchdoctor.instruments.save_audit_counted import Counted
+
+        self.counted = Counted(ctx, self.live, self.patches)
+        self.counted.install_renames()
         if self.reset is not None:
             self.reset.install()
         self._wrap_saves()
@@ -126,6 +132,7 @@ class SaveAudit(Instrument):
             uf = user_frame(3)
             where = f"{uf[0]}:{uf[1]}" if uf else "<unknown>"
             target, name, path = _target(f)
+            self.counted.saved_path(path)
             with self._lock:
                 n = self.sites[where] = self.sites.get(where, 0) + 1
                 # an in-memory snapshot (io.BytesIO: a best-model copy) is no checkpoint a
@@ -150,7 +157,7 @@ class SaveAudit(Instrument):
         if path and lay is None:
             self.unplaced.append((where, n, path))
         self.ctx.emit("save", fn=fn, where=where, step=self.ctx.step, target=target, name=name, n=n,
-                      folder=folder, layout=lay["name"] if lay else None, **describe(obj, self.ctx, self.live))
+                      folder=folder, layout=lay["name"] if lay else None, **describe(obj, self.ctx, self.live, self.counted))
 
     def _guard(self, what: str, fn, *a) -> None:
         try:
@@ -168,19 +175,25 @@ class SaveAudit(Instrument):
                       traceback=traceback.format_exc(limit=8))
 
     def on_step_end(self, ctx: Any, step: int) -> None:
+        if not self.counted.looked:
+            self._guard("scheduler lookup", self.counted.look)
         if self.reset is not None:
             self.reset.on_step_end(step)
 
     def uninstall(self, ctx: Any) -> None:
         self.on = False
         self.live.active = False
+        counted = getattr(self, "counted", None)
+        if counted is not None:
+            counted.on = False
         patches = getattr(self, "patches", None)
         if patches is not None:
             patches.undo()
         if getattr(self, "reset", None) is not None:
             self.reset.uninstall()
         if getattr(self, "sites", None):
-            ctx.emit("save_sites", sites=dict(self.sites), layouts=self._late_layouts())
+            ctx.emit("save_sites", sites=dict(self.sites), layouts=self._late_layouts(),
+                     renamed=list(counted.renames) if counted is not None else [])
 
     def _late_layouts(self) -> list:
         """Layouts recognised only once the script wrote the rest of the folder (the first file of an

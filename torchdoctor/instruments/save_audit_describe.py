@@ -33,13 +33,16 @@ MATCH_SHARE = 0.9  # a live model is "saved" when this share of its tensors (or 
 PREFIXES = ("module.", "_orig_mod.")
 
 
-def describe(obj: Any, ctx: Any, live: Live) -> dict:
+def describe(obj: Any, ctx: Any, live: Live, counted: Any = None) -> dict:
     t0 = time.perf_counter()
     mi = mirror(obj)
     roles = recognise(mi.root)
     summary = roles_summary(roles, mi)
     summary["part"] = content_part(SimpleNamespace(roles=roles, contents=SimpleNamespace(root=mi.root)))
-    out = {"roles": summary, "live": live_facts(ctx, live),
+    facts = live_facts(ctx, live)
+    if counted is not None and counted.calls:
+        facts["counter_schedulers"] = counted.facts()
+    out = {"roles": summary, "live": facts,
            "matched": {"models": _match_models(roles, mi, ctx)[:MAX_LIVE],
                        "optimizers": _match_optimizers(roles, mi, live.optimizers(ctx)[:MAX_LIVE])},
            "nodes": mi.nodes}

@@ -20,7 +20,8 @@ the clear happens before the next cycle's first backward.
 (root modules with at least one parameter in an optimizer that stepped) that require grad but
 never had a gradient at an optimizer step (``unused``), that are in no optimizer
 (``not_in_optimizer``), and modules held in plain list/tuple/dict attributes that no root
-registers (``unregistered``).
+registers (``unregistered``): of the roots and of the outermost modules the script built that no
+root holds (a model whose forward is never called: its layers trained through ``.forward``).
 
 **Where** (``_sites.py``): the user's line that built each optimizer and each module, so a
 finding names a line: ``optimizer_at`` / ``step_at`` (the line calling ``optimizer.step()``)
@@ -41,11 +42,12 @@ from typing import Any
 
 from torchdoctor.instruments import Instrument, register
 from torchdoctor.runner.patching import Patches
-from torchdoctor.torch_internals import foreach_norm
+from torchdoctor.torch_internals import foreach_norm, local_tensor
 
 MAX_NAMES = 12
 MAX_STALE_EVENTS = 5
 AUDIT_STEPS = {1, 2, 10, 100, 1000, 10000}
+MAX_BUILT = 20000  # modules the script built, looked at for holders no root seen in forward holds
 
 
 @register
@@ -171,7 +173,9 @@ class TrainingGrads(Instrument):
             suspects.append(pid_)
         if suspects:
             torch = self.torch
-            grads = [st[i][0].grad for i in suspects]
+            # a DTensor gradient (FSDP2, tensor parallel): its local shard, each rank judging its
+            # own (a DTensor's norm is a pending sum: reading it later would be a collective)
+            grads = [local_tensor(st[i][0].grad) for i in suspects]
             try:
                 with torch.no_grad():
                     ns = foreach_norm()(grads, 2, dtype=torch.float32)
@@ -297,7 +301,10 @@ class TrainingGrads(Instrument):
                         item["created_at"] = site
                     (not_in_opt if "has_grad" in item else unused).append(item)
         registered = {id(m) for r in roots for m in r.modules()}
-        hidden = self._hidden_modules(roots, registered, namer, opt_params)
+        holders = roots + self._unrooted(registered)
+        for h in holders[len(roots):]:
+            namer.add_root(h)
+        hidden = self._hidden_modules(holders, registered, namer, opt_params)
         min_steps = min((self.opt_steps.get(id(o), 0) for o in opts), default=0)
         ctx.emit("params_audit", step=ctx.step, final=final, optimizers=len(opts),
                  optimizer_steps=min_steps, trained_roots=[namer.module(m) for m in trained],
@@ -306,12 +313,24 @@ class TrainingGrads(Instrument):
                  not_in_optimizer=not_in_opt[:50], not_in_optimizer_count=len(not_in_opt),
                  unregistered=hidden)
 
+    def _unrooted(self, registered: set[int]) -> list:
+        """Modules the script built that no root seen in forward holds, outermost first: a model
+        whose own forward is never called (mnist_forward_forward trains each layer through
+        ``layer.forward(x)``, so only its ReLUs are roots) still holds its layers."""
+        built = [m for m, _site in list(self.module_sites.items())[:MAX_BUILT] if id(m) not in registered]
+        inner = {id(c) for m in built for c in m.modules() if c is not m}
+        return [m for m in built if id(m) not in inner]
+
     def _hidden_modules(self, roots: list, registered: set[int], namer, opt_params: set[int]) -> list:
         torch = self.torch
         Module = torch.nn.Module
         out = []
+        walked: set[int] = set()
         for root in roots:
             for m in root.modules():
+                if id(m) in walked:
+                    continue
+                walked.add(id(m))
                 for attr, val in list(vars(m).items()):
                     if attr.startswith("_") and attr in ("_modules", "_parameters", "_buffers"):
                         continue

@@ -54,6 +54,15 @@ RATE_WARN_PER_HOUR = 8 * GiB  # a rate that matters on any machine, whatever the
 # guess. When the site window looked and named nothing, such growth is at most info until it has
 # been seen rising over this many steps (rules/memory.py).
 UNATTRIBUTED_MIN_STEPS = 100
+# A warning or error also needs a line that explains the series: the fitted line's R^2 at least
+# FIT_MIN_R2 (a 0.17 fit over a wandering series is no trend to extrapolate 24 h from), and a
+# site only names the growth when the bytes it keeps per step are at least SITE_MIN_SHARE of the
+# fitted slope (a 32 B/step site does not explain 20 KiB/step). An autograd graph measured growing
+# step over step (a kept loss: `total += loss`) is a leak at any rate: at least a warning, whatever
+# the step time, with its line.
+FIT_MIN_R2 = 0.5
+SITE_MIN_SHARE = 0.25
+GRAPH_MIN_SEVERITY = "warning"
 
 
 SEVERITY_ORDER = {None: 0, "info": 1, "warning": 2, "error": 3}
@@ -136,11 +145,25 @@ def impact(slope: float, room: float | None, step_s: float | None) -> tuple[str,
     return "info", {**out, "horizon": horizon}
 
 
-def capped_unattributed(severity: str | None, fitted_steps: int, attributed: bool) -> bool:
-    """True when a warning/error must drop to info: nothing names the growth and it was seen
-    over fewer than :data:`UNATTRIBUTED_MIN_STEPS` steps."""
-    return (severity in ("warning", "error") and not attributed
-            and fitted_steps < UNATTRIBUTED_MIN_STEPS)
+def evidence_cap(severity: str | None, r2: float, fitted_steps: int, site_share: float, graph: bool,
+                 looked: bool) -> str | None:
+    """Why a warning/error must drop to info ("fit" | "unattributed"), or None when it stands.
+    ``site_share``: the named sites' bytes per step over the fitted slope; ``graph``: an autograd
+    graph measured growing (never capped); ``looked``: the site window ran."""
+    if severity not in ("warning", "error") or graph:
+        return None
+    if r2 < FIT_MIN_R2:
+        return "fit"
+    if looked and site_share < SITE_MIN_SHARE and fitted_steps < UNATTRIBUTED_MIN_STEPS:
+        return "unattributed"
+    return None
+
+
+def with_graph_floor(severity: str | None) -> str | None:
+    """A measured growing autograd graph is at least :data:`GRAPH_MIN_SEVERITY`."""
+    if SEVERITY_ORDER[severity] < SEVERITY_ORDER[GRAPH_MIN_SEVERITY]:
+        return GRAPH_MIN_SEVERITY
+    return severity
 
 
 def judge(fit: Trend, noisy: bool, room: float | None, step_s: float | None) -> Verdict:

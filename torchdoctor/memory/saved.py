@@ -51,10 +51,16 @@ class SavedTensors:
 
     # hooks -------------------------------------------------------------------------------
     def _pack(self, t: Any) -> Any:
-        if not self.skipped.check(t):  # sparse, nested, meta, ...: no storage to count
+        if not self.skipped.check(t):  # sparse, nested, meta, DTensor...: no storage to count
             return t
-        st = t.untyped_storage()
-        key = (st.data_ptr(), t.is_cuda)
+        try:
+            st = t.untyped_storage()
+            key = (st.data_ptr(), t.is_cuda)
+        except (RuntimeError, NotImplementedError):
+            # no readable storage (FSDP2's unsharded parameters: "Attempted to access the data
+            # pointer on an invalid python storage"; tensor subclasses): held, not counted.
+            # A pack hook that raises fails the user's forward
+            return _Held(t, None, self)
         rec = self.table.get(key)
         if rec is None:
             n = st.nbytes()

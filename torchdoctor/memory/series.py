@@ -120,10 +120,13 @@ def room_left(ev: Evidence, s: Series) -> int | None:
 
 
 def step_seconds(ev: Evidence) -> float | None:
-    """Median wall time of a training step (the step clock's ``step`` events), or None."""
+    """Median time of a training step (the step clock's ``step`` events, by the one step-time
+    basis: on CUDA the longer of host wall and device span), or None."""
     from statistics import median
 
-    walls = [float(e["wall_s"]) for e in ev.of("step") if e.get("wall_s")]
+    from torchdoctor.evidence import step_seconds as times_of
+
+    walls = times_of(ev, [e for e in ev.of("step") if e.get("wall_s")])[0]
     return median(walls) if walls else None
 
 

@@ -13,8 +13,15 @@ import bisect
 import math
 from typing import Any, Callable
 
+from torchdoctor.torch_internals import dtensor_layout, local_tensor
+
 MAX_BAD_PARAMS = 10
 MAX_BAD_RECORDS = 4096
+
+
+def norm_vals_overflow(norms: list) -> bool:
+    """True when a per-gradient norm is +Inf (a float32 norm of finite values can overflow)."""
+    return any(v == math.inf for v in norms)
 
 
 def num(x: Any) -> Any:
@@ -114,6 +121,7 @@ class Locator:
         bad = []
         with torch.no_grad():
             for n, p in list(m.named_parameters(recurse=False)) + list(m.named_buffers(recurse=False)):
+                p = local_tensor(p)  # a DTensor: this rank's shard (no collective)
                 if ((p.is_floating_point() or p.is_complex()) and p.numel()
                         and not bool(torch.isfinite(p).all())):
                     bad.append(f"{namer.module(m)}.{n}")
@@ -199,17 +207,23 @@ class Locator:
         bad_idx = [i for i, v in enumerate(norm_vals) if not math.isfinite(v)]
         params = r.params
         confirmed = None
+        # DTensor gradients (FSDP2, tensor parallel): this rank's shard only; a reduction of
+        # the DTensor itself would be a collective that only this rank enters
         if r.live:  # the gradients are still the ones measured: confirm exactly
             with torch.no_grad():
-                exact = [i for i in bad_idx if not bool(torch.isfinite(params[i].grad).all())]
+                exact = [i for i in bad_idx
+                         if not bool(torch.isfinite(local_tensor(params[i].grad)).all())]
             confirmed = True
             bad_idx = exact
+        if not bad_idx and getattr(r, "sharded", False) and not norm_vals_overflow(norm_vals):
+            r.elsewhere = True  # every local shard is finite: the bad value is on another rank
+            return None
         if not bad_idx:  # finite gradients whose float32 norm overflowed: an explosion, not NaN
             if r.live:
                 with torch.no_grad():
                     from torchdoctor.numerics.tensors import grad_norms
 
-                    n64 = grad_norms([p.grad for p in params], wide=True)
+                    n64 = grad_norms([local_tensor(p.grad) for p in params], wide=True)
                     r.gnorm64 = float(torch.linalg.vector_norm(torch.stack([n.cpu() for n in n64])))
             self.emit("grad_norm_overflow", step=r.step, norm=r.gnorm64)
             return None
@@ -239,10 +253,13 @@ class Locator:
             src = forward_source(owner)
             if src:
                 ev["forward_source"] = src
+        layout = dtensor_layout(p)
+        if layout is not None:
+            ev["shard"] = layout  # the stats below are of this rank's shard
         if r.live:
             from torchdoctor.numerics.tensors import exact_stats
 
-            ev["grad_stats"] = exact_stats(p.grad)
+            ev["grad_stats"] = exact_stats(local_tensor(p.grad))
             with torch.no_grad():
-                ev["param_finite"] = bool(torch.isfinite(p).all())
+                ev["param_finite"] = bool(torch.isfinite(local_tensor(p)).all())
         return ev

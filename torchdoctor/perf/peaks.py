@@ -100,3 +100,15 @@ def peak_flops(device_name: str | None, dtype: str) -> tuple[float | None, str |
     if dtype not in p.tflops:
         return None, f"{p.label}: no {dtype} peak in its data sheet"
     return p.tflops[dtype] * TERA, None
+
+
+def card_peak(device_name: str | None) -> tuple[float | None, str | None]:
+    """(FLOP/s, dtype) of the card's one fixed MFU yardstick: its dense bf16 tensor-core peak,
+    fp16 where the data sheet has no bf16 row (V100, T4); (None, None) for an unknown card."""
+    p = lookup(device_name)
+    if p is None:
+        return None, None
+    for d in ("bf16", "fp16"):
+        if d in p.tflops:
+            return p.tflops[d] * TERA, d
+    return None, None

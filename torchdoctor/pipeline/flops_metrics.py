@@ -20,9 +20,14 @@ run, without the steps the profiler window touched. Keys (docs/json.md):
     achieved_flops_per_s   flops_per_step / step time
     dtype             the dtype class with most FLOPs
     device, device_name    where they ran ("cuda" / "cpu"; the GPU's name)
-    peak_flops_per_s  the data-sheet dense peak for that device and dtype mix (``perf/peaks.py``)
+    peak_flops_per_s  the card's one fixed yardstick: its dense bf16 (else fp16) tensor-core peak
+                      (``perf/peaks.py``), the same whatever precision the run uses
+    peak_dtype        which row that is ("bf16", "fp16")
     peak_source       the table's line and its data sheet
-    mfu               achieved / peak (0..1); absent on CPU and unknown GPUs, with ``mfu_reason``
+    mfu               achieved / peak_flops_per_s (0..1); absent on CPU and unknown GPUs, with
+                      ``mfu_reason``; ``mfu_suspect`` (why) when above 75%
+    dtype_peak_flops_per_s, mfu_dtype_peak   the dense peak of the step's dtype mix, and achieved
+                      over it: how close the math runs to what its precision allows
     counter_cost      the counted step's wall time over the median plain step (what counting cost)
 """
 
@@ -33,7 +38,7 @@ from typing import Any
 
 from torchdoctor.evidence import Evidence
 from torchdoctor.pipeline.registry import metrics_provider
-from torchdoctor.pipeline.steps import counted_steps, judged_steps
+from torchdoctor.pipeline.steps import counted_steps, judged_steps, step_seconds
 
 COUNTER = "torch.utils.flop_counter.FlopCounterMode"
 
@@ -63,15 +68,6 @@ def _typical(ev: Evidence, step: int, plain: list[dict[str, Any]]) -> str | None
     return None
 
 
-def _step_times(ev: Evidence, plain: list[dict[str, Any]], device: str) -> list[float]:
-    """Seconds per plain step: the host wall, or on CUDA the longer of it and the device span."""
-    span = {}
-    if device.startswith("cuda"):
-        span = {d.get("step"): float(d["span_ms"]) / 1e3 for d in ev.of("step_device")
-                if d.get("span_ms") is not None}
-    return [max(float(s["wall_s"]), span.get(s.get("step"), 0.0)) for s in plain]
-
-
 def flops_metrics_with(ev: Evidence, counted: dict[str, Any], source: str | None = None
                        ) -> dict[str, Any]:
     """The metrics of run ``ev`` with the FLOP count ``counted`` (a ``flops`` event: this run's,
@@ -92,15 +88,13 @@ def flops_metrics_with(ev: Evidence, counted: dict[str, Any], source: str | None
     if not plain:
         out.update(status="skipped", reason="no plain step was timed")
         return out
-    walls = _step_times(ev, plain, str(counted.get("device")))
+    walls, basis = step_seconds(ev, plain)
     step_s = statistics.median(walls)
     by_dtype = {k: int(v) for k, v in (counted.get("flops_by_dtype") or {}).items() if v}
     total = int(counted.get("flops") or 0)
     out.update(flops_per_step=total, flops_by_dtype=by_dtype, top_ops=counted.get("by_op") or {},
                step_ms=round(step_s * 1e3, 4), steps_timed=len(walls),
-               step_time_basis=("device span or host wall, the longer, per step"
-                                if str(counted.get("device")).startswith("cuda")
-                                and ev.of("step_device") else "host wall"),
+               step_time_basis=basis,
                device=counted.get("device"), device_name=counted.get("device_name"))
     if counted.get("other_device_flops"):
         out["other_device_flops"] = counted["other_device_flops"]
@@ -113,11 +107,13 @@ def flops_metrics_with(ev: Evidence, counted: dict[str, Any], source: str | None
     m = mfu(by_dtype, step_s, str(counted.get("device")), counted.get("device_name"))
     out["achieved_flops_per_s"] = round(m["achieved_flops_per_s"], 1)
     out["dtype"] = m["dtype"]
-    for k in ("peak_flops_per_s", "peak_source", "mfu_reason"):
+    for k in ("peak_flops_per_s", "peak_dtype", "peak_source", "mfu_reason", "mfu_suspect",
+              "dtype_peak_flops_per_s"):
         if m.get(k) is not None:
             out[k] = m[k]
-    if m.get("mfu") is not None:
-        out["mfu"] = round(m["mfu"], 4)
+    for k in ("mfu", "mfu_dtype_peak"):
+        if m.get(k) is not None:
+            out[k] = round(m[k], 4)
     if source is None:
         wall = next((float(s["wall_s"]) for s in ev.of("step") if s.get("step") == step), None)
         if wall is not None and step_s > 0:

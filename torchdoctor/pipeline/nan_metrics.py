@@ -22,6 +22,15 @@ def _thin(points: list[list], keep: int | None) -> list[list]:
     return out
 
 
+def clipping(points: list[list]) -> dict[str, Any]:
+    """How often ``clip_grad_norm_`` bit: steps whose norm before clipping exceeded ``max_norm``."""
+    seen = [(p[4], p[5]) for p in points if p[5] is not None and isinstance(p[4], (int, float))]
+    bit = sum(1 for pn, cm in seen if pn > cm)
+    maxes = sorted({cm for _pn, cm in seen})
+    return {"max_norm": maxes[0] if len(maxes) == 1 else maxes, "steps": len(seen), "clipped_steps": bit,
+            "steps_without_clip": sum(1 for p in points if p[5] is None)}
+
+
 @metrics_provider("nan", needs={"nan_monitor", "numerics", "nonfinite", "nan_capture"})
 def nan_metrics(ev: Evidence) -> dict[str, Any] | None:
     mon = ev.last("nan_monitor")
@@ -31,17 +40,23 @@ def nan_metrics(ev: Evidence) -> dict[str, Any] | None:
     nf = ev.last("nonfinite")
     first = nf.get("step") if nf else None
     points: list[list] = []
+    clipped = any(e.get("clip_max") for e in rows)
     for e in rows:
-        for step, opt, loss, gn in zip(e.get("steps", []), e.get("opt", []), e.get("loss", []),
-                                       e.get("grad_norm", [])):
-            points.append([step, opt, loss, gn])
+        n = len(e.get("steps", []))
+        pre, cmax = e.get("grad_norm_pre_clip") or [None] * n, e.get("clip_max") or [None] * n
+        for step, opt, loss, gn, pn, cm in zip(e.get("steps", []), e.get("opt", []), e.get("loss", []),
+                                               e.get("grad_norm", []), pre, cmax):
+            points.append([step, opt, loss, gn] + ([pn, cm] if clipped else []))
     out: dict[str, Any] = {
         "forward_watch": bool((mon or {}).get("forward_watch")),
         "check_every": (mon or {}).get("check_every"),
         "checked_steps": len(points),
-        "series_columns": ["step", "optimizer", "loss", "grad_norm"],
+        "series_columns": ["step", "optimizer", "loss", "grad_norm"]
+        + (["grad_norm_pre_clip", "clip_max"] if clipped else []),
         "series": _thin(points, first),
     }
+    if clipped:
+        out["clipping"] = clipping(points)
     if mon and mon.get("rows"):
         out["records_per_step"] = round(mon.get("records", 0) / max(1, mon["rows"]), 1)
     if nf:

@@ -28,6 +28,10 @@ def profile_metrics(ev: Evidence) -> dict[str, Any] | None:
         out["budget"] = w["budget"]["reason"]
     if (w.get("device") or {}).get("name"):
         out["gpu"] = w["device"]["name"]
+    if w.get("status") == "not-reached":
+        from torchdoctor.rules.profile import not_reached
+
+        out["reason"] = not_reached(w)
     if w.get("status") not in ("ok", "partial"):
         return out
     from torchdoctor.judge import NotApplicable

@@ -9,6 +9,15 @@ the shares to 100%. Medians of phases do not add up (the median step is rarely t
 the median data wait); the median and p90 step times are kept beside, labelled, to show spread.
 The GPU column (``device``) is also a mean per phase; ``busy`` stays the median share (a
 robust estimate, used by the rules as an upper bound).
+
+**Step time on CUDA** (one notion for every command: :func:`step_seconds`). The host runs ahead
+of the GPU and blocks wherever the launch queue fills, so a step's host wall time is not its
+time: a step's time is the longer of its host wall and its device span (the time between the
+CUDA events recorded at the previous and at this step end). ``step_time_basis`` names the basis
+("host wall" on a CPU, or on CUDA when no device span was read). The **phase shares** are then
+taken by device time when the device is the bottleneck (GPU busy >= ``DEVICE_BOUND_BUSY`` of the
+step) and by host time otherwise (data wait, launch-bound, host syncs): ``share_basis`` says
+which; ``host_share`` and ``device.share`` keep both.
 """
 
 from __future__ import annotations
@@ -16,13 +25,14 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from torchdoctor.evidence import Evidence
+from torchdoctor.evidence import CUDA_BASIS, HOST_BASIS, Evidence, device_spans, step_seconds  # noqa: F401
 from torchdoctor.pipeline.registry import metrics_provider
 
 PHASES = ("data", "forward", "backward", "optimizer", "other")
 SERIES_MAX = 2000  # points of the per-step series kept in the report (every k-th step beyond)
 WARMUP_STEPS = 1
 WARMUP_MIN_STEPS = 3
+DEVICE_BOUND_BUSY = 0.9  # GPU busy share from which the phase shares are by device time
 
 
 def counted_steps(ev: Evidence) -> set[int]:
@@ -56,14 +66,15 @@ def step_summary(ev: Evidence) -> dict[str, Any] | None:
     steps = judged_steps(ev)
     if not steps:
         return None
-    walls = [float(s["wall_s"]) for s in steps]
+    walls, basis = step_seconds(ev, steps)
+    host_total = sum(float(s["wall_s"]) for s in steps) or 1e-12
     total = sum(walls) or 1e-12
     sums = {p: sum(float(s.get(f"{p}_s", 0.0)) for s in steps) for p in PHASES}
     # phases that nest (a closure optimizer such as LBFGS runs forward and backward inside
     # optimizer.step) count one interval twice: shares are then taken of the phase total, so
     # they still add up to 100%, and the overlap is reported
-    overlap = sum(sums.values()) - total
-    denom = total + max(0.0, overlap)
+    overlap = sum(sums.values()) - host_total
+    denom = host_total + max(0.0, overlap)
     out: dict[str, Any] = {
         "count": len(ev.of("step")),
         "judged": len(steps),
@@ -81,22 +92,60 @@ def step_summary(ev: Evidence) -> dict[str, Any] | None:
                       - {s.get("step") for s in steps})
     if left_out:  # the FLOP counter's step: not a plain step (docs/yardstick.md)
         out["flop_count_step_skipped"] = left_out
-    if overlap > 0.01 * total:
+    if overlap > 0.01 * host_total:
         out["phase_overlap_ms"] = round(overlap / len(steps) * 1e3, 3)
+    if sums["forward"] == 0.0 and sums["backward"] > 0.0 and ev.of("step_device"):
+        # no root forward was seen (a torch.compile'd model runs without module hooks, a model
+        # called through a function the hooks do not see): its time is in "other", not zero
+        # (said on CUDA runs, whose table has the GPU columns; a CPU report keeps its keys)
+        out["forward_unseen"] = ("no model forward was seen by the step clock (torch.compile runs "
+                                 "the model without module hooks): the forward's time is in other")
     dev = device_summary(ev)
-    if dev:
+    if dev:  # a CUDA run (a CPU report keeps its keys: the basis there is the host wall)
+        out["step_time_basis"] = basis
+        out["host_mean_step_ms"] = round(host_total / len(steps) * 1e3, 3)
+        _device_shares(dev, total / len(steps) * 1e3, bool(out.get("forward_unseen")))
         out["device"] = dev
-    out["series"] = step_series(ev.of("step"))
+        out["host_share"] = dict(out["share"])
+        out["share_basis"] = "host"
+        if dev.get("bound") == "device":
+            out["share"] = dict(dev["share"])
+            out["share_basis"] = "device"
+    all_steps = ev.of("step")
+    out["series"] = step_series(all_steps, step_seconds(ev, all_steps)[0])
     return out
 
 
-def step_series(steps: list[dict[str, Any]]) -> dict[str, list]:
-    """Step time and data wait per step (ms), warm-up included, for plots (the HTML report):
-    at most SERIES_MAX points, every k-th step beyond that (the last one kept)."""
+def _device_shares(dev: dict[str, Any], step_ms: float, unseen_forward: bool = False) -> None:
+    """Device shares of the step (forward/backward/optimizer from CUDA events; ``other`` is the
+    rest of the step: data, copies, the host's gaps) and whether the device is the bottleneck:
+    its phases fill >= DEVICE_BOUND_BUSY of the step time."""
+    if step_ms <= 0:
+        return
+    ph = {p: float(dev.get(f"{p}_ms") or 0.0) for p in ("forward", "backward", "optimizer")}
+    if unseen_forward:
+        dev.pop("forward_ms", None)
+    busy_ms = sum(ph.values())
+    denom = max(step_ms, busy_ms)
+    share = {"data": 0.0, **{p: round(v / denom, 4) for p, v in ph.items()}}
+    share["other"] = round(max(0.0, 1.0 - sum(share.values())), 4)
+    dev["share"] = share
+    dev["busy_share"] = round(busy_ms / denom, 4)
+    dev["bound"] = "device" if busy_ms / denom >= DEVICE_BOUND_BUSY else "host"
+
+
+def step_series(steps: list[dict[str, Any]], times: list[float] | None = None) -> dict[str, list]:
+    """Step time (``times``, seconds, by the step-time basis; else the host wall) and data wait
+    per step (ms), warm-up included, for plots (the HTML report): at most SERIES_MAX points,
+    every k-th step beyond that (the last one kept)."""
     k = max(1, -(-len(steps) // SERIES_MAX))
-    picked = steps[::k] + ([steps[-1]] if steps and (len(steps) - 1) % k else [])
+    idx = list(range(0, len(steps), k))
+    if steps and (len(steps) - 1) % k:
+        idx.append(len(steps) - 1)
+    picked = [steps[i] for i in idx]
+    t = times if times is not None and len(times) == len(steps) else [float(s["wall_s"]) for s in steps]
     return {"step": [int(s["step"]) for s in picked],
-            "wall_ms": [round(float(s["wall_s"]) * 1e3, 3) for s in picked],
+            "wall_ms": [round(t[i] * 1e3, 3) for i in idx],
             "data_ms": [round(float(s.get("data_s", 0.0)) * 1e3, 3) for s in picked]}
 
 

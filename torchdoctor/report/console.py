@@ -11,6 +11,7 @@ from rich.padding import Padding
 from rich.text import Text
 
 from torchdoctor.findings import MARKS, Finding, Report
+from torchdoctor.report.caps import bounded
 from torchdoctor.report.safe import safe_text, visible
 
 STYLES = {"error": "bold red", "warning": "bold yellow", "info": "bold cyan"}
@@ -49,20 +50,20 @@ def header(report: Report) -> Text:
 def finding_block(f: Finding) -> Group:
     title = Text()
     title.append(f"{MARKS.get(f.severity, '?')} ", style=STYLES.get(f.severity, ""))
-    title.append(f"{f.code}", style=STYLES.get(f.severity, ""))
+    title.append(visible(f.code), style=STYLES.get(f.severity, ""))
     title.append(f"  {visible(f.title)}")
     lines: list[Any] = [title]
     for k, v in f.evidence.items():
         if k.startswith("_"):
             continue
-        lines.append(Padding(safe_text(f"{k}: {_fmt_value(v)}", style="dim", keep_newlines=True),
+        lines.append(Padding(safe_text(f"{k}: {_fmt_value(bounded(v))}", style="dim", keep_newlines=True),
                              (0, 0, 0, 4)))
     if f.fix:
         fix = Text("Fix:", style="bold")
         fix.append(" " + visible(f.fix, keep_newlines=True))
         lines.append(Padding(fix, (0, 0, 0, 4)))
     if f.docs:
-        lines.append(Padding(Text(f"{f.docs}  (torchdoctor explain {f.code})", style="dim italic"),
+        lines.append(Padding(safe_text(f"{f.docs}  (torchdoctor explain {f.code})", style="dim italic"),
                              (0, 0, 0, 4)))
     return Group(*lines)
 

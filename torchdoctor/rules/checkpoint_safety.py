@@ -81,7 +81,7 @@ def unsafe_pickle(ev) -> list[Finding]:
         return [_unsafe_finding(g)]
     if g.numpy_user:
         return [_numpy_finding(g)]
-    if g.numpy_fw or g.aux or g.inert:
+    if g.numpy_fw or g.aux or g.inert or g.dtensor:
         return [_info_finding(g)]
     return []
 
@@ -112,7 +112,7 @@ def _code_finding(ev, g) -> Finding:
 
 def _unsafe_finding(g) -> Finding:
     unsafe, ops = g.unsafe, g.ops
-    extra = {**g.numpy_user, **g.numpy_fw, **g.inert}
+    extra = {**g.numpy_user, **g.numpy_fw, **g.inert, **g.dtensor}
     ev_: dict[str, Any] = {"globals": short(list(unsafe) + list(extra)) or "none outside the allowlist",
                            "pickles": short(sorted(set(g.where(unsafe, extra)) | set(ops) | set(g.module_records)),
                                             MAX_PICKLES_LISTED)}
@@ -176,7 +176,13 @@ def _info_finding(g) -> Finding:
         ev_["config_pickles"] = g.where(g.aux)
         ev_["config_globals"] = short(list(g.aux) + list(g.inert))
         parts.append("the classes of training_args.bin (a pickled config that Trainer never loads to resume)")
-    ev_["pickles"] = short(g.where(g.numpy_fw, g.inert, g.aux), MAX_PICKLES_LISTED)
+    dt_title = ""
+    if g.dtensor:
+        ev_["dtensor_globals"] = short(list(g.dtensor))
+        dt_title = ("loads with weights_only=True once torch.distributed.tensor is imported, which "
+                    "allowlists the DTensor classes of this sharded state (an FSDP2 / tensor-parallel "
+                    "script imports it; a bare torch.load in a fresh process refuses them)")
+    ev_["pickles"] = short(g.where(g.numpy_fw, g.inert, g.aux, g.dtensor), MAX_PICKLES_LISTED)
     fix = ("Nothing here runs code. To load with the default torch.load, allowlist the classes for files you trust: "
            "torch.serialization.add_safe_globals([argparse.Namespace]) (or save vars(args), a plain dict). "
            if g.inert else "")
@@ -184,11 +190,14 @@ def _info_finding(g) -> Finding:
         fix += NUMPY_FIX
     if g.aux and not fix:
         fix = "Nothing to do for resuming with the Trainer; never load training_args.bin from others with pickle."
-    return finding(
-        "ckpt-unsafe-pickle",
-        "loads with weights_only=True only after allowlisting " + " and ".join(parts),
-        ev_, fix=fix, severity="info",
-    )
+    if g.dtensor and not fix:
+        fix = ("Nothing to do when the resuming script builds the sharded model first (it imports "
+               "torch.distributed.tensor); to read the file alone, `import torch.distributed.tensor` before "
+               "torch.load. A per-rank torch.save only reloads on the same world size and mesh: "
+               "torch.distributed.checkpoint (dcp.save of get_state_dict) re-shards on load.")
+    title = "; ".join(([("loads with weights_only=True only after allowlisting " + " and ".join(parts))]
+                       if parts else []) + ([dt_title] if dt_title else []))
+    return finding("ckpt-unsafe-pickle", title, ev_, fix=fix, severity="info")
 
 
 @rule("ckpt-full-model-pickle", probes=PROBES, needs={"roles", "globals"}, raises=[FULL_MODEL_PICKLE])

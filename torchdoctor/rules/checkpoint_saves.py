@@ -57,18 +57,29 @@ def ckpt_saves(ev) -> list[Finding]:
         return []
     last_step = max((int(s.get("step") or 0) for s in ev.of("step")), default=0)
     counts = sites.get("sites") or {}
+    kept = renamed_to(sites.get("renamed"))
     out: list[Finding] = []
     for save in judged:
         if save.get("layout"):
             continue  # a framework's multi-file folder (Trainer, accelerate, DeepSpeed, DCP): checkpoint-audit DIR
-        out += judge_save(save, last_step, counts.get(save.get("where"), 1))
+        out += judge_save(save, last_step, counts.get(save.get("where"), 1), kept=kept)
     return out
 
 
-def judge_save(save: dict, last_step: int, n_saves: int, expect: str = "auto") -> list[Finding]:
+def renamed_to(pairs: Any) -> dict[str, str]:
+    """Written name -> the name the script renamed it to (``tmp.pth.tar`` -> ``last.pth.tar``)."""
+    out: dict[str, str] = {}
+    for p in pairs or []:
+        if isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(x, str) for x in p):
+            out.setdefault(p[0], p[1])
+    return out
+
+
+def judge_save(save: dict, last_step: int, n_saves: int, expect: str = "auto",
+               kept: dict[str, str] | None = None) -> list[Finding]:
     """The findings of one save (the resume check calls it with ``expect="resume"``)."""
     cev = checkpoint_evidence(save, expect)
-    head = _head(save, n_saves)
+    head = _head(save, n_saves, kept or {})
     if cev.mode == "weights":
         return _weights_only(save, cev, head, last_step)
     out = []
@@ -85,12 +96,16 @@ def judge_save(save: dict, last_step: int, n_saves: int, expect: str = "auto") -
     return out
 
 
-def _head(save: dict, n_saves: int) -> dict:
+def _head(save: dict, n_saves: int, kept: dict[str, str]) -> dict:
     where = short_path(str(save.get("where")))
+    name = save.get("name")
     out = {"saved_at": where, "call": save.get("fn", "torch.save"), "judged_save_at_step": save.get("step"),
-           "saves_at_this_line": n_saves, "file": save.get("name"), "holds": holds(save) or ["nothing recognised"]}
+           "saves_at_this_line": n_saves, "file": kept.get(name, name) if isinstance(name, str) else name,
+           "holds": holds(save) or ["nothing recognised"]}
+    if isinstance(name, str) and name in kept:  # written under a temporary name, then renamed: the kept name
+        out["written_as"] = name
     if save.get("files"):  # several files saved at one step into one folder, judged as one checkpoint
-        out["file"] = save["files"]
+        out["file"] = [kept.get(f, f) if isinstance(f, str) else f for f in save["files"]]
         out["save_lines"] = [short_path(w) for w in save.get("sites") or []]
     return out
 
@@ -136,8 +151,23 @@ def _opt_text(o: dict) -> str:
         (", holds state" if o.get("stateful") else ", no state") + (", scheduled)" if o.get("scheduled") else ")")
 
 
+def counter_driven(save: dict) -> list[str]:
+    """Live schedulers outside torch's classes, each stepped (before the save) only with an explicit
+    epoch/update counter: their LR is a function of that counter (``save_audit_counted.py``)."""
+    out = []
+    for s in (save.get("live") or {}).get("counter_schedulers") or []:
+        calls, counted = int(s.get("calls") or 0), int(s.get("with_counter") or 0)
+        if calls > 0 and counted == calls:
+            out.append(f"{s.get('cls', '?')} ({calls} calls, each with the counter)")
+    return out
+
+
 def _scheduler(save: dict, base: list[Finding], cev: Any) -> list[tuple]:
     scheds = live_names(save, "schedulers")
+    if base and not scheds and cev.roles.progress and counter_driven(save):
+        # timm: lr_scheduler.step(epoch) / step_update(num_updates=n); on resume step(start_epoch) sets the
+        # LR again from the saved epoch. The scheduler's state is a function of the saved counter.
+        return []
     if not base:
         if cev.mode != "resume" or not scheds or cev.roles.schedulers or not cev.roles.optimizers:
             return []

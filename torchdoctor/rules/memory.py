@@ -29,8 +29,8 @@ from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Finding, finding
 from torchdoctor.judge import NotApplicable, rule
 from torchdoctor.memory import growth
-from torchdoctor.memory.growth import (SEVERITY_ORDER, UNATTRIBUTED_MIN_STEPS, capped_unattributed,
-                                       judge)
+from torchdoctor.memory.growth import (FIT_MIN_R2, SEVERITY_ORDER, SITE_MIN_SHARE, UNATTRIBUTED_MIN_STEPS,
+                                       evidence_cap, judge, with_graph_floor)
 from torchdoctor.memory.oom import fix_lines, rank_fixes
 from torchdoctor.memory.series import cuda_end_stats, memory_series, room_left, step_seconds
 from torchdoctor.memory.trend import MIN_POINTS, fit_trend, warmup_count
@@ -55,7 +55,7 @@ MEMORY_GROWTH = declare(
     thresholds={**{name: getattr(growth, name) for name in (
         "GROWTH_MIN_SLOPE", "NOISY_MIN_SLOPE", "GROWTH_MIN_RISE", "GROWTH_MIN_CONSISTENCY",
         "GROWTH_LATE_RATIO", "TAIL_MIN_POINTS", "HORIZON_HOURS", "HORIZON_STEPS", "ERROR_HOURS",
-        "ERROR_STEPS", "RATE_WARN_PER_HOUR", "UNATTRIBUTED_MIN_STEPS")},
+        "ERROR_STEPS", "RATE_WARN_PER_HOUR", "UNATTRIBUTED_MIN_STEPS", "FIT_MIN_R2", "SITE_MIN_SHARE")},
         "MIN_POINTS": MIN_POINTS, "WINDOW_SEEN": WINDOW_SEEN, "SURVIVOR_SHARE": SURVIVOR_SHARE})
 OUT_OF_MEMORY = declare(  # raised by the crash rule (rules/crash.py)
     "out-of-memory", TENSOR_MEMORY, "error",
@@ -93,11 +93,12 @@ def _python_note(w: dict[str, Any] | None) -> str | None:
     return None
 
 
-def _sites_for(ev: Evidence, key: str) -> tuple[list[str], list[str], str | None]:
-    """(site lines, graph-growth lines, first site) from the allocation-site window."""
+def _sites_for(ev: Evidence, key: str) -> tuple[list[str], list[str], str | None, float]:
+    """(site lines, graph-growth lines, first site, bytes per step the named sites keep) from the
+    allocation-site window."""
     w = ev.last("mem_sites")
     if not w:
-        return [], [], None
+        return [], [], None, 0.0
     sites = (w.get("cuda_sites") or w.get("tensor_sites") or []) if key.startswith("cuda") \
         else (w.get("tensor_sites") or w.get("python_sites") or [])
     # a lone "(no user frame)" site names nothing: the graph-growth site, when there is one, does
@@ -107,7 +108,8 @@ def _sites_for(ev: Evidence, key: str) -> tuple[list[str], list[str], str | None
              f"here holds an autograd graph growing by {g['nodes_per_step']:g} nodes per step "
              f"({g['graph_nodes']} now)" for g in (w.get("graph_growth") or [])]
     first = sites[0]["site"] if sites else ((w.get("graph_growth") or [{}])[0].get("site"))
-    return _site_lines(sites), graph, first
+    kept = sum(max(0.0, float(s.get("bytes_per_step") or 0)) for s in sites if s.get("site") != "(no user frame)")
+    return _site_lines(sites), graph, first, kept
 
 
 def _bigger_steps_not_a_leak(ev: Evidence, s, fit) -> bool:
@@ -184,14 +186,20 @@ def _when_full(v) -> str:
 
 
 def _growth_finding(ev: Evidence, s, fit, verdict, growing) -> Finding:
-    sites, graph, first = _sites_for(ev, s.key)
+    sites, graph, first, kept = _sites_for(ev, s.key)
     fitted_steps = fit.last_step - fit.first_step + 1
-    # the site window looked (or was cut) and named nothing: a short run cannot tell a leak from
-    # the allocator settling in. Without a window record nothing was tried: the verdict stands.
+    # the site window looked (or was cut) and named nothing that explains the growth: a short run
+    # cannot tell a leak from the allocator settling in. Without a window record nothing was tried.
+    # A line that explains little of the series is no trend to warn from. A growing graph is a leak.
     looked = ev.last("mem_sites") is not None
-    capped = looked and capped_unattributed(verdict.severity, fitted_steps, bool(sites or graph))
+    share = kept / fit.slope if fit.slope > 0 else 0.0
+    cap = evidence_cap(verdict.severity, fit.r2, fitted_steps, share, bool(graph), looked)
+    capped = cap is not None
     if capped:
         verdict = replace(verdict, severity="info")
+    floored = bool(graph) and not capped and with_graph_floor(verdict.severity) != verdict.severity
+    if floored:
+        verdict = replace(verdict, severity=with_graph_floor(verdict.severity))
     ev_out: dict[str, Any] = {
         "series": s.label,
         "growth_per_step": human_bytes(fit.slope, signed=True),
@@ -201,12 +209,24 @@ def _growth_finding(ev: Evidence, s, fit, verdict, growing) -> Finding:
         "grown_over_fit": human_bytes(fit.rise, signed=True),
         **_impact_lines(verdict),
     }
-    if capped:
+    if cap == "fit":
+        ev_out["impact"] = (f"at most info: the fitted line explains {fit.r2:.0%} of the series (R^2 "
+                            f"{fit.r2:.2f} < {FIT_MIN_R2:g}): the memory wanders more than it grows "
+                            f"steadily, no trend to extrapolate from; run longer to confirm")
+    elif capped and sites:
+        ev_out["impact"] = (f"at most info: the sites named keep {human_bytes(kept)}/step, "
+                            f"{share:.0%} of the fitted growth (less than {SITE_MIN_SHARE:.0%}): they do "
+                            f"not explain it, and it was seen over {fitted_steps} steps, fewer than the "
+                            f"{UNATTRIBUTED_MIN_STEPS} that tell a leak from the allocator settling in")
+    elif capped:
         ev_out["impact"] = (f"at most info: nothing names the growth (no tensor outlived its step, "
                             f"no graph grew, no Python line recorded) and it was seen over "
                             f"{fitted_steps} steps, fewer than the {UNATTRIBUTED_MIN_STEPS} that tell "
                             f"a leak from the allocator settling in; run longer (--steps "
                             f"{max(2 * UNATTRIBUTED_MIN_STEPS, 200)}) to confirm")
+    elif floored:
+        ev_out["impact"] = ("a warning although memory is not full within the horizon at this rate: an "
+                            "autograd graph grows at every step (a kept loss), a leak whatever the rate")
     elif verdict.severity == "info":
         ev_out["impact"] = ("below the threshold of a warning: at this rate memory is not full "
                             "within the horizon; worth a look if the job runs much longer")
@@ -235,6 +255,8 @@ def _growth_finding(ev: Evidence, s, fit, verdict, growing) -> Finding:
                                "C extensions)")
     if w and w.get("skipped"):
         ev_out["site_window"] = w["skipped"]
+    if not graph and share < SITE_MIN_SHARE:
+        first = None  # sites that keep a small share of the growth do not name it
     where = f"; growing site: {first}" if first else ""
     full = _when_full(verdict)
     title = (f"{s.label} grows {human_bytes(fit.slope, signed=True)} per step "

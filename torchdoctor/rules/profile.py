@@ -57,13 +57,27 @@ def window(ev: Evidence) -> dict[str, Any]:
         raise NotApplicable("the profiler window did not run")
     status = w.get("status")
     if status == "not-reached":
-        raise NotApplicable(f"the run made {w.get('steps_seen', 0)} optimizer steps; the profiler "
-                            f"window needs {w.get('steps_needed')} (lower --skip or raise --steps)")
+        raise NotApplicable(not_reached(w))
     if status in ("unavailable", "failed", "empty"):
         raise NotApplicable(f"profiler {status}: {w.get('reason') or w.get('error')}")
     if not w.get("active_steps"):
         raise NotApplicable("the profiler window recorded no complete step")
     return w
+
+
+def not_reached(w: dict[str, Any]) -> str:
+    """What kept the window from its steps, in words (issue 27: say what really happened)."""
+    seen, need = int(w.get("steps_seen") or 0), w.get("steps_needed")
+    if seen:
+        return (f"the run completed {seen} training steps; the profiler window needs {need} "
+                f"(lower --skip or raise --steps)")
+    stepped = w.get("optimizers_stepped")
+    if stepped:  # optimizers stepped, yet no step boundary: a cycle of several never learned
+        return (f"{stepped} optimizers stepped but no training step was completed: with several "
+                f"optimizers a step ends once their cycle is known (the first comes back after the "
+                f"others, or one steps 9 times), and the run ended first; the window needs {need} steps")
+    return (f"no optimizer step was seen (the script never called optimizer.step(), or the run ended "
+            f"before training began); the window needs {need} steps")
 
 
 def touched_steps(w: dict[str, Any]) -> set[int]:
@@ -90,10 +104,12 @@ def bare_clock(ev: Evidence, w: dict[str, Any]) -> dict[str, Any]:
         source = "profiled"
     if not bare:
         raise NotApplicable("no step time was measured")
-    walls = [float(s.get("wall_s", 0.0)) for s in bare]
+    from torchdoctor.evidence import step_seconds
+
+    walls = step_seconds(ev, bare)[0]  # on CUDA: the longer of host wall and device span
     total = sum(walls) or 1e-12
     data = sum(float(s.get("data_s", 0.0)) for s in bare)
-    no_data = [float(s.get("wall_s", 0.0)) - float(s.get("data_s", 0.0)) for s in bare]
+    no_data = [w - float(s.get("data_s", 0.0)) for w, s in zip(walls, bare)]
     return {"step_ms": round(statistics.median(walls) * 1e3, 4), "data_share": round(data / total, 4),
             "data_ms": round(data / len(bare) * 1e3, 4), "min_step_ms": round(min(walls) * 1e3, 4),
             "min_step_no_data_ms": round(min(no_data) * 1e3, 4),

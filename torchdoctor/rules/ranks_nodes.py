@@ -1,8 +1,10 @@
 """Cross-node rules of a multi-node job (probe ``"nodes"``): node-env-mismatch,
-node-never-joined, node-lost.
+node-never-joined, node-lost, node-summary-invalid.
 
 They judge the node view built by :mod:`torchdoctor.distributed.jobreport`: one ``node_summary``
-event per node that reported {node_rank, hostname, facts, ranks, rendezvous}, and ``meta``
+event per node that reported {node_rank, hostname, facts, ranks, rendezvous, invalid: the
+reasons its summary failed node 0's checks (:mod:`torchdoctor.distributed.peer`), rejected:
+nothing of it could be used}, and ``meta``
 {nnodes, view_node, rdzv_endpoint, rdzv_timeout, gather_wait_s, gather_error?,
 rendezvous_failed}. Node 0's view holds every node that reported; another node's view holds
 itself only (it judges a rendezvous that never completed, nothing else).
@@ -13,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from torchdoctor.catalog import declare
+from torchdoctor.distributed import gather, peer
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Finding, finding
 from torchdoctor.judge import NotApplicable, rule
@@ -28,6 +31,13 @@ NODE_NEVER_JOINED = declare("node-never-joined", DISTRIBUTED, "error",
                             "a node never joined the job's rendezvous")
 NODE_LOST = declare("node-lost", DISTRIBUTED, "error",
                     "a node of the job sent no report: it died, hung or lost its network")
+NODE_SUMMARY_INVALID = declare(
+    "node-summary-invalid", DISTRIBUTED, "error",
+    "a node's summary failed node 0's checks; what failed is left out of the job report",
+    thresholds={"MAX_BYTES": peer.MAX_BYTES, "MAX_TOTAL_BYTES": gather.MAX_TOTAL_BYTES,
+                "MAX_ITEMS": peer.MAX_ITEMS, "MAX_DEPTH": peer.MAX_DEPTH, "MAX_EVENTS": peer.MAX_EVENTS,
+                "MAX_FINDINGS": peer.MAX_FINDINGS, "HEADER_BYTES": gather.HEADER_BYTES,
+                "MAX_CONNECTIONS": gather.MAX_CONNECTIONS})
 
 
 def nodes(ev: Evidence) -> dict[int, dict[str, Any]]:
@@ -66,7 +76,7 @@ def _words(what: str, vals: dict[int, str]) -> str:
 
 @rule("node-env-mismatch", probes={"nodes"}, needs={"node_summary"}, raises=[NODE_ENV_MISMATCH])
 def node_env_mismatch(ev: Evidence) -> list[Finding]:
-    by = nodes(ev)
+    by = {k: s for k, s in nodes(ev).items() if not s.get("rejected")}  # a rejected one has no facts
     if len(by) < 2:
         raise NotApplicable("fewer than two nodes reported")
     diff = _values(by)
@@ -121,7 +131,7 @@ def node_lost(ev: Evidence) -> list[Finding]:
     if ev.meta.get("view_node") != 0:
         raise NotApplicable("judged on node 0, which gathers the job")
     if ev.meta.get("gather_error"):
-        raise NotApplicable(f"the gather store did not open: {ev.meta['gather_error']}")
+        raise NotApplicable(f"the gather port did not open: {ev.meta['gather_error']}")
     n, by, missing = _missing(ev)
     if not missing:
         return []
@@ -140,3 +150,30 @@ def node_lost(ev: Evidence) -> list[Finding]:
         fix="Look at that node's own output (its torchdoctor prints its section there) and its "
             "system log (out-of-memory killer, hardware errors, a reboot); if it ran but could not "
             "report, open the port to node 0 or set TORCHDOCTOR_GATHER_PORT on every node")]
+
+
+@rule("node-summary-invalid", probes={"nodes"}, needs={"node_summary"}, raises=[NODE_SUMMARY_INVALID])
+def node_summary_invalid(ev: Evidence) -> list[Finding]:
+    by = nodes(ev)
+    bad = {k: s for k, s in sorted(by.items()) if s.get("invalid")}
+    if not bad:
+        return []
+    first = next(iter(bad.values()))
+    words = ", ".join(nname(k, s) + (" (nothing of it used)" if s.get("rejected") else "") for k, s in bad.items())
+    more = sum(len(s["invalid"]) for s in bad.values()) - 1
+    port = ev.meta.get("gather_port")
+    evidence: dict[str, Any] = {"reasons": {nname(k, s): list(s["invalid"]) for k, s in bad.items()}}
+    left_out = [nname(k, s) for k, s in bad.items() if s.get("rejected")]
+    if left_out:  # nothing of these was used: their ranks are missing from the report
+        evidence["left_out"] = left_out
+    evidence["gather_port"] = port
+    return [finding(
+        "node-summary-invalid",
+        f"the summary from {words} failed node 0's checks: {first['invalid'][0]}"
+        + (f" (and {more} more)" if more > 0 else "") + "; what failed is left out of this report",
+        evidence,
+        fix="Run the same torchdoctor version on every node (a newer one may send codes or fields "
+            "this one does not know). If every node runs the same version, something other than "
+            f"this job's torchdoctor wrote to node 0's gather port {port}: let only the job's nodes "
+            "reach it (a firewall rule), or set TORCHDOCTOR_GATHER_PORT on every node to a port "
+            "only this job uses; then run the job again for a complete report")]

@@ -39,7 +39,7 @@ class HarnessContext:
         self.phase = "other"  # maintained by the step clock
         self.stop_reason: str | None = None
         # the tensor(s) passed to the outermost backward in progress ("the loss"); set by the
-        # core's backward wrapper before on_backward_begin, kept until the next backward
+        # core's backward wrapper before on_backward_begin, dropped when that backward ends
         self.last_backward_tensor: Any = None
         self._writer = writer
         self._owner_pid = os.getpid()

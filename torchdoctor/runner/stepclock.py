@@ -213,6 +213,9 @@ class StepClock:
         self.bwd_depth -= 1
         if self.bwd_depth != 0:
             return
+        # read at on_backward_begin only: not kept past the backward (a loss can be a view of
+        # a large buffer, and the script may drop it before the step ends)
+        self.ctx.last_backward_tensor = None
         self.bwd_s += _perf() - self.t_phase
         self.backwards += 1
         self.ctx.phase = "other"

@@ -39,7 +39,8 @@ class CudnnBenchmark(Applier):
 
     def on_step_end(self, ctx: Any, step: int) -> None:
         if step == 1 and self.torch.backends.cudnn.benchmark is not True:
-            self.note("the script sets torch.backends.cudnn.benchmark itself: the treatment was overridden")
+            self.overridden("the script sets torch.backends.cudnn.benchmark itself after the "
+                            "treatment set it: the run did not measure it")
 
     def uninstall(self, ctx: Any) -> None:
         super().uninstall(ctx)

@@ -47,6 +47,9 @@ class Treatment:
     value: str = ""  # what --try NAME=VALUE sets ("" : takes no value)
     group: str = ""  # treatments of one group are not combined: the fastest adopted one is kept
     confirms: tuple[str, ...] = ()  # finding codes an adopted trial of it confirms (measured ratio)
+    # words that mark this treatment's advice inside another finding's fix text (``; ``-joined
+    # parts): a trial measured slower or within noise withdraws those parts (treat/confirm.py)
+    fix_words: tuple[str, ...] = ()
 
 
 CATALOGUE: tuple[Treatment, ...] = (
@@ -54,37 +57,42 @@ CATALOGUE: tuple[Treatment, ...] = (
               "DataLoader(num_workers=N from the CPU cores (2..8), persistent_workers=True, "
               "prefetch_factor=2) for every map-style DataLoader built with fewer workers",
               "dataloader-bound: the loop waits for batches", tolerance=EXACT,
-              value="N: the number of workers", confirms=("dataloader-bound",)),
+              value="N: the number of workers", confirms=("dataloader-bound",),
+              fix_words=("num_workers=", "persistent_workers=True")),
     Treatment("pin-memory", "data",
               "DataLoader(pin_memory=True), and .to(cuda)/.cuda() of a pinned CPU tensor made "
               "non_blocking=True (unless the call says non_blocking=False)",
               "CUDA, a DataLoader without pin_memory, or pageable-h2d-copy", device="cuda",
-              tolerance=EXACT, confirms=("pageable-h2d-copy",)),
+              tolerance=EXACT, confirms=("pageable-h2d-copy",), fix_words=("pin_memory=True",)),
     Treatment("tf32", "precision",
               "torch.set_float32_matmul_precision('high') and torch.backends.cudnn.allow_tf32 = True "
               "(TF32 tensor cores for float32 matmuls and convolutions)",
               "CUDA, float32 parameters, TF32 not already allowed", device="cuda",
-              tolerance=TF32, group="precision", confirms=("tf32-disabled", "fp32-compute-bound")),
+              tolerance=TF32, group="precision", confirms=("tf32-disabled", "fp32-compute-bound"),
+              fix_words=("tf32", "set_float32_matmul_precision")),
     Treatment("bf16-autocast", "precision",
               "the forward pass and the loss under torch.autocast(device, dtype=torch.bfloat16); "
               "backward and the optimizer step outside it",
               "CUDA with bf16 support, float32 parameters, no autocast in the script",
               device="auto-cuda", tolerance=BF16, group="precision",
-              confirms=("fp32-compute-bound",)),
+              confirms=("fp32-compute-bound",), fix_words=("bfloat16", "bf16 autocast")),
     Treatment("channels-last", "model",
               "the outermost models .to(memory_format=torch.channels_last) and their 4-D "
               "inputs .contiguous(memory_format=torch.channels_last)",
-              "CUDA, a model with Conv2d layers", device="auto-cuda"),
+              "CUDA, a model with Conv2d layers", device="auto-cuda", fix_words=("channels_last",)),
     Treatment("fused-optimizer", "optim",
               "Adam/AdamW/SGD built with fused=True (one kernel for the whole update)",
-              "CUDA, an Adam/AdamW/SGD optimizer without fused=True", device="auto-cuda"),
+              "CUDA, an Adam/AdamW/SGD optimizer without fused=True", device="auto-cuda",
+              fix_words=("fused=True",)),
     Treatment("cudnn-benchmark", "backend",
               "torch.backends.cudnn.benchmark = True (autotuned convolution algorithms)",
-              "CUDA, a model with Conv2d layers, the same input shapes every step", device="cuda"),
+              "CUDA, a model with Conv2d layers, the same input shapes every step", device="cuda",
+              fix_words=("cudnn.benchmark",)),
     Treatment("expandable-segments", "backend",
               "environment PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True for the run",
               "CUDA, memory-fragmentation or out-of-memory", device="cuda", intent="memory",
-              tolerance=EXACT, confirms=("memory-fragmentation", "out-of-memory")),
+              tolerance=EXACT, confirms=("memory-fragmentation", "out-of-memory"),
+              fix_words=("expandable_segments",)),
     Treatment("compile", "model",
               "nn.Module.compile() of the outermost models, in place (state_dict keys "
               "unchanged); the steps until compilation settles are left out of the step time",

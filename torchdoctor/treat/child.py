@@ -72,8 +72,17 @@ class Applier:
         if text not in self.notes and len(self.notes) < MAX_CHANGES:
             self.notes.append(text)
 
+    def overridden(self, text: str) -> None:
+        """The script undid the change (set the flag back itself): the run does not measure the
+        treatment, so the trial is skipped with this reason rather than judged as noise."""
+        self.note(text)
+        self.undone = text
+
     def record(self) -> dict[str, Any]:
-        return {"name": self.name, "value": self.value, "changes": self.changes, "notes": self.notes}
+        out = {"name": self.name, "value": self.value, "changes": self.changes, "notes": self.notes}
+        if getattr(self, "undone", None):
+            out["overridden"] = self.undone
+        return out
 
 
 def applier_class(name: str) -> type[Applier]:

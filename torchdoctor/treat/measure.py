@@ -117,7 +117,11 @@ def trial_entry(name: str, setting: str, base: Sequence[Any], treated: Sequence[
                         peak_before=before.get(memory_key), peak_after=after.get(memory_key),
                         failure=failure, baseline_oom=baseline_oom)
     fix, where, changed = fix_of(treated)
-    if v not in ("failed",) and treated and failure is None and not changed:
+    undone = next((a["overridden"] for r in treated for a in (r.evidence.last("treatment") or {}).get("applied") or []
+                   if a.get("overridden")), None)
+    if v not in ("failed",) and failure is None and undone:
+        v, reason = "skipped", undone
+    elif v not in ("failed",) and treated and failure is None and not changed:
         v, reason = "skipped", "nothing to change in this run" + (
             ": " + "; ".join(_notes(treated)) if _notes(treated) else "")
     entry: dict[str, Any] = {
@@ -132,6 +136,7 @@ def trial_entry(name: str, setting: str, base: Sequence[Any], treated: Sequence[
         "loss_allowed": _r(lc["allowed"], 6) if lc["allowed"] != float("inf") else None,
         "loss_steps": lc["steps"], "loss_note": lc["note"],
         "fix": fix if v == "adopt" else "", "where": where if v == "adopt" else [],
+        "step_time_basis": _basis(ok_base, [r for r in treated if r.failure() is None], name),
         "before": before, "after": after,
     }
     if failure:
@@ -145,6 +150,12 @@ def trial_entry(name: str, setting: str, base: Sequence[Any], treated: Sequence[
     if notes:
         entry["notes"] = notes
     return entry
+
+
+def _basis(base: Sequence[Any], treated: Sequence[Any], name: str) -> str | None:
+    """How the runs' step times were taken (docs/treat.md): one basis, or each side's."""
+    sides = {r.time_basis(exclude=compile_steps(r)) for r in [*base, *treated]}
+    return " / ".join(sorted(sides)) if sides else None
 
 
 def _notes(runs: Sequence[Any]) -> list[str]:

@@ -39,8 +39,8 @@ class Tf32(Applier):
             except Exception:  # noqa: BLE001 - mixed TF32 APIs: the script set its own
                 now = "set by the script"
             if now != "high":
-                self.note(f"the script sets the float32 matmul precision itself ({now}): "
-                          "the treatment was overridden")
+                self.overridden(f"the script sets the float32 matmul precision itself ({now}) "
+                                "after the treatment set it: the run did not measure it")
 
     def uninstall(self, ctx: Any) -> None:
         super().uninstall(ctx)

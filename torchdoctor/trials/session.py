@@ -39,17 +39,43 @@ class TrialRun:
     wall_s: float
 
     def step_ms(self, exclude: Collection[int] = ()) -> list[float]:
-        """Wall time of each judged step (warm-up left out), in ms; ``exclude``: step numbers
-        left out too (e.g. the steps in which torch.compile compiled)."""
-        from torchdoctor.pipeline.steps import judged_steps
+        """Time of each judged step (warm-up left out), in ms, by the one step-time basis (on
+        CUDA the longer of host wall and device span: ``pipeline/steps.py``); ``exclude``: step
+        numbers left out too (e.g. the steps in which torch.compile compiled)."""
+        from torchdoctor.pipeline.steps import judged_steps, step_seconds
 
-        return [float(s["wall_s"]) * 1e3 for s in judged_steps(self.evidence)
-                if int(s.get("step", 0)) not in exclude]
+        steps = [s for s in judged_steps(self.evidence) if int(s.get("step", 0)) not in exclude]
+        return [t * 1e3 for t in step_seconds(self.evidence, steps)[0]]
+
+    def window(self, exclude: Collection[int] = ()) -> dict[str, Any] | None:
+        """The synchronised window of a CUDA trial run (``trial_window``: a synchronize at its
+        start and end, so steps / window time is exact), when it holds no excluded step."""
+        w = self.evidence.last("trial_window")
+        if not w or not w.get("steps") or not w.get("wall_s"):
+            return None
+        from torchdoctor.pipeline.steps import counted_steps
+
+        lo, hi = int(w["from_step"]), int(w["to_step"])
+        if any(lo <= int(s) <= hi for s in [*exclude, *counted_steps(self.evidence)]):
+            return None
+        return w
 
     def median_ms(self, exclude: Collection[int] = ()) -> float | None:
+        """The run's step time: window wall / steps when a synchronised window was measured
+        (CUDA), else the median of :meth:`step_ms`."""
         from torchdoctor.trials.compare import median
 
+        w = self.window(exclude)
+        if w is not None:
+            return float(w["wall_s"]) / int(w["steps"]) * 1e3
         return median(self.step_ms(exclude))
+
+    def time_basis(self, exclude: Collection[int] = ()) -> str:
+        from torchdoctor.pipeline.steps import judged_steps, step_seconds
+
+        if self.window(exclude) is not None:
+            return "synchronised window (steps / wall between two cuda synchronize)"
+        return step_seconds(self.evidence, judged_steps(self.evidence)[:1])[1]
 
     def losses(self) -> list:
         """Per-step losses in step order (None: no backward that step; "nan"/"inf" strings)."""

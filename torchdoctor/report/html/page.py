@@ -15,13 +15,13 @@ import json
 import time
 from typing import Any
 
+from torchdoctor.report.caps import bounded
 from torchdoctor.report.html.svg import esc, esc_lines
 
 MARKER = "<!-- torchdoctor report -->"  # first line: how we recognise a file we may overwrite
 CSP = ("default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
        "base-uri 'none'; form-action 'none'")
 SEVERITY = {"error": ("✖", "sev-error"), "warning": ("▲", "sev-warning"), "info": ("●", "sev-info")}
-MAX_VALUE_CHARS = 2000
 
 CSS = """
 :root{--fg:#111827;--muted:#6b7280;--line:#e5e7eb;--bg:#fff;--err:#b91c1c;--warn:#b45309;--info:#0369a1}
@@ -49,15 +49,19 @@ svg.chart{width:100%;height:auto;display:block}.plot{fill:#fafafa;stroke:var(--l
 
 
 def fmt_value(v: Any) -> str:
-    """A compact text form of an evidence value (escaped by the caller)."""
+    """A compact text form of an evidence value (escaped by the caller), within the caps of
+    :mod:`torchdoctor.report.caps` (the console's)."""
+    return _fmt(bounded(v))
+
+
+def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
-    if isinstance(v, (list, tuple)):
-        return "\n".join(fmt_value(x) for x in v[:50]) + (f"\n… (+{len(v) - 50})" if len(v) > 50 else "")
+    if isinstance(v, list):
+        return "\n".join(_fmt(x) for x in v)
     if isinstance(v, dict):
-        return ", ".join(f"{k}={fmt_value(x)}" for k, x in list(v.items())[:20])
-    s = str(v)
-    return s if len(s) <= MAX_VALUE_CHARS else s[:MAX_VALUE_CHARS] + "…"
+        return ", ".join(f"{k}={_fmt(x)}" for k, x in v.items())
+    return str(v)
 
 
 def header(rep: dict[str, Any]) -> str:

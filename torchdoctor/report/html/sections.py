@@ -35,10 +35,13 @@ def section_steps(m: dict[str, Any]) -> str:
     out = ["<h2>Step time</h2>", "<p>" + esc(
         f"median {s.get('median_step_ms')} ms · mean {s.get('mean_step_ms')} ms · p90 "
         f"{s.get('p90_step_ms')} ms over {s.get('judged')} judged steps "
-        f"({s.get('warmup_skipped', 0)} warm-up left out)") + "</p>"]
+        f"({s.get('warmup_skipped', 0)} warm-up left out)"
+        + (f" · step time: {s['step_time_basis']}" if s.get("step_time_basis") else "")) + "</p>"]
     share = s.get("share") or {}
+    basis = {"device": " — by GPU time (the GPU is the bottleneck)",
+             "host": " — by host time (the host is the bottleneck)"}.get(str(s.get("share_basis")), "")
     out.append(share_bar([(p, share.get(p, 0)) for p in PHASES],
-                         title="Where a step's time goes (mean over judged steps)"))
+                         title="Where a step's time goes (mean over judged steps)" + basis))
     series = s.get("series")
     if isinstance(series, dict) and series.get("step"):
         st = series["step"]

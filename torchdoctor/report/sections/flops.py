@@ -31,9 +31,18 @@ def flops_line(m: dict) -> Text:
              f"{m.get('dtype')}) in a {m['step_ms']:.3g} ms median step = "
              f"{si(float(m['achieved_flops_per_s']))}FLOP/s")
     if m.get("mfu") is not None:
-        t.append(f"; MFU {m['mfu']:.1%}", style="bold cyan")
-        t.append(f" of {si(float(m['peak_flops_per_s']))}FLOP/s peak "
+        suspect = m.get("mfu_suspect")
+        t.append(f"; MFU {m['mfu']:.1%}" + (" (suspect)" if suspect else ""),
+                 style="bold yellow" if suspect else "bold cyan")
+        pd = f" {m['peak_dtype']}" if m.get("peak_dtype") else ""
+        t.append(f" of {si(float(m['peak_flops_per_s']))}FLOP/s{pd} peak "
                  f"({visible(str(m.get('device_name') or ''))})", style="dim")
+        if m.get("mfu_dtype_peak") is not None and m.get("dtype_peak_flops_per_s") \
+                and abs(float(m["dtype_peak_flops_per_s"]) - float(m["peak_flops_per_s"])) > 1:
+            t.append(f"; {m['mfu_dtype_peak']:.1%} of the {m.get('dtype')} peak "
+                     f"{si(float(m['dtype_peak_flops_per_s']))}FLOP/s", style="dim")
+        if suspect:
+            t.append(f"; {visible(str(suspect))}", style="yellow")
     elif m.get("mfu_reason"):
         t.append(f"; no MFU: {visible(str(m['mfu_reason']))}", style="dim")
     return t

@@ -97,6 +97,11 @@ def numerics(report):
         head.append(f"  ·  replayed to that step with the forward watch ({secs:.1f} s): see the "
                     f"finding", style="dim")
     series = m["series"]
+    clip = m.get("clipping")
+    if clip:
+        head.append(f"\nclip_grad_norm_ active (max_norm {clip.get('max_norm')}): it clipped "
+                    f"{clip.get('clipped_steps')} of {clip.get('steps')} checked steps; the grad norm "
+                    f"shown is the one before clipping", style="dim")
     opts = sorted({p[1] for p in series if p[1] is not None})
     tbl = Table(show_header=True, header_style="bold", box=None, pad_edge=False, padding=(0, 2, 0, 0))
     for col, just in (("series", "left"), ("first", "right"), ("min", "right"), ("median", "right"),
@@ -105,5 +110,10 @@ def numerics(report):
     _row(tbl, "loss", _floats([p[2] for p in series]), log=False)
     for o in opts or [None]:
         name = "grad norm" + (f" (optimizer {o})" if len(opts) > 1 else "")
-        _row(tbl, name, _floats([p[3] for p in series if p[1] == o or o is None]), log=True)
+        mine = [p for p in series if p[1] == o or o is None]
+        if clip:  # before clipping where a clip was seen in that step, else the norm the optimizer got
+            _row(tbl, name + " pre-clip", _floats([p[4] if len(p) > 5 and p[5] is not None else p[3]
+                                                       for p in mine]), log=True)
+        else:
+            _row(tbl, name, _floats([p[3] for p in mine]), log=True)
     return Group(head, tbl)

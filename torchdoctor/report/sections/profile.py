@@ -110,7 +110,7 @@ def profile_section(report):
         return None
     if m.get("status") not in ("ok", "partial"):
         why = m.get("reason") or m.get("error")
-        if m.get("status") == "not-reached":
+        if m.get("status") == "not-reached" and not why:
             why = (f"the run made {m.get('steps_seen')} steps; the window needs "
                    f"{m.get('steps_needed')} (lower --skip or raise --steps)")
         return Text(f"Profiler window: {m.get('status')}" + (f" — {why}" if why else ""), style="yellow")
