@@ -23,7 +23,8 @@ SICK = HERE / "fixtures" / "scripts" / "repro" / "save_missing_scheduler.py"
 DROPOUT = HERE / "fixtures" / "scripts" / "repro" / "resume_dropout.py"
 
 
-def _run(script: Path, tmp: Path, steps: int, options: dict, name: str, *extra: str) -> TrialRun:
+def _run(script: Path, tmp: Path, steps: int, options: dict, name: str, *extra: str,
+         script_steps: int | None = None) -> TrialRun:
     """One trial run in this process, armed as Trials.run arms it (the probe's needs, the
     trials' loss trace, the resume check's save audit)."""
     import torchdoctor.pipeline.registry as reg
@@ -34,7 +35,8 @@ def _run(script: Path, tmp: Path, steps: int, options: dict, name: str, *extra: 
     armed = reg.armed_needs
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(reg, "armed_needs", lambda probe: armed(probe) | TRIAL_NEEDS | RESUME_NEEDS)
-        ev = run_inprocess("repro", script, (str(tmp), str(steps), *extra), {"steps": steps, "trial": name, **options})
+        ev = run_inprocess("repro", script, (str(tmp), str(script_steps or steps), *extra),
+                           {"steps": steps, "trial": name, **options})
     return TrialRun(Variation(name), 0, ev, 0.0)
 
 
@@ -297,3 +299,42 @@ def test_a_callers_run_is_the_baseline_only_when_it_carries_the_resume_trace():
     t = _Trials()
     _f, section = resume_check(t, baseline=traced.run("run-a"))
     assert t.ran == [] and section["status"] == "no-checkpoint"
+
+
+def test_the_users_checkpoint_after_the_resume_check_is_what_a_plain_run_writes(tmp_path):
+    """Issue 27 item 4: the restarts (generators reset after the save at step 3, then on to step
+    9) write the script's ckpt.pt again at steps 6 and 9 from a state torchdoctor altered; the
+    user's ckpt.pt must end as a plain run of the script writes it."""
+    import subprocess
+    import sys
+
+    torch = pytest.importorskip("torch")
+    from torchdoctor.reprocheck.resume import resume_check
+
+    plain, ours = tmp_path / "plain", tmp_path / "ours"
+    plain.mkdir()
+    ours.mkdir()
+    subprocess.run([sys.executable, str(DROPOUT), str(plain), "9"], check=True, timeout=300,
+                   capture_output=True)
+
+    class _Trials:
+        ran: list = []
+
+        def run(self, variation, steps=None):
+            self.ran.append(variation.name)
+            return _run(DROPOUT, ours, steps or 10, variation.options, variation.name, script_steps=9)
+
+        def expired(self):
+            return False
+
+    t = _Trials()
+    # the script's 9 steps within the bound of 10: it ends on its own, after its save at step 9
+    base = _run(DROPOUT, ours, 10, {"resume_trace": True}, "resume-baseline", script_steps=9)
+    _f, section = resume_check(t, baseline=base)
+    assert t.ran == ["resume-without-rng"] and section["restarts"][0]["verdict"] == "differs"
+    a = torch.load(plain / "ckpt.pt", weights_only=True)
+    b = torch.load(ours / "ckpt.pt", weights_only=True)
+    assert a["step"] == b["step"] == 9  # without the guard: the restart's step-6 file
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert (plain / "ckpt.pt").read_bytes() == (ours / "ckpt.pt").read_bytes()
+    assert section["own_files"] == {"kept": 1, "restored": 1}  # the restart had rewritten it

@@ -208,8 +208,25 @@ def device_info() -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- flattening
 
+def _text(get: Callable[[], Any]) -> str:
+    """A name from the profiler as text, whatever its bytes: pybind turns the C++ ``std::string``
+    into ``str`` with a strict UTF-8 decode, so a kernel or op name that is not valid UTF-8 (a
+    demangled template, a name cut inside a character) raises ``UnicodeDecodeError`` on access.
+    The error carries the raw bytes: they are decoded again with replacement (U+FFFD)."""
+    try:
+        v = get()
+    except UnicodeDecodeError as e:
+        raw = e.object
+        return bytes(raw).decode("utf-8", "replace") if isinstance(raw, (bytes, bytearray, memoryview)) else "\ufffd"
+    if isinstance(v, str):
+        return v
+    if isinstance(v, (bytes, bytearray)):
+        return bytes(v).decode("utf-8", "replace")
+    return "" if v is None else str(v)
+
+
 def _dtype_name(dt: Any) -> str:
-    s = str(dt)
+    s = _text(lambda: str(dt))
     return s[6:] if s.startswith("torch.") else s
 
 
@@ -235,7 +252,8 @@ def _op_inputs(ef: Any) -> list:
 
 def _frame(fs: Any) -> dict[str, Any]:
     try:
-        return {"file": fs.file_name, "line": int(fs.line_number), "func": fs.function_name}
+        return {"file": _text(lambda: fs.file_name), "line": int(fs.line_number),
+                "func": _text(lambda: fs.function_name)}
     except Exception:  # noqa: BLE001
         return {}
 
@@ -289,7 +307,7 @@ def _tree_nodes(res: Any, t0: int) -> tuple[list, bool, int]:
         idx = len(nodes)
         start = int(ev.start_time_ns) - t0
         end = start + max(0, int(ev.duration_time_ns))
-        nodes.append([idx, parent, tag, ev.name, int(ev.start_tid), start, end, extra])
+        nodes.append([idx, parent, tag, _text(lambda: ev.name), int(ev.start_tid), start, end, extra])
         for c in reversed(ev.children):
             stack.append((c, idx))
     return nodes, truncated, dropped
@@ -297,7 +315,7 @@ def _tree_nodes(res: Any, t0: int) -> tuple[list, bool, int]:
 
 def _bytes_of(ke: Any) -> int | None:
     try:
-        meta = ke.metadata_json()
+        meta = _text(ke.metadata_json)
     except Exception:  # noqa: BLE001
         return None
     if not meta:
@@ -325,7 +343,7 @@ def _kineto_lists(res: Any, t0: int) -> tuple[list, list]:
     device: list = []
     runtime: list = []
     for ke in res.events():
-        name = ke.name()
+        name = _text(ke.name)
         act = _get(ke, "activity_type", None)
         if isinstance(act, int) or (isinstance(act, str) and act.isdigit()):
             act = _ACT_NAMES.get(int(act), str(act))

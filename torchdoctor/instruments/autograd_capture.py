@@ -35,7 +35,7 @@ import time
 from typing import Any
 
 from torchdoctor.instruments import Instrument, register
-from torchdoctor.runner.patching import Patches
+from torchdoctor.runner.patching import Patches, passthrough
 
 SKIP_MODULES = ("torch.", "torchdoctor.", "functorch.")
 
@@ -123,6 +123,7 @@ class AutogradCapture(Instrument):
         if self._patches.wrap(cod, "__call__", make, tag="td-custom-op", require=False) is not None:
             self.capture += " + CustomOpDef.__call__"
 
+    @passthrough  # calls what the user called: its errors are the user's (runner/frames.py)
     def _captured(self, orig: Any, target: Any, args: tuple, kwargs: dict, where: str, watch: bool) -> Any:
         """One captured call of ``orig(target, *args, **kwargs)``: inputs recorded before, outputs
         after; a failure of the capture turns it off and never reaches the script."""

@@ -173,7 +173,9 @@ class SamplerWatch(Instrument):
                 pass
             return data
 
-        setattr(it, NEXT_DATA, first)  # one batch only, on this iterator (undoes itself)
+        from torchdoctor.runner.patching import passthrough
+
+        setattr(it, NEXT_DATA, passthrough(first))  # one batch only, on this iterator (undoes itself)
 
     def uninstall(self, ctx: Any) -> None:
         if self.undo is not None:

@@ -22,7 +22,7 @@ must see the user's ops only.
 
 Event per step: ``fingerprint`` {step, kinds: {kind: [[label, sum, sumsq, strided], ...]}}
 (a non-finite value as the string "nan"/"inf"/"-inf"); ``fingerprint_info`` {steps, tensors,
-truncated} at the end.
+truncated, skipped_layouts?: {kind: n} (sparse, nested, meta... tensors: not read)} at the end.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import threading
 from typing import Any
 
 from torchdoctor.instruments import Instrument, register
+from torchdoctor.memory.layouts import unsupported
 
 MAX_STEPS = 2000
 MAX_PER_KIND = 4096
@@ -64,6 +65,7 @@ class Fingerprint(Instrument):
 
         self.torch, self.ctx = torch, ctx
         self._reduce3, self._leaves = reduce3, leaves
+        self.skipped: dict[str, int] = {}  # tensors of layouts not read, by kind
         self.rows: dict[str, list[tuple[str, Any]]] = {k: [] for k in KINDS}
         self.kept: list[tuple[int, str, list[str], list[tuple[list[int], Any]]]] = []
         self.truncated = False
@@ -101,7 +103,12 @@ class Fingerprint(Instrument):
         if len(rows) >= MAX_PER_KIND:
             self.truncated = True
             return
-        rows.append((label, self._reduce3(self.torch, t)))
+        r = self._reduce3(self.torch, t)
+        if r is None:  # a sparse, nested, meta... tensor: not read, counted
+            kind_ = unsupported(t) or "unreadable"
+            self.skipped[kind_] = self.skipped.get(kind_, 0) + 1
+            return
+        rows.append((label, r))
 
     def _batch(self, batch: Any) -> None:
         if len(self.kept) >= MAX_STEPS * len(KINDS):
@@ -234,5 +241,6 @@ class Fingerprint(Instrument):
             per_step.setdefault(step, {})[kind] = rows
         for step in sorted(per_step):
             ctx.emit("fingerprint", step=step, kinds=per_step[step])
-        ctx.emit("fingerprint_info", steps=len(per_step), tensors=tensors, truncated=self.truncated)
+        ctx.emit("fingerprint_info", steps=len(per_step), tensors=tensors, truncated=self.truncated,
+                 **({"skipped_layouts": self.skipped} if self.skipped else {}))
         self.kept = []

@@ -90,6 +90,8 @@ class MemoryDetail(Instrument):
                                      for d in cuda.devices_in_use())
         b["step"] = step
         b["at"] = "backward start"
+        if self.sess.saved is not None and self.sess.saved.skipped:
+            b["skipped_layouts"] = self.sess.saved.skipped.as_dict()  # saved tensors not counted
         ctx.emit("mem_breakdown", **b)
 
     def uninstall(self, ctx: Any) -> None:

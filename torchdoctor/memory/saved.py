@@ -45,9 +45,14 @@ class SavedTensors:
         self._ctx = None
         self._patches = None
         self._f32 = None
+        from torchdoctor.memory.layouts import Skipped
+
+        self.skipped = Skipped()  # saved tensors of layouts without a storage to count
 
     # hooks -------------------------------------------------------------------------------
     def _pack(self, t: Any) -> Any:
+        if not self.skipped.check(t):  # sparse, nested, meta, DTensor...: no storage to count
+            return t
         try:
             st = t.untyped_storage()
             key = (st.data_ptr(), t.is_cuda)
@@ -71,7 +76,7 @@ class SavedTensors:
 
     @staticmethod
     def _unpack(h: Any) -> Any:
-        return h.t
+        return h.t if type(h) is _Held else h
 
     def _release(self, key: tuple) -> None:
         rec = self.table.get(key)

@@ -85,6 +85,7 @@ def graph_size(grad_fn: Any, cap: int = 20000) -> int:
 # ---- dispatch-mode tracker ----------------------------------------------------------------
 
 def _make_mode_class():
+    from torchdoctor.runner.patching import passthrough
     from torchdoctor.torch_internals import dispatch_mode_base, dynamo_loaded
 
     TorchDispatchMode = dispatch_mode_base()
@@ -101,6 +102,7 @@ def _make_mode_class():
             super().__init__()
             self.tracker = tracker
 
+        @passthrough  # runs the user's op: its errors are the user's (runner/frames.py)
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             try:
@@ -125,6 +127,9 @@ class DispatchTracker:
         self.first_step = 0
         # data_ptr -> (storage weakref, tensor weakref|None, nbytes, step, frames, on CPU)
         self._rec: dict[int, tuple] = {}
+        from torchdoctor.memory.layouts import Skipped
+
+        self.skipped = Skipped()  # tensors of layouts without a storage to read (sparse, meta, ...)
         self._alias: dict[Any, tuple[bool, ...]] = {}
         self._writes: dict[Any, bool] = {}
         # id(tensor) -> (tensor weakref, frames): tensors updated in place (``+=``) in the window
@@ -226,7 +231,7 @@ class DispatchTracker:
             self._record_one(out)
 
     def _record_one(self, t: Any) -> None:
-        if t.is_meta or t.is_sparse:
+        if not self.skipped.check(t):
             return
         st = t.untyped_storage()
         n = st.nbytes()
@@ -266,7 +271,7 @@ class DispatchTracker:
                 self._record_input(a)
 
     def _record_input(self, t: Any) -> None:
-        if t.device.type != "cpu" or t.is_meta or t.is_sparse:
+        if t.device.type != "cpu" or not self.skipped.check(t):
             return
         st = t.untyped_storage()
         key = st.data_ptr()

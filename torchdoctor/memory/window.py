@@ -258,6 +258,8 @@ class SiteWindow:
             out["tensor_sites"] = group_sites(surv, n)
             out["tensor_survivor_bytes"] = sum(s.nbytes for s in surv)
             out["graph_growth"] = self.tracker.graph_growth()
+            if self.tracker.skipped:  # sparse, nested, meta, ... tensors: not read, counted
+                out["skipped_layouts"] = self.tracker.skipped.as_dict()
         if self.tracker_ok and self.live_first is not None and n_done >= 2:
             # live CPU tensor bytes per step: what the window's tensors hold at its end vs what
             # the first step's held at its end (bigger steps, or a leak, raise it; growth

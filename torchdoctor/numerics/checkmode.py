@@ -36,6 +36,7 @@ def _state(ts: list) -> str:
 
 def make_mode():
     """A fresh FirstNonFinite mode (the class is built lazily: it needs torch)."""
+    from torchdoctor.runner.patching import passthrough
     from torchdoctor.torch_internals import dispatch_mode_base
 
     TorchDispatchMode = dispatch_mode_base()
@@ -54,6 +55,7 @@ def make_mode():
             self.masks: list[str] = []
             self.ops_checked = 0
 
+        @passthrough  # runs the user's op: its errors are the user's (runner/frames.py)
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             if self.found is not None:

@@ -11,6 +11,10 @@ for a nondeterministic op, a deterministic pair; then the evidence, the rules, t
    ``cudnn.benchmark = False`` and ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` set in the child: is it
    reproducible then, and what does it cost per step (median step time vs the first pair's).
 
+The localising and deterministic pairs are runs the user did not ask for (stopped early, other
+kernels): the files run A wrote next to its checkpoints are kept aside before them and put back
+after (``guard.py``).
+
 The comparison becomes one ``repro_compare`` event, judged by ``rules/repro_runs.py`` (probe
 ``repro``); the same dict is the report's ``metrics.repro`` section. Run A's own evidence is
 judged as a plain run too (a crash or a hang is reported as by ``checkup``).
@@ -22,6 +26,7 @@ from typing import Any
 
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Report
+from torchdoctor.reprocheck.guard import OwnFiles
 from torchdoctor.trials import TrialRun, Trials, Variation
 
 REPRO_NEEDS = frozenset({"fingerprint", "rng_trace", "op_trace", "repro_mode"})
@@ -92,17 +97,24 @@ def measure(trials: Trials, engine: str = "auto", out: dict[str, Any] | None = N
     if trials.expired():
         out["first_divergent_op"] = {"kind": "unavailable", "reason": "the time budget ran out"}
         return out
-    la = trials.run(localise_variation(step, engine), round=0, steps=step)
-    lb = trials.run(localise_variation(step, engine), round=1, steps=step)
-    ta, tb = la.evidence.last("op_trace"), lb.evidence.last("op_trace")
-    op = first_divergent_op(ta, tb)
+    own = OwnFiles(a)  # the altered runs write the script's files again: put back after
+    if not own.keep():
+        out["first_divergent_op"] = {"kind": "unavailable", "reason": own.refused}
+        return out
+    try:
+        la = trials.run(localise_variation(step, engine), round=0, steps=step)
+        lb = trials.run(localise_variation(step, engine), round=1, steps=step)
+        ta, tb = la.evidence.last("op_trace"), lb.evidence.last("op_trace")
+        op = first_divergent_op(ta, tb)
+        if op and op.get("kind") == "nondeterministic" and not trials.expired():
+            out["deterministic"] = _deterministic(trials, a, b)
+    finally:
+        own.restore()
     if op is None:
         op = {"kind": "not-reproduced",
               "reason": f"the op traces of step {step} agreed in the localising pair"}
     out["first_divergent_op"] = op
     out["op_trace"] = trace_summary(ta)
-    if op.get("kind") == "nondeterministic" and not trials.expired():
-        out["deterministic"] = _deterministic(trials, a, b)
     return out
 
 

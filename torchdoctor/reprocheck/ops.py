@@ -58,6 +58,9 @@ def first_divergent_op(ta: dict[str, Any] | None, tb: dict[str, Any] | None) -> 
             out["kind"] = "nondeterministic"
         out["inputs_equal"] = ins_equal
         return out
+    cut = stop_note(ta) or stop_note(tb)
+    if cut:  # the recorded ops agree, but not every op of the step was recorded
+        return {"kind": "unavailable", "reason": f"{cut}; the {min(len(oa), len(ob))} ops recorded agree"}
     if len(oa) != len(ob):
         n = min(len(oa), len(ob))
         longer = ta if len(oa) > len(ob) else tb
@@ -67,8 +70,26 @@ def first_divergent_op(ta: dict[str, Any] | None, tb: dict[str, Any] | None) -> 
     return None
 
 
+def stop_note(t: dict[str, Any] | None) -> str:
+    """Why an op trace holds only the first ops of its step ("" when it holds them all)."""
+    if not t or not t.get("truncated"):
+        return ""
+    st = t.get("stopped") or {}
+    seen = t.get("seen")
+    in_all = f" of {seen}" if isinstance(seen, int) else ""
+    if st.get("reason") == "memory":
+        return (f"localisation stopped at {st.get('grown_mb', 0):.0f} MB (the op trace's budget is "
+                f"{st.get('budget_mb')} MB of growth) after {st.get('at_op')}{in_all} ops")
+    n = st.get("max_ops") or len(t.get("ops") or [])
+    return f"localisation stopped after the first {n}{in_all} ops of the step (the op trace's bound)"
+
+
 def trace_summary(t: dict[str, Any] | None) -> dict[str, Any] | None:
     if not t:
         return None
-    return {"engine": t.get("engine"), "ops": len(t.get("ops") or []),
-            "truncated": bool(t.get("truncated")), "complete": bool(t.get("complete"))}
+    out = {"engine": t.get("engine"), "ops": len(t.get("ops") or []),
+           "truncated": bool(t.get("truncated")), "complete": bool(t.get("complete"))}
+    if "seen" in t:
+        out.update(seen=t.get("seen"), grown_mb=t.get("grown_mb"), stopped=t.get("stopped"),
+                   note=stop_note(t) or None)
+    return out

@@ -16,6 +16,10 @@ One entry, :func:`resume_check` (called by ``commands/repro.py``), on the trials
    script is not reproducible and nothing is judged); after it, the first step whose loss
    differs, and the first whose LR differs, name what the state's absence changes.
 
+The restarts write the script's own checkpoints again, from a state torchdoctor altered: the
+files the baseline (the script as it is) wrote next to them are kept aside before and put back
+after (``guard.py``), so the user's files end as a plain run leaves them.
+
 A state whose absence changed the losses is a finding of its checkpoint code, at the save's
 line, with the severity the checkpoint family gives under ``--expect resume`` (the user asked
 for an exact resume); one whose absence changed nothing within the replayed steps is reported
@@ -28,6 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 from torchdoctor.findings import Finding
+from torchdoctor.reprocheck.guard import OwnFiles
 from torchdoctor.reprocheck.resume_compare import compare, finding_for
 from torchdoctor.reprocheck.saved import choose, missing_states, not_simulated
 from torchdoctor.trials import Variation
@@ -73,15 +78,22 @@ def resume_check(trials: Any, *, baseline: Any = None, after_steps: int = AFTER_
         return [], {**section, "status": "complete", "restarts": []}
     stop = min(last, k + after_steps) if last else k + after_steps
     restarts, findings = [], []
-    for miss in missing:
-        if trials.expired():
-            restarts.append({"state": miss.state, "verdict": "not-run", "reason": "out of time budget"})
-            continue
-        run = trials.run(restart_variation(save, miss), steps=stop)
-        cmp = compare(base, run, k, miss)
-        restarts.append(cmp)
-        if cmp["verdict"] == "differs":
-            findings.append(finding_for(save, miss, cmp, last))
+    own = OwnFiles(base)  # the restarts write the script's checkpoints again: put back after
+    if not own.keep():
+        return [], {**section, "status": "not-run", "reason": own.refused, "own_files": own.summary()}
+    try:
+        for miss in missing:
+            if trials.expired():
+                restarts.append({"state": miss.state, "verdict": "not-run", "reason": "out of time budget"})
+                continue
+            run = trials.run(restart_variation(save, miss), steps=stop)
+            cmp = compare(base, run, k, miss)
+            restarts.append(cmp)
+            if cmp["verdict"] == "differs":
+                findings.append(finding_for(save, miss, cmp, last))
+    finally:
+        own.restore()
+    section["own_files"] = own.summary()
     diverged = any(r["verdict"] == "differs" for r in restarts)
     nondet = any(r["verdict"] == "not-reproducible" for r in restarts)
     section.update(status="not-reproducible" if nondet and not diverged else

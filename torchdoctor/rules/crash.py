@@ -20,6 +20,7 @@ from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Finding, finding
 from torchdoctor.judge import rule
 from torchdoctor.report.safe import visible
+from torchdoctor.rules.run import INTERNAL_ERROR
 from torchdoctor.runner.frames import short_path
 from torchdoctor.skills import CHECKPOINTING, CUSTOM_AUTOGRAD, DEBUGGING
 
@@ -219,12 +220,36 @@ def _exit_finding(ev: Evidence) -> Finding:
                        "up (bad arguments, missing file, failed check)")
 
 
+def _internal_finding(ev: Evidence) -> Finding:
+    """The run died of an exception raised by torchdoctor's own code inside the user's (a hook, an
+    instrument's measurement): torchdoctor's fault, never the script's."""
+    res = ev.result
+    exc = res.get("exception") or {}
+    ours = exc.get("torchdoctor_frame") or {}
+    msg = _ANSI_SGR.sub("", exc.get("message", ""))
+    loc, evidence = _where(exc)
+    where = short_path(f"{ours.get('file')}:{ours.get('line')}")
+    evidence = {"exception": f"{exc.get('type', '?')}: {_first_line(msg, 400)}",
+                "raised_in": f"{where} in {ours.get('function')}", **evidence,
+                "step": int(res.get("steps") or 0), "probe": ev.meta.get("probe")}
+    at = f" (called from {loc})" if loc else ""
+    return finding("internal-error",
+                   f"torchdoctor broke the run: its own code raised {exc.get('type', 'an exception')} "
+                   f"inside the script{at}; the script itself is not at fault", evidence,
+                   severity="error",
+                   fix="This is a torchdoctor bug, not yours: the script runs without torchdoctor; "
+                       "please report it with this report. Another probe may still work on this "
+                       "script")
+
+
 @rule("crash", probes={"run"}, needs={"crash_context"},
-      raises=[SCRIPT_CRASHED, OUT_OF_MEMORY, INPLACE_MODIFIED, DEVICE_MISMATCH])
+      raises=[SCRIPT_CRASHED, OUT_OF_MEMORY, INPLACE_MODIFIED, DEVICE_MISMATCH, INTERNAL_ERROR])
 def crash(ev: Evidence) -> list[Finding]:
     """A crash (exception) or a non-zero exit code of the script."""
     res = ev.result
     outcome = res.get("outcome")
+    if outcome == "crash" and (res.get("exception") or {}).get("torchdoctor_frame"):
+        return [_internal_finding(ev)]
     if outcome == "crash":
         return [_crash_finding(ev)]
     if outcome == "exit" and res.get("exit_code") not in (0, None):

@@ -44,6 +44,42 @@ def _library_roots_cached() -> tuple[str, ...]:
     return _library_roots()
 
 
+_TOOL_DIR = _PKG_DIR + os.sep
+
+
+def is_torchdoctor_file(filename: str) -> bool:
+    """A file of torchdoctor's own package (the bundled examples play the user's part)."""
+    if not filename or filename.startswith("<"):
+        return False
+    path = os.path.abspath(filename)
+    return path.startswith(_TOOL_DIR) and not path.startswith(_EXAMPLES_DIR)
+
+
+def torchdoctor_origin(tb) -> list | None:
+    """``[file, line, function]`` of the torchdoctor frame an exception was raised in, when it was
+    raised by torchdoctor's own code running inside the user's (a hook, an instrument's
+    measurement): the innermost frame of ours, below every user frame, that is not a
+    pass-through (``runner/patching.py`` ``PASSTHROUGH_CODES``: a wrapper calling what the user
+    called), with a user frame further out. None for an exception of the user's code or of a
+    library the user called (also through our wrappers), and for one before the script ran."""
+    from torchdoctor.runner.patching import PASSTHROUGH_CODES
+
+    frames = []
+    while tb is not None:
+        frames.append((tb.tb_frame.f_code, tb.tb_lineno))
+        tb = tb.tb_next
+    for i in range(len(frames) - 1, -1, -1):
+        code, line = frames[i]
+        fn = code.co_filename
+        if is_user_file(fn):
+            return None
+        if is_torchdoctor_file(fn) and code not in PASSTHROUGH_CODES:
+            if any(is_user_file(c.co_filename) for c, _l in frames[:i]):
+                return [fn, line, code.co_name]
+            return None
+    return None
+
+
 def frames_of(tb) -> list[list]:
     """A traceback as [[file, line, func, is_user_code], ...], outermost first."""
     out = []

@@ -74,6 +74,11 @@ def _exception_record(exc: BaseException) -> dict[str, Any]:
         "message": str(exc)[:8000],
         "traceback": frames,
     }
+    from torchdoctor.runner.frames import torchdoctor_origin
+
+    ours = torchdoctor_origin(tb)
+    if ours is not None:  # raised by torchdoctor's own code inside the user's: not the script's
+        rec["torchdoctor_frame"] = {"file": ours[0], "line": ours[1], "function": ours[2]}
     user = [f for f in frames if f[3]]
     if user:
         f = user[-1]

@@ -23,6 +23,27 @@ import threading
 from typing import Any, Callable
 
 _MISSING = object()
+# code objects of our functions that call, on the user's behalf, what the user called (a patch's
+# wrapper, a dispatch mode's ``__torch_dispatch__``): an exception passing through them is the
+# user's (``runner/frames.py`` ``torchdoctor_origin``), one raised deeper in our code is ours
+PASSTHROUGH_CODES: set = set()
+
+
+def passthrough(fn: Any) -> Any:
+    """Mark ``fn`` (a function, or an object whose class has ``__call__``) as a pass-through
+    (see ``PASSTHROUGH_CODES``); returns ``fn`` (usable as a decorator)."""
+    import types
+
+    if isinstance(fn, (types.MethodType, classmethod, staticmethod)):
+        fn = fn.__func__
+    if isinstance(fn, types.FunctionType):
+        code = fn.__code__
+    else:  # an object: its class's __call__ (never ``fn.__code__``: a proxy answers the original's)
+        call = getattr(type(fn), "__call__", None)
+        code = call.__code__ if isinstance(call, types.FunctionType) else None
+    if code is not None:
+        PASSTHROUGH_CODES.add(code)
+    return fn
 
 
 def _own(owner: Any, attr: str) -> Any:
@@ -70,6 +91,7 @@ class Patches:
                 wrapper._td_patch = tag
         except (AttributeError, TypeError):  # a builtin or a bound method: no attributes
             pass
+        passthrough(wrapper)
         setattr(owner, attr, wrapper)
         with self._lock:
             self._done.append((owner, attr, wrapper, orig, own))
