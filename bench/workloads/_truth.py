@@ -77,6 +77,15 @@ class Clock:
             self._sync()
             self.t0 = time.perf_counter()
 
+    def update(self, loss, opt) -> None:
+        """The rest of a plain step: zero_grad, backward, optimizer step (each phase timed), end."""
+        opt.zero_grad(set_to_none=True)
+        with self.phase("backward"):
+            loss.backward()
+        with self.phase("optimizer"):
+            opt.step()
+        self.end(loss)
+
     def end(self, loss=None):
         """Call at the bottom of every step (after optimizer.step())."""
         if loss is not None:  # only the last one: a loss may be a view of a large buffer

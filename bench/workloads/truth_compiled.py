@@ -37,10 +37,5 @@ while not clock.done():
         with clock.phase("forward"):
             out = model(xs[clock.i % 4])
         loss = nn.functional.cross_entropy(out.float(), ys[clock.i % 4])
-    opt.zero_grad(set_to_none=True)
-    with clock.phase("backward"):
-        loss.backward()
-    with clock.phase("optimizer"):
-        opt.step()
-    clock.end(loss)
+    clock.update(loss, opt)
 clock.finish()

@@ -45,10 +45,5 @@ while not clock.done():
     with clock.phase("forward"):
         out = model(x)
     loss = nn.functional.cross_entropy(out, y)
-    opt.zero_grad(set_to_none=True)
-    with clock.phase("backward"):
-        loss.backward()
-    with clock.phase("optimizer"):
-        opt.step()
-    clock.end(loss)
+    clock.update(loss, opt)
 clock.finish(params=sum(p.numel() for p in model.parameters()))

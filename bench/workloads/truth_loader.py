@@ -50,12 +50,7 @@ for x, y in loader:
     with clock.phase("forward"):
         out = model(x)
     loss = nn.functional.cross_entropy(out, y)
-    opt.zero_grad(set_to_none=True)
-    with clock.phase("backward"):
-        loss.backward()
-    with clock.phase("optimizer"):
-        opt.step()
-    clock.end(loss)
+    clock.update(loss, opt)
     if clock.done():
         break
 clock.finish()

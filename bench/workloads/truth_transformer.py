@@ -67,10 +67,5 @@ while not clock.done():
         with clock.phase("forward"):
             logits = model(x)
         loss = F.cross_entropy(logits.view(-1, a.vocab).float(), y.reshape(-1))
-    opt.zero_grad(set_to_none=True)
-    with clock.phase("backward"):
-        loss.backward()
-    with clock.phase("optimizer"):
-        opt.step()
-    clock.end(loss)
+    clock.update(loss, opt)
 clock.finish(params=sum(p.numel() for p in model.parameters()))
