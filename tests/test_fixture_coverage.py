@@ -34,6 +34,10 @@ NO_SICK_FIXTURE = {
     "node-never-joined": "a node that never starts: tests/test_multinode_e2e.py",
     "node-lost": "a node that sends no report: tests/test_multinode.py (synthetic)",
     "inter-node-sockets": "NCCL transport lines of a multi-node self-test: tests/test_multinode.py",
+    # `attach` on a running job (a PID, not a script a fixture header can run)
+    "rank-waited-for": "attach, a rank still moving while the others wait: tests/test_attach_rules.py",
+    "dataloader-worker-stuck": "attach, a stuck worker under a waiting rank: tests/test_attach_rules.py",
+    "live-memory-growth": "attach, RSS rising over the window: tests/test_attach_rules.py",
     # a bug of torchdoctor itself, by construction not raised by any healthy code path
     "internal-error": "a crashing rule (planted by tests): tests/test_profile_rules.py, test_env.py, test_checkpoint_hostile.py",
 }

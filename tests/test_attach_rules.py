@@ -1,0 +1,153 @@
+"""The attach rules on synthetic evidence (no process, no py-spy): where, stuck vs moving, the
+finding each situation raises, and silence on a healthy job."""
+
+from __future__ import annotations
+
+from torchdoctor.attach import flight
+from torchdoctor.attach.report import build_report
+from torchdoctor.attach.sampler import classify_error, parse_dump
+from torchdoctor.attach.views import place_of, views
+
+TORCH = "/venv/lib/python3.11/site-packages/torch"
+C10D = f"{TORCH}/distributed/distributed_c10d.py"
+DL = f"{TORCH}/utils/data/dataloader.py"
+
+
+def fr(file, line, name):
+    return {"file": file, "line": line, "name": name}
+
+
+def collective(op, user_line, file="/job/train.py"):
+    return [fr(C10D, 2800, op), fr(f"{TORCH}/distributed/c10d_logger.py", 81, "wrapper"),
+            fr(file, user_line, "train_epoch"), fr(file, 30, "main"), fr(file, 40, "<module>")]
+
+
+def code(line, name="load_batch", file="/job/train.py"):
+    return [fr(file, line, name), fr(file, 30, "main"), fr(file, 40, "<module>")]
+
+
+def proc(pid, rank, stacks, role="rank", parent=None, status="sleeping"):
+    samples = [{"t": 100.0 + 2.5 * i, "threads": [{"tid": pid, "name": "MainThread", "active": False,
+                                                    "gil": False, "frames": s}]}
+               for i, s in enumerate(stacks)]
+    return {"pid": pid, "rank": rank, "role": role, "parent": parent, "samples": samples, "status": status}
+
+
+def ev(*procs, fr_state=None):
+    return {"duration_s": 10, "stack_samples": 5, "processes": list(procs),
+            "sampler": {"tool": "py-spy", "version": "0.4.3", "blocking": True},
+            "resources": {"series": []},
+            "flight_recorder": fr_state or {"state": "not-enabled", "how": flight.HOW_TO_ENABLE}}
+
+
+def codes(e):
+    return sorted(f"{f.code}@{f.severity}" for f in build_report(e, "test").findings)
+
+
+def test_place_names_the_collective_and_the_users_line():
+    p = place_of(collective("all_reduce", 17))
+    assert (p.kind, p.op, p.at, p.function) == ("collective", "all_reduce", "train.py:17", "train_epoch")
+    assert place_of(code(71)).kind == "code"
+
+
+def test_one_rank_elsewhere_is_the_rank_waited_for_with_both_lines():
+    e = ev(proc(10, 0, [collective("all_reduce", 17)] * 5), proc(11, 1, [code(71)] * 5))
+    rep = build_report(e, "t")
+    assert codes(e) == ["collective-hang@error"]
+    title = rep.findings[0].title
+    assert "rank 0 waits in all_reduce at train.py:17" in title and "load_batch at train.py:71" in title
+    assert "unchanged for 10.0 s" in title
+
+
+def test_a_moving_rank_is_slow_not_stuck():
+    moving = [code(60 + i) for i in range(5)]
+    e = ev(proc(10, 0, [collective("all_reduce", 17)] * 5), proc(11, 1, moving))
+    rep = build_report(e, "t")
+    assert codes(e) == ["rank-waited-for@warning"]
+    assert rep.findings[0].title.startswith("rank 1 is slow, not stuck")
+
+
+def test_different_collectives_are_a_mismatch_naming_both_lines():
+    e = ev(proc(10, 0, [collective("all_reduce", 17)] * 5), proc(11, 1, [collective("barrier", 27)] * 5))
+    rep = build_report(e, "t")
+    assert codes(e) == ["collective-mismatch@error"]
+    assert "all_reduce at train.py:17" in rep.findings[0].title
+    assert "barrier at train.py:27" in rep.findings[0].title
+
+
+def test_a_healthy_job_moving_through_collectives_raises_nothing():
+    a = [collective("all_reduce", 17), code(20, "step"), collective("all_reduce", 17), code(21, "step"),
+         collective("all_reduce", 17)]
+    e = ev(proc(10, 0, a), proc(11, 1, list(reversed(a))))
+    assert codes(e) == []
+
+
+def test_all_ranks_waiting_in_the_same_collective_is_not_a_mismatch():
+    e = ev(proc(10, 0, [collective("all_reduce", 17)] * 5), proc(11, 1, [collective("all_reduce", 17)] * 5))
+    assert codes(e) == []
+
+
+def test_a_rank_that_ended_is_named():
+    gone = {"pid": 11, "rank": 1, "role": "rank", "samples": [{"t": 100, "error": "x", "kind": "gone"}],
+            "status": "gone"}
+    e = ev(proc(10, 0, [collective("barrier", 27)] * 5), gone)
+    rep = build_report(e, "t")
+    assert codes(e) == ["collective-hang@error"] and "rank 1 ended" in rep.findings[0].title
+
+
+def test_a_dataloader_worker_stuck_at_one_line_is_named():
+    main = [[fr(DL, 700, "_MultiProcessingDataLoaderIter._next_data"),
+             fr(DL, 630, "_BaseDataLoaderIter.__next__"), fr("/job/train.py", 71, "main")]] * 5
+    worker = [[fr("/job/ds.py", 12, "__getitem__"), fr(f"{TORCH}/utils/data/_utils/worker.py", 300, "_worker_loop")]] * 5
+    e = ev(proc(10, None, main, role="process"), proc(12, None, worker, role="worker", parent=10))
+    rep = build_report(e, "t")
+    assert codes(e) == ["dataloader-worker-stuck@error"]
+    assert "__getitem__ at ds.py:12" in rep.findings[0].title
+
+
+def test_rss_growth_over_the_window_uses_the_growth_judgment():
+    base = ev(proc(10, 0, [code(1)] * 5), proc(11, 1, [code(1)] * 5))
+    series = [{"t": 100.0 + i, "procs": {"10": {"rss": 2**30 + i * 50 * 2**20}, "11": {"rss": 2**30}}}
+              for i in range(20)]
+    base["resources"] = {"series": series, "host_available": 16 * 2**30}
+    rep = build_report(base, "t")
+    got = [f for f in rep.findings if f.code == "live-memory-growth"]
+    assert len(got) == 1 and got[0].evidence["pid"] == 10 and "50.0 MiB/s" in got[0].title
+    flat = dict(base, resources={"series": [{"t": 100.0 + i, "procs": {"10": {"rss": 2**30 + (i % 3) * 4096}}}
+                                            for i in range(20)], "host_available": 16 * 2**30})
+    assert not [f for f in build_report(flat, "t").findings if f.code == "live-memory-growth"]
+
+
+def test_py_spy_output_and_errors_are_parsed():
+    out = parse_dump('[{"pid": 5, "thread_id": 1, "thread_name": "MainThread", "os_thread_id": 5, '
+                     '"active": true, "owns_gil": true, "frames": [{"name": "f", "filename": "/a.py", '
+                     '"line": 3}]}]')
+    assert out == [{"tid": 5, "name": "MainThread", "active": True, "gil": True,
+                    "frames": [{"name": "f", "file": "/a.py", "line": 3}]}]
+    assert classify_error("Error: Operation not permitted (os error 1)") == "permission"
+    assert classify_error("Error: No such process (os error 3)") == "gone"
+
+
+def test_flight_recorder_dump_is_read_without_running_code(tmp_path):
+    import pickle
+
+    dump = {"version": "2.9", "entries": [
+        {"collective_seq_id": 41, "profiling_name": "nccl:all_reduce", "state": "completed",
+         "process_group": ("0", "default_pg"), "input_sizes": [[1024]], "output_sizes": [[1024]]},
+        {"collective_seq_id": 42, "profiling_name": "nccl:all_reduce", "state": "started",
+         "process_group": ("0", "default_pg"), "input_sizes": [[1024]], "output_sizes": [[1024]]}]}
+    s = flight.summarise(flight.load_dump(pickle.dumps(dump)))
+    assert s["last_completed"]["seq"] == 41 and s["first_pending"]["seq"] == 42
+    import os
+
+    class Boom:
+        def __reduce__(self):
+            return (os.system, ("true",))
+
+    try:
+        flight.load_dump(pickle.dumps({"x": Boom()}))
+    except pickle.UnpicklingError as e:
+        assert "refused" in str(e)
+    else:
+        raise AssertionError("a global in the dump must be refused")
+    assert not flight.enabled({"TORCH_NCCL_TRACE_BUFFER_SIZE": "0", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/x"})
