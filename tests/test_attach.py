@@ -127,11 +127,16 @@ def test_a_healthy_job_raises_no_warning_and_finishes_as_it_would(pyspy):
         job.kill()
 
 
-@pytest.mark.parametrize("args, says", [
-    (["999999999"], "no process with PID 999999999"),
-    (["--job", "1"], "not a torchrun launcher or rank"),
-    ([], "give the PIDs"),
-])
-def test_bad_targets_are_exit_2_with_one_line(pyspy, args, says):
-    code, rep, err = attach(*args)
-    assert code == 2 and says in err and "Traceback" not in err, err
+def test_bad_targets_are_exit_2_with_one_line(pyspy):
+    plain = subprocess.Popen(["sleep", "60"])  # a process, but not a torchrun launcher nor Python
+    try:
+        for args, says in ((["999999999"], "no process with PID 999999999"),
+                           (["--job", str(plain.pid)], "not a torchrun launcher or rank"),
+                           ([str(plain.pid), "--duration", "1"], "not a Python process"),
+                           ([], "give the PIDs")):
+            code, rep, err = attach(*args)
+            assert code == 2 and says in err and "Traceback" not in err, (args, err)
+        assert plain.poll() is None  # never signalled
+    finally:
+        plain.kill()
+        plain.wait()

@@ -125,6 +125,9 @@ def test_py_spy_output_and_errors_are_parsed():
     assert out == [{"tid": 5, "name": "MainThread", "active": True, "gil": True,
                     "frames": [{"name": "f", "file": "/a.py", "line": 3}]}]
     assert classify_error("Error: Operation not permitted (os error 1)") == "permission"
+    # py-spy 0.4.3 as a plain user on another user's process (measured here)
+    assert classify_error("Permission Denied: Try running again with elevated permissions by going "
+                          "'sudo env \"PATH=$PATH\" !!'") == "permission"
     assert classify_error("Error: No such process (os error 3)") == "gone"
 
 
@@ -151,3 +154,16 @@ def test_flight_recorder_dump_is_read_without_running_code(tmp_path):
     else:
         raise AssertionError("a global in the dump must be refused")
     assert not flight.enabled({"TORCH_NCCL_TRACE_BUFFER_SIZE": "0", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/x"})
+
+
+def test_ask_offers_attach_for_a_job_that_hangs_or_slowed_down_now():
+    from torchdoctor.triage import matcher
+
+    for text in ("my training has been running for two days and now it is stuck",
+                 "the DDP job slowed down after 10 hours",
+                 "training hangs right now, can I diagnose it without restarting"):
+        a = matcher.triage(text)
+        assert a.routes and a.routes[0].probe == "torchdoctor attach --job [PID]", (text, a.routes)
+    for text in ("my ddp job hangs at startup", "training is slow"):
+        a = matcher.triage(text)
+        assert all("attach" not in r.probe for r in a.routes), (text, [r.probe for r in a.routes])

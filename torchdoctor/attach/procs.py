@@ -52,7 +52,9 @@ def _no_such(pid: int) -> DoctorError:
 def _denied(pid: int, what: str) -> DoctorError:
     return DoctorError(
         f"not allowed to read {what} of PID {pid} (it belongs to another user, or ptrace is restricted)",
-        "run torchdoctor as the user that started the job (or as root); see docs/attach.md")
+        "run torchdoctor as the user that started the job (or as root); in a container start it with "
+        "`--cap-add SYS_PTRACE`; on a host with Yama: `sudo sysctl kernel.yama.ptrace_scope=0`; "
+        "see docs/attach.md")
 
 
 def read_environ(pid: int) -> dict[str, str]:

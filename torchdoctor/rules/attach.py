@@ -54,8 +54,11 @@ def _ranked(ev: dict) -> list[ProcView]:
     return vs
 
 
-def _where(v: ProcView) -> dict:
-    return v.to_dict()
+def _where(v: ProcView) -> str:
+    p = v.place
+    state = ("ended" if v.gone else "stuck" if v.stuck else "moving")
+    at = f"{p.op} at {p.file}:{p.line}" if p.file else p.op or p.kind
+    return f"{at} ({state}: {v.distinct} distinct stacks in {v.samples} samples, pid {v.pid})"
 
 
 def _fr_evidence(ev: dict) -> dict:
@@ -82,7 +85,7 @@ def rank_waited_for(ev: dict) -> list[Finding]:
     who = ranks_text(others)
     if slow and len(slow) == len(others):
         return [finding("rank-waited-for", f"{who} is slow, not stuck: {title}",
-                        {"ranks": [_where(v) for v in vs], **_fr_evidence(ev)},
+                        {**{v.label: _where(v) for v in vs}, **_fr_evidence(ev)},
                         fix=f"{PEEK_FIX}profile {who}'s work at the line named (its data, a "
                             "rank-dependent branch, a slower device); the others wait for it in "
                             "every step.")]
@@ -93,7 +96,7 @@ def rank_waited_for(ev: dict) -> list[Finding]:
     if any(v.gone for v in others):
         fix = (f"{who} ended (crashed or returned early) while the others wait: read its log for an "
                "exception; with torchrun the agent tears the job down only when a rank fails.")
-    return [finding("collective-hang", title, {"ranks": [_where(v) for v in vs], **_fr_evidence(ev)},
+    return [finding("collective-hang", title, {**{v.label: _where(v) for v in vs}, **_fr_evidence(ev)},
                     fix=fix)]
 
 
@@ -108,7 +111,7 @@ def collective_mismatch(ev: dict) -> list[Finding]:
         return []
     title = "ranks wait in different collectives: " + "; ".join(describe(p, m) for p, m in gs)
     return [finding("collective-mismatch", title,
-                    {"ranks": [_where(v) for v in vs], **_fr_evidence(ev)},
+                    {**{v.label: _where(v) for v in vs}, **_fr_evidence(ev)},
                     fix="The ranks called different collectives (or the same one from different "
                         "lines), so they were matched out of order: find the rank-dependent branch "
                         "before the lines named (a skipped or extra collective on some ranks) and "
@@ -141,7 +144,8 @@ def dataloader_worker_stuck(ev: dict) -> list[Finding]:
         out.append(finding(
             "dataloader-worker-stuck",
             f"{m.label} waits in DataLoader.__next__ at {m.place.at} for {m.same_for_s:.1f} s; {what}",
-            {"rank": _where(m), "workers": [_where(w) for w in workers]},
+            {m.label: _where(m), **{f"worker {w.pid}": _where(w) + (f", {w.status}" if w.status else "")
+                                    for w in workers}},
             fix="A worker that blocks forever (a lock taken before fork, a network read without a "
                 "timeout, a queue never fed) stalls the loop: fix the line named; pass "
                 "DataLoader(timeout=SECONDS) so a stuck worker raises instead of hanging. A dead "
