@@ -127,6 +127,23 @@ def test_a_healthy_job_raises_no_warning_and_finishes_as_it_would(pyspy):
         job.kill()
 
 
+def test_a_dataloader_worker_blocked_forever_is_named(pyspy):
+    p = subprocess.Popen([sys.executable, str(FIXTURES / "stuck_worker.py")], stdout=subprocess.PIPE,
+                         text=True, start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        assert p.stdout.readline().strip() == "training"
+        time.sleep(3)  # the worker reaches its blocking sample
+        code, rep, err = attach(str(p.pid), "--duration", "2")
+        assert rep is not None, err
+        f = [f for f in rep["findings"] if f["code"] == "dataloader-worker-stuck"]
+        line = line_of("stuck_worker.py", "threading.Event().wait()")
+        assert f and f"Shards.__getitem__ at stuck_worker.py:{line}" in f[0]["title"], rep["findings"]
+        assert p.poll() is None
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
 def test_bad_targets_are_exit_2_with_one_line(pyspy):
     plain = subprocess.Popen(["sleep", "60"])  # a process, but not a torchrun launcher nor Python
     try:

@@ -52,8 +52,7 @@ def metrics(ev: dict) -> dict:
                       "errors": errors[:3], "stacks": _last_stacks(p)})
     res = ev.get("resources") or {}
     return {"where": [V.describe(place, members) for place, members in V.groups(vs)],
-            "workers": [V.describe(v.place, [v]).replace(v.label, f"worker pid {v.pid} of {v.label}", 1)
-                        for v in vs if v.role == "worker"],
+            "workers": [V.worker_text(v) for v in vs if v.role == "worker"],
             "processes": procs, "duration_s": ev.get("duration_s"), "elapsed_s": ev.get("elapsed_s"),
             "stack_samples": ev.get("stack_samples"), "sampler": ev.get("sampler"),
             "job": ev.get("job"), "nvml": res.get("nvml"), "nvml_reason": res.get("nvml_reason"),

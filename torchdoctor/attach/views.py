@@ -156,6 +156,12 @@ def ranks_text(vs: list[ProcView]) -> str:
     return ", ".join(v.label for v in vs)
 
 
+def worker_text(v: ProcView) -> str:
+    """"worker pid 812 of rank 1 runs Shards.__getitem__ at data.py:15, unchanged for 9.8 s ..."."""
+    owner = f"rank {v.rank}" if v.rank is not None else f"pid {v.parent}"
+    return describe(v.place, [v], who=f"worker pid {v.pid} of {owner}")
+
+
 def groups(vs: list[ProcView]) -> list[tuple[Place, list[ProcView]]]:
     """Processes (ranks and plain PIDs, not workers) grouped by place, largest group first."""
     out: dict[tuple, tuple[Place, list[ProcView]]] = {}
@@ -166,9 +172,9 @@ def groups(vs: list[ProcView]) -> list[tuple[Place, list[ProcView]]]:
     return sorted(out.values(), key=lambda g: (-len(g[1]), g[0].key()))
 
 
-def describe(place: Place, members: list[ProcView]) -> str:
+def describe(place: Place, members: list[ProcView], who: str | None = None) -> str:
     """"ranks 0, 2 wait in all_reduce at train.py:88 for 9.8 s (same stack in every sample)"."""
-    who = ranks_text(members)
+    who = who or ranks_text(members)
     verb = place.words()
     if len(members) == 1 and verb.startswith("wait"):
         verb = "waits" + verb[4:]
