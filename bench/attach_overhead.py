@@ -10,6 +10,11 @@ round the ratio attached/plain of the median step times (paired: neighbours on a
 both windows of a round alike), then the median of those ratios.
 
     python bench/attach_overhead.py [--window 10] [--rounds 3] [--nonblocking]
+    python bench/attach_overhead.py --pause [--dumps 20]   # the pause one py-spy dump causes
+
+``--pause``: a pure-Python loop that reports every gap between two of its iterations longer than
+2 ms; py-spy dumps it ``--dumps`` times, blocking then non-blocking, and the gaps seen during the
+dumps are compared with those of an equal stretch without dumps (the box's own scheduling gaps).
 """
 
 from __future__ import annotations
@@ -38,12 +43,59 @@ while True:
 '''
 
 
+SPIN = r'''
+import time
+last = time.perf_counter()
+while True:
+    t = time.perf_counter()
+    if t - last > 0.002:
+        print(f"{t} {(t - last) * 1e3:.2f}", flush=True)
+    last = t
+'''
+
+
+def pause(dumps: int) -> int:
+    from torchdoctor.attach.sampler import dump, require_pyspy
+
+    binary = require_pyspy()
+    target = subprocess.Popen([sys.executable, "-c", SPIN], stdout=subprocess.PIPE, text=True)
+    gaps: list[tuple[float, float]] = []
+    threading.Thread(target=lambda: [gaps.append(tuple(map(float, ln.split()))) for ln in target.stdout],
+                     daemon=True).start()
+    time.sleep(1.0)
+    try:
+        spans = []
+        for mode in ("none", "blocking", "non-blocking"):
+            t0 = time.perf_counter()
+            for _ in range(dumps):
+                if mode == "none":
+                    time.sleep(0.3)
+                else:
+                    d = dump(binary, target.pid, 30, nonblocking=mode == "non-blocking")
+                    assert "threads" in d, d
+            spans.append((mode, t0, time.perf_counter()))
+    finally:
+        target.kill()
+        target.wait()
+    print(f"{dumps} dumps per mode, load {os.getloadavg()[0]:.1f}; gaps > 2 ms in the spinning target")
+    for mode, t0, t1 in spans:
+        g = [ms for t, ms in gaps if t0 <= t <= t1]
+        top = sorted(g)[-3:]
+        print(f"{mode:<13} {t1 - t0:6.1f} s  gaps {len(g):4d}  total {sum(g):7.1f} ms  "
+              f"largest {', '.join(f'{x:.1f}' for x in top)} ms")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--window", type=float, default=10.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--nonblocking", action="store_true")
+    ap.add_argument("--pause", action="store_true")
+    ap.add_argument("--dumps", type=int, default=20)
     a = ap.parse_args()
+    if a.pause:
+        return pause(a.dumps)
     target = subprocess.Popen([sys.executable, "-c", LOOP], stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "OMP_NUM_THREADS": "1"})
     stamps: list[float] = []
