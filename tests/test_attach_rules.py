@@ -67,6 +67,14 @@ def test_a_moving_rank_is_slow_not_stuck():
     assert rep.findings[0].title.startswith("rank 1 is slow, not stuck")
 
 
+def test_a_rank_that_also_reaches_the_collective_is_not_the_one_waited_for():
+    # a balanced job: rank 0 happened to be caught waiting in all 5 samples, rank 1 was seen
+    # computing and in the same all_reduce: they take turns, nobody is the straggler
+    turns = [collective("all_reduce", 17), code(60), collective("all_reduce", 17), code(61), code(62)]
+    e = ev(proc(10, 0, [collective("all_reduce", 17)] * 5), proc(11, 1, turns))
+    assert codes(e) == []
+
+
 def test_different_collectives_are_a_mismatch_naming_both_lines():
     e = ev(proc(10, 0, [collective("all_reduce", 17)] * 5), proc(11, 1, [collective("barrier", 27)] * 5))
     rep = build_report(e, "t")

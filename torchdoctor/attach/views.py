@@ -99,6 +99,7 @@ class ProcView:
     window_s: float
     gone: bool
     status: str  # last psutil status ("zombie", "sleeping", ...), "" if unknown
+    kinds_seen: frozenset = frozenset()  # the place kinds of every readable sample
 
     @property
     def stuck(self) -> bool:
@@ -132,7 +133,7 @@ def view(proc: dict) -> ProcView:
     if not sigs:
         place = Place("gone" if gone else "unreadable", "", "", 0, "")
         return ProcView(pid, proc.get("rank"), proc.get("role", "process"), proc.get("parent"),
-                        place, 0, 0, 0.0, window, gone, str(proc.get("status", "")))
+                        place, 0, 0, 0.0, window, gone, str(proc.get("status", "")), frozenset())
     last_t, last_sig, place = sigs[-1]
     first_t = last_t
     for t, sig, _ in reversed(sigs):
@@ -141,7 +142,7 @@ def view(proc: dict) -> ProcView:
         first_t = t
     return ProcView(pid, proc.get("rank"), proc.get("role", "process"), proc.get("parent"),
                     place, len(sigs), len({s for _, s, _ in sigs}), last_t - first_t, window,
-                    gone, str(proc.get("status", "")))
+                    gone, str(proc.get("status", "")), frozenset(p.kind for _, _, p in sigs))
 
 
 def views(ev: dict) -> list[ProcView]:

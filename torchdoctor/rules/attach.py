@@ -8,7 +8,9 @@ showed the same stack in every one of at least ``MIN_SAMPLES`` samples over the 
 - ``collective-hang`` (declared by the ranked run's rules, ``rules/ranks_collectives.py``): ranks
   stuck in a collective while another rank is stuck outside one or has ended.
 - ``rank-waited-for``: ranks stuck in a collective while another rank is still working (its stack
-  changes): the job is slow, not hung, and that rank is the one every step waits for.
+  changes) and was never seen in a collective: the job is slow, not hung, and that rank is the one
+  every step waits for. (A rank seen in a collective too takes turns waiting with the others: a
+  balanced job sampled when one rank happened to wait every time is not a straggler.)
 - ``collective-mismatch`` (declared there too): every rank stuck in a collective, but not the same
   one (op, or the same op at different lines).
 - ``dataloader-worker-stuck``: a rank stuck in ``DataLoader.__next__`` whose worker is dead
@@ -77,8 +79,10 @@ def rank_waited_for(ev: dict) -> list[Finding]:
     others = [v for v in vs if v.place.kind != "collective" or v.gone]
     if not waiting or not others:
         return []
-    parts = [describe(p, m) for p, m in groups(waiting)]
     slow = [v for v in others if not v.gone and not v.stuck]
+    if slow and any("collective" in v.kinds_seen for v in slow):
+        return []  # it reaches the collectives too: the ranks take turns waiting (a balanced job)
+    parts = [describe(p, m) for p, m in groups(waiting)]
     for p, m in groups(others):
         parts.append(describe(p, m) + ("" if p.kind in ("gone", "unreadable") else ", not in a collective"))
     title = "; ".join(parts)
