@@ -175,3 +175,23 @@ def test_ask_offers_attach_for_a_job_that_hangs_or_slowed_down_now():
     for text in ("my ddp job hangs at startup", "training is slow"):
         a = matcher.triage(text)
         assert all("attach" not in r.probe for r in a.routes), (text, [r.probe for r in a.routes])
+
+
+def _gpu(e, utils):
+    e["resources"] = {"nvml": True, "series": [
+        {"t": 100.0 + i, "procs": {str(p["pid"]): {"rss": 2**30, "gpu": [{"gpu": 0, "mem": 2**30, "util": u}]}
+                                   for p in e["processes"]}} for i, u in enumerate(utils)]}
+    for p in e["processes"]:
+        p["source"] = {"/job/train.py:50": "total += loss.item()"}
+    return e
+
+
+def test_all_ranks_in_a_host_sync_on_idle_gpus_is_a_stall_and_busy_gpus_are_not():
+    stuck = [fr("/job/train.py", 50, "train"), fr("/job/train.py", 60, "<module>")]
+    e = _gpu(ev(proc(10, 0, [stuck] * 5), proc(11, 1, [stuck] * 5)), [0, 0, 0, 0])
+    rep = build_report(e, "t")
+    assert codes(e) == ["host-sync-stall@error"]
+    assert "ranks 0, 1 wait for the GPU in item() at train.py:50" in rep.findings[0].title
+    assert codes(_gpu(ev(proc(10, 0, [stuck] * 5), proc(11, 1, [stuck] * 5)), [0, 95, 97, 99])) == []
+    no_nvml = ev(proc(10, 0, [stuck] * 5), proc(11, 1, [stuck] * 5))
+    assert codes(no_nvml) == [] and any(s.rule == "host-sync-stall" for s in build_report(no_nvml, "t").skipped)

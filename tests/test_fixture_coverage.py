@@ -38,6 +38,7 @@ NO_SICK_FIXTURE = {
     "rank-waited-for": "attach, a rank still moving while the others wait: tests/test_attach_rules.py",
     "dataloader-worker-stuck": "attach, a stuck worker under a waiting rank: tests/test_attach_rules.py",
     "live-memory-growth": "attach, RSS rising over the window: tests/test_attach_rules.py",
+    "host-sync-stall": "attach on GPUs (NVML idle): tests/test_attach_rules.py, synthetic",
     # a bug of torchdoctor itself, by construction not raised by any healthy code path
     "internal-error": "a crashing rule (planted by tests): tests/test_profile_rules.py, test_env.py, test_checkpoint_hostile.py",
 }

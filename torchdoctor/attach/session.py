@@ -100,6 +100,8 @@ def collect(targets: list[Target], duration: float, timeout: float, *, nonblocki
         procs[p]["status"] = last.get(str(p), {}).get("status", "")
     for t in targets:  # workers that appeared during the window are named, not sampled
         procs[t.pid]["workers_at_end"] = python_children(t.pid)
+    for p in procs.values():
+        p["source"] = _source_lines(p)
     ev = {"duration_s": round(duration, 2), "stack_samples": len(rounds),
           "sampler": {"tool": "py-spy", "version": sampler.version(binary),
                       "blocking": not nonblocking, "native": native},
@@ -110,6 +112,26 @@ def collect(targets: list[Target], duration: float, timeout: float, *, nonblocki
           "flight_recorder": _flight(targets, flight_recorder, left)}
     ev["elapsed_s"] = round(time.monotonic() - start, 2)
     return ev
+
+
+def _source_lines(proc: dict) -> dict:
+    """The text of each main thread's innermost user line in the last sample ("file:line" → text),
+    read from the file on disk now (it may have been edited since the job started)."""
+    import linecache
+
+    from torchdoctor.attach.views import main_thread, place_of
+
+    for s in reversed(proc.get("samples") or []):
+        if "threads" not in s:
+            continue
+        mt = main_thread(s["threads"], proc["pid"])
+        if mt is None:
+            return {}
+        place = place_of(mt["frames"])
+        if not place.file:
+            return {}
+        return {f"{place.file}:{place.line}": linecache.getline(place.file, place.line).strip()[:200]}
+    return {}
 
 
 def _flight(targets: list[Target], wanted: bool, left) -> dict:

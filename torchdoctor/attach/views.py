@@ -24,6 +24,23 @@ COLLECTIVES = frozenset({
 C10D_FILE = os.path.join("torch", "distributed", "distributed_c10d.py")
 DATALOADER_FILE = os.path.join("torch", "utils", "data", "dataloader.py")
 LIBRARY_MARKS = ("/site-packages/", "/dist-packages/", "/lib/python3", "/lib64/python3")
+CUDA_INIT = os.path.join("torch", "cuda", "__init__.py")
+CUDA_STREAMS = os.path.join("torch", "cuda", "streams.py")
+# a user line that makes the host wait for the device (C methods: no Python frame of their own)
+SYNC_CALLS = (".item()", ".cpu()", ".tolist()", ".numpy()", "synchronize(", ".to(\"cpu\")", ".to('cpu')")
+
+
+def sync_call(frames: list[dict], source: str) -> str | None:
+    """What makes the host wait for the device here: a torch.cuda synchronize frame, or a sync
+    call on the user's line (its source text); None when neither."""
+    for f in frames:
+        if (f["file"].endswith(CUDA_INIT) or f["file"].endswith(CUDA_STREAMS)) and \
+                f["name"].split(".")[-1] == "synchronize":
+            return f["name"]
+    for call in SYNC_CALLS:
+        if call in source:
+            return call.strip(".(")
+    return None
 
 
 def is_user_file(path: str) -> bool:
@@ -143,6 +160,14 @@ def view(proc: dict) -> ProcView:
     return ProcView(pid, proc.get("rank"), proc.get("role", "process"), proc.get("parent"),
                     place, len(sigs), len({s for _, s, _ in sigs}), last_t - first_t, window,
                     gone, str(proc.get("status", "")), frozenset(p.kind for _, _, p in sigs))
+
+
+def last_main_frames(proc: dict) -> list[dict]:
+    for s in reversed(proc.get("samples") or []):
+        if "threads" in s:
+            mt = main_thread(s["threads"], int(proc["pid"]))
+            return mt["frames"] if mt else []
+    return []
 
 
 def views(ev: dict) -> list[ProcView]:

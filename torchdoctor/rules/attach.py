@@ -15,13 +15,16 @@ showed the same stack in every one of at least ``MIN_SAMPLES`` samples over the 
   one (op, or the same op at different lines).
 - ``dataloader-worker-stuck``: a rank stuck in ``DataLoader.__next__`` whose worker is dead
   (zombie, ended) or stuck at one line.
+- ``host-sync-stall``: every rank stuck in a host sync (``.item()``, ``synchronize``) while NVML
+  shows its GPUs idle: the device waits for something that does not come.
 - ``live-memory-growth``: a process's RSS grows over the window (the growth judgment of
   ``memory``, :mod:`torchdoctor.memory.growth`, with seconds for steps).
 """
 
 from __future__ import annotations
 
-from torchdoctor.attach.views import MIN_SAMPLES, ProcView, describe, groups, ranks_text, views
+from torchdoctor.attach.views import (MIN_SAMPLES, ProcView, describe, groups, last_main_frames, ranks_text,
+                                      sync_call, views)
 from torchdoctor.catalog import declare
 from torchdoctor.findings import Finding, finding
 from torchdoctor.judge import NotApplicable, rule
@@ -43,6 +46,12 @@ LIVE_MEMORY_GROWTH = declare(
     "a running process's resident memory (RSS) grows steadily over the attach window",
     thresholds={"NOISY_MIN_SLOPE": growth.NOISY_MIN_SLOPE, "GROWTH_MIN_RISE": growth.GROWTH_MIN_RISE,
                 "GROWTH_MIN_CONSISTENCY": growth.GROWTH_MIN_CONSISTENCY})
+
+IDLE_UTIL = 10  # percent: a GPU at or under this utilisation over the whole window is idle
+HOST_SYNC_STALL = declare(
+    "host-sync-stall", PERFORMANCE, "error",
+    "every rank waits for its GPU in a host sync (.item(), synchronize) while the GPUs are idle",
+    thresholds={"IDLE_UTIL": IDLE_UTIL, "MIN_SAMPLES": MIN_SAMPLES})
 
 PEEK_FIX = "Attach again with --duration 30 to see whether it moves; "
 
@@ -199,3 +208,49 @@ def live_memory_growth(ev: dict) -> list[Finding]:
     if not judged:
         raise NotApplicable("too few RSS samples to fit a trend (use a longer --duration)")
     return out
+
+
+def _gpu_utils(ev: dict, pid: int) -> list[float]:
+    out = []
+    for snap in (ev.get("resources") or {}).get("series") or []:
+        for g in ((snap.get("procs") or {}).get(str(pid)) or {}).get("gpu") or []:
+            if isinstance(g.get("util"), (int, float)):
+                out.append(float(g["util"]))
+    return out
+
+
+@rule("host-sync-stall", probes={"attach"}, raises=[HOST_SYNC_STALL])
+def host_sync_stall(ev: dict) -> list[Finding]:
+    if not (ev.get("resources") or {}).get("nvml"):
+        raise NotApplicable("needs NVML (an NVIDIA driver) to tell a host waiting on an idle GPU "
+                            "from one waiting on a busy GPU")
+    procs = [p for p in ev.get("processes") or [] if p.get("role") != "worker"]
+    by_pid = {v.pid: v for v in views(ev)}
+    stalled = []
+    for p in procs:
+        v = by_pid[int(p["pid"])]
+        src = (p.get("source") or {}).get(f"{v.place.file}:{v.place.line}", "")
+        call = sync_call(last_main_frames(p), src) if v.stuck else None
+        if call is None:
+            return []
+        util = _gpu_utils(ev, v.pid)
+        if not util:
+            raise NotApplicable(f"{v.label} holds no GPU memory that NVML reports")
+        if max(util) > IDLE_UTIL:
+            return []  # the GPU works: a long kernel, slow not stuck
+        stalled.append((v, call, max(util), src))
+    if not stalled:
+        return []
+    v0, call, _, src = stalled[0]
+    who = ranks_text([v for v, *_ in stalled])
+    top = max(u for _, _, u, _ in stalled)
+    return [finding(
+        "host-sync-stall",
+        f"{who} wait{'s' if len(stalled) == 1 else ''} for the GPU in {call} at {v0.place.at}, "
+        f"unchanged for {min(v.same_for_s for v, *_ in stalled):.1f} s, while the GPUs are idle "
+        f"(utilisation at most {top:g}% over the window)",
+        {**{v.label: f"{_where(v)}: {s}" for v, _, _, s in stalled}},
+        fix="The host waits for device work that never runs: a collective kernel waiting for a peer "
+            "(a rank on another node: attach there too), a stream waiting on an event never recorded, "
+            "or a hung device (nvidia-smi, dmesg for Xid errors). `--native` shows the CUDA call; "
+            "NCCL_DEBUG=INFO and the Flight Recorder name the collective.")]
