@@ -1,7 +1,8 @@
 """`torchdoctor attach` on real running jobs: 2 gloo ranks started plainly with torchrun.
 
-- a job where rank 1 skipped an all_reduce: the finding names both lines; the job is still
-  running after the attach (it is hung by design: the test ends it);
+- a job where rank 1 is slow (named as slow, not stuck), then skips an all_reduce: the finding
+  names both lines; the job is still running after the attach (it is hung by design: the test
+  ends it);
 - a healthy job: no warning, and it finishes with exit 0 and its own check "ok" on both ranks;
 - bad PIDs: exit 2 with one line, never a traceback.
 Skipped (with the reason) where ptrace is not permitted or py-spy is missing.
@@ -92,20 +93,34 @@ def line_of(script: str, text: str) -> int:
     return next(i for i, line in enumerate(src, 1) if text in line)
 
 
-def test_a_rank_that_skipped_an_all_reduce_is_named_with_both_lines(pyspy):
-    job = Job("skip_allreduce.py")
+def test_a_slow_rank_then_a_skipped_all_reduce_are_named_with_their_lines(pyspy, tmp_path):
+    """One job, two attaches: while rank 1 decodes slowly the job is slow, not stuck (rank 1 named,
+    moving); after rank 1 skips the gradient all_reduce, both lines are named. One torchrun start
+    serves both (CI time)."""
+    stop = tmp_path / "stop"
+    job = Job("skip_allreduce.py", {"STOP_FILE": str(stop)})
+    src = "skip_allreduce.py"
     try:
         job.wait_for("rank 0 training", "rank 1 training")
-        time.sleep(3)  # both ranks reach the place where they hang
+        time.sleep(2)
+        code, rep, err = attach("--job", str(job.proc.pid), "--duration", "3")
+        assert rep is not None, err
+        found = {f["code"]: f for f in rep["findings"]}
+        assert code == 0 and list(found) == ["rank-waited-for"], (rep["findings"], rep["metrics"]["attach"]["where"])
+        title = found["rank-waited-for"]["title"]
+        assert title.startswith("rank 1 is slow, not stuck: rank 0 waits in a collective in all 5 samples")
+        assert "rank 1 runs decode at skip_allreduce.py:" in title and "never in a collective" in title, title
+        assert "all_reduce at skip_allreduce.py:" in title, title
+
+        stop.write_text("the data ran out\n")
+        time.sleep(4)  # rank 1 finishes its step, both reach the place where they hang
         code, rep, err = attach("--job", str(job.proc.pid), "--duration", "3")
         assert rep is not None, err
         found = {f["code"]: f for f in rep["findings"]}
         assert code == 1 and "collective-mismatch" in found, (code, rep["findings"], rep["metrics"])
         title = found["collective-mismatch"]["title"]
-        ar = line_of("skip_allreduce.py", "dist.all_reduce(g)")
-        bar = line_of("skip_allreduce.py", "dist.barrier()")
-        assert f"rank 0 waits in all_reduce at skip_allreduce.py:{ar}" in title, title
-        assert f"rank 1 waits in barrier at skip_allreduce.py:{bar}" in title, title
+        assert f"rank 0 waits in all_reduce at {src}:{line_of(src, 'dist.all_reduce(g)')}" in title, title
+        assert f"rank 1 waits in barrier at {src}:{line_of(src, 'dist.barrier()')}" in title, title
         assert job.proc.poll() is None, "the attach must leave the job running"
     finally:
         job.kill()

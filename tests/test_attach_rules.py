@@ -64,7 +64,13 @@ def test_a_moving_rank_is_slow_not_stuck():
     e = ev(proc(10, 0, [collective("all_reduce", 17)] * 5), proc(11, 1, moving))
     rep = build_report(e, "t")
     assert codes(e) == ["rank-waited-for@warning"]
-    assert rep.findings[0].title.startswith("rank 1 is slow, not stuck")
+    assert rep.findings[0].title.startswith("rank 1 is slow, not stuck: rank 0 waits in a collective in all 5 ")
+    # the waiting rank need not show one stack: it waits in the next step's collectives too
+    waits = [collective("all_reduce", 17), collective("all_reduce", 27)] * 2 + [collective("all_reduce", 17)]
+    e = ev(proc(10, 0, waits), proc(11, 1, moving))
+    assert codes(e) == ["rank-waited-for@warning"]
+    caught = waits[:4] + [code(5, "step")]  # ... but in a collective in every sample
+    assert codes(ev(proc(10, 0, caught), proc(11, 1, moving))) == []
 
 
 def test_a_rank_that_also_reaches_the_collective_is_not_the_one_waited_for():

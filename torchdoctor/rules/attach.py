@@ -81,27 +81,44 @@ def _fr_evidence(ev: dict) -> dict:
                                 for r, d in (fr.get("ranks") or {}).items()}}
 
 
+def _slow(ev: dict, vs: list[ProcView], slow: list[ProcView]) -> list[Finding]:
+    """Every other rank was inside a collective in every sample (the same one or not: each step
+    it waits again) while the slow ranks moved and were never seen in one."""
+    if any("collective" in v.kinds_seen for v in slow):
+        return []  # it reaches the collectives too: the ranks take turns waiting (a balanced job)
+    waiting = [v for v in vs if v not in slow]
+    if not waiting or any(v.kinds_seen != frozenset({"collective"}) or v.samples < MIN_SAMPLES
+                          for v in waiting):
+        return []
+    n = min(v.samples for v in waiting)
+    parts = [f"{ranks_text(m)} wait{'s' if len(m) == 1 else ''} in a collective in all {n} samples "
+             f"({p.op} at {p.at} at the last)" for p, m in groups(waiting)]
+    parts += [describe(p, m) + ", never in a collective" for p, m in groups(slow)]
+    who = ranks_text(slow)
+    return [finding("rank-waited-for", f"{who} {'is' if len(slow) == 1 else 'are'} slow, not stuck: "
+                    + "; ".join(parts), {**{v.label: _where(v) for v in vs}, **_fr_evidence(ev)},
+                    fix=f"{PEEK_FIX}profile {who}'s work at the line named (its data, a "
+                        "rank-dependent branch, a slower device); the others wait for it in "
+                        "every step.")]
+
+
 @rule("attach-collective-hang", probes={"attach"}, raises=[COLLECTIVE_HANG, RANK_WAITED_FOR])
 def rank_waited_for(ev: dict) -> list[Finding]:
     vs = _ranked(ev)
-    waiting = [v for v in vs if v.place.kind == "collective" and v.stuck]
     others = [v for v in vs if v.place.kind != "collective" or v.gone]
-    if not waiting or not others:
+    if not others:
         return []
     slow = [v for v in others if not v.gone and not v.stuck]
-    if slow and any("collective" in v.kinds_seen for v in slow):
-        return []  # it reaches the collectives too: the ranks take turns waiting (a balanced job)
+    if len(slow) == len(others):
+        return _slow(ev, vs, others)
+    waiting = [v for v in vs if v.place.kind == "collective" and v.stuck]
+    if not waiting:
+        return []
     parts = [describe(p, m) for p, m in groups(waiting)]
     for p, m in groups(others):
         parts.append(describe(p, m) + ("" if p.kind in ("gone", "unreadable") else ", not in a collective"))
     title = "; ".join(parts)
     who = ranks_text(others)
-    if slow and len(slow) == len(others):
-        return [finding("rank-waited-for", f"{who} is slow, not stuck: {title}",
-                        {**{v.label: _where(v) for v in vs}, **_fr_evidence(ev)},
-                        fix=f"{PEEK_FIX}profile {who}'s work at the line named (its data, a "
-                            "rank-dependent branch, a slower device); the others wait for it in "
-                            "every step.")]
     fix = (f"Look at what {who} does at the line named: a rank-dependent branch (`if rank == 0:` "
            "work, an uneven last batch, an early `break`/`continue`) skipped the collective the "
            "others wait in, or it blocks on I/O. Every rank must call the same collectives in the "
