@@ -195,7 +195,8 @@ def groups(vs: list[ProcView]) -> list[tuple[Place, list[ProcView]]]:
         if v.role == "worker":
             continue
         out.setdefault(v.place.key(), (v.place, []))[1].append(v)
-    return sorted(out.values(), key=lambda g: (-len(g[1]), g[0].key()))
+    return sorted(out.values(), key=lambda g: (
+        -len(g[1]), min(v.rank if v.rank is not None else 1 << 30 for v in g[1]), g[0].key()))
 
 
 def describe(place: Place, members: list[ProcView], who: str | None = None) -> str:
