@@ -93,6 +93,7 @@ def line_of(script: str, text: str) -> int:
     return next(i for i, line in enumerate(src, 1) if text in line)
 
 
+@pytest.mark.slow
 def test_a_slow_rank_then_a_skipped_all_reduce_are_named_with_their_lines(pyspy, tmp_path):
     """One job, two attaches: while rank 1 decodes slowly the job is slow, not stuck (rank 1 named,
     moving); after rank 1 skips the gradient all_reduce, both lines are named. One torchrun start
@@ -126,6 +127,7 @@ def test_a_slow_rank_then_a_skipped_all_reduce_are_named_with_their_lines(pyspy,
         job.kill()
 
 
+@pytest.mark.slow
 def test_a_healthy_job_raises_no_warning_and_finishes_as_it_would(pyspy):
     job = Job("healthy.py", {"STEPS": "400"})
     try:
@@ -142,6 +144,7 @@ def test_a_healthy_job_raises_no_warning_and_finishes_as_it_would(pyspy):
         job.kill()
 
 
+@pytest.mark.slow
 def test_a_dataloader_worker_blocked_forever_is_named(pyspy):
     p = subprocess.Popen([sys.executable, str(FIXTURES / "stuck_worker.py")], stdout=subprocess.PIPE,
                          text=True, start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
