@@ -138,6 +138,8 @@ def test_a_healthy_job_raises_no_warning_and_finishes_as_it_would(pyspy):
         procs = rep["metrics"]["attach"]["processes"]
         assert sorted(p["rank"] for p in procs if p["role"] == "rank") == [0, 1]
         assert all(p["samples"] >= 3 for p in procs if p["role"] == "rank"), procs
+        fr = rep["metrics"]["attach"]["flight_recorder"]
+        assert fr["state"] == "not-enabled" and "TORCH_NCCL_TRACE_BUFFER_SIZE" in fr["how"]
         assert job.proc.wait(timeout=180) == 0, job.lines[-20:]
         assert any("rank 0 ok" in line for line in job.lines) and any("rank 1 ok" in line for line in job.lines)
     finally:

@@ -201,3 +201,42 @@ def test_all_ranks_in_a_host_sync_on_idle_gpus_is_a_stall_and_busy_gpus_are_not(
     assert codes(_gpu(ev(proc(10, 0, [stuck] * 5), proc(11, 1, [stuck] * 5)), [0, 95, 97, 99])) == []
     no_nvml = ev(proc(10, 0, [stuck] * 5), proc(11, 1, [stuck] * 5))
     assert codes(no_nvml) == [] and any(s.rule == "host-sync-stall" for s in build_report(no_nvml, "t").skipped)
+
+
+def test_flight_recorder_is_triggered_through_the_ranks_pipe_and_its_dump_read(tmp_path):
+    """The rank's side simulated as torch does it: a FIFO STEM{rank}.pipe opened O_RDONLY|O_NONBLOCK,
+    polled; a write to it makes the rank write its trace to TEMP_FILE{rank}."""
+    import os
+    import pickle
+    import threading
+    import time
+
+    stem, out = str(tmp_path / "fr_"), str(tmp_path / "trace_rank_")
+    os.mkfifo(f"{stem}1.pipe")
+    fd = os.open(f"{stem}1.pipe", os.O_RDONLY | os.O_NONBLOCK)
+    dump = {"version": "2.9", "entries": [
+        {"collective_seq_id": 7, "profiling_name": "nccl:all_reduce", "state": "completed"},
+        {"collective_seq_id": 8, "profiling_name": "nccl:broadcast", "state": "scheduled"}]}
+
+    def rank_side():
+        for _ in range(100):
+            try:
+                if os.read(fd, 128):
+                    with open(f"{out}1", "wb") as f:
+                        pickle.dump(dump, f)
+                    return
+            except BlockingIOError:
+                pass
+            time.sleep(0.02)
+
+    t = threading.Thread(target=rank_side)
+    t.start()
+    env = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": stem,
+           "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": out}
+    assert flight.enabled(env)
+    got = flight.trigger_and_read(env, 1)
+    t.join()
+    os.close(fd)
+    assert got["last_completed"]["seq"] == 7 and got["first_pending"]["op"] == "nccl:broadcast", got
+    # a rank without its pipe: an error line, never a hang
+    assert "could not trigger" in flight.trigger_and_read({**env}, 0)["error"]
