@@ -48,6 +48,10 @@ def test_place_names_the_collective_and_the_users_line():
     p = place_of(collective("all_reduce", 17))
     assert (p.kind, p.op, p.at, p.function) == ("collective", "all_reduce", "train.py:17", "train_epoch")
     assert place_of(code(71)).kind == "code"
+    # --native: shared-object frames (line 0) are never the user's place
+    native = [fr("/usr/lib/x86_64-linux-gnu/libc.so.6", 0, "clock_nanosleep"),
+              fr("/usr/lib/libpython3.11.so.1.0", 0, "time_sleep"), *code(71)]
+    assert place_of(native).at == "train.py:71"
 
 
 def test_one_rank_elsewhere_is_the_rank_waited_for_with_both_lines():

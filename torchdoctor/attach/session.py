@@ -41,6 +41,9 @@ def _first_round_errors(first: dict, targets: list[Target]) -> None:
                               "give the PID of the training process (with --job: the launcher's PID)")
         if d["kind"] == "gone":
             raise DoctorError(f"PID {t.pid} ended before it could be read", "check the PID with `ps -ef`")
+        first_line = next((ln for ln in d["error"].splitlines() if ln.strip()), d["error"])
+        raise DoctorError(f"could not read the stacks of PID {t.pid}: {first_line[:200]}",
+                          "run py-spy dump --pid PID yourself to see its full message")
 
 
 class _ResourceLoop(threading.Thread):

@@ -43,6 +43,12 @@ def sync_call(frames: list[dict], source: str) -> str | None:
     return None
 
 
+def is_native(frame: dict) -> bool:
+    """A native frame of ``--native`` (a shared object, no Python line)."""
+    path = frame["file"]
+    return frame.get("line", 0) <= 0 or path.endswith(".so") or ".so." in path
+
+
 def is_user_file(path: str) -> bool:
     return not path.startswith("<") and not any(m in path for m in LIBRARY_MARKS)
 
@@ -93,9 +99,10 @@ def place_of(frames: list[dict]) -> Place:
         elif kind != "collective" and f["file"].endswith(DATALOADER_FILE) and "__next__" in f["name"]:
             op, kind = "DataLoader.__next__", "dataloader"
     for f in frames:
-        if is_user_file(f["file"]):
+        if is_user_file(f["file"]) and not is_native(f):
             return Place(kind, op or f["name"], f["file"], f["line"], f["name"])
-    top = frames[0] if frames else {"file": "", "line": 0, "name": "?"}
+    python = [f for f in frames if not is_native(f)] or frames
+    top = python[0] if python else {"file": "", "line": 0, "name": "?"}
     return Place(kind, op or top["name"], top["file"], top["line"], top["name"])
 
 

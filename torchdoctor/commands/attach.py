@@ -77,6 +77,9 @@ def register(app: typer.Typer) -> None:
         bound = duration + 60.0 if timeout is None else timeout
         if bound < duration:
             raise DoctorError(f"--timeout ({bound:g} s) is shorter than --duration ({duration:g} s)")
+        if native and nonblocking:
+            raise DoctorError("--native needs to pause the target while it reads (py-spy cannot "
+                              "unwind native frames without it): drop --nonblocking or --native")
         if sys.platform != "linux":
             raise DoctorError("attach reads /proc and needs Linux", "run it on the machine of the job")
         out = prepare_out(out)
