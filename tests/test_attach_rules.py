@@ -75,6 +75,9 @@ def test_a_moving_rank_is_slow_not_stuck():
     assert codes(e) == ["rank-waited-for@warning"]
     caught = waits[:4] + [code(5, "step")]  # ... but in a collective in every sample
     assert codes(ev(proc(10, 0, caught), proc(11, 1, moving))) == []
+    # a slow rank caught once passing through the collective it makes the others wait in
+    once = [collective("all_reduce", 17)] + moving[1:]
+    assert codes(ev(proc(10, 0, waits), proc(11, 1, once))) == ["rank-waited-for@warning"]
 
 
 def test_a_rank_that_also_reaches_the_collective_is_not_the_one_waited_for():

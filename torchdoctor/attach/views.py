@@ -124,6 +124,7 @@ class ProcView:
     gone: bool
     status: str  # last psutil status ("zombie", "sleeping", ...), "" if unknown
     kinds_seen: frozenset = frozenset()  # the place kinds of every readable sample
+    collective_share: float = 0.0  # share of the readable samples inside a collective
 
     @property
     def stuck(self) -> bool:
@@ -166,7 +167,8 @@ def view(proc: dict) -> ProcView:
         first_t = t
     return ProcView(pid, proc.get("rank"), proc.get("role", "process"), proc.get("parent"),
                     place, len(sigs), len({s for _, s, _ in sigs}), last_t - first_t, window,
-                    gone, str(proc.get("status", "")), frozenset(p.kind for _, _, p in sigs))
+                    gone, str(proc.get("status", "")), frozenset(p.kind for _, _, p in sigs),
+                    sum(p.kind == "collective" for _, _, p in sigs) / len(sigs))
 
 
 def last_main_frames(proc: dict) -> list[dict]:

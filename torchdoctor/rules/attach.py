@@ -33,10 +33,11 @@ from torchdoctor.memory.trend import fit_trend
 from torchdoctor.rules.ranks_collectives import COLLECTIVE_HANG, COLLECTIVE_MISMATCH
 from torchdoctor.skills import DISTRIBUTED, PERFORMANCE, TENSOR_MEMORY
 
+SLOW_MAX_COLLECTIVE_SHARE = 0.2  # the slow rank was inside a collective in at most this share of samples
 RANK_WAITED_FOR = declare(
     "rank-waited-for", DISTRIBUTED, "warning",
     "a running job's ranks wait in a collective for a rank that is still working: slow, not stuck",
-    thresholds={"MIN_SAMPLES": MIN_SAMPLES})
+    thresholds={"MIN_SAMPLES": MIN_SAMPLES, "SLOW_MAX_COLLECTIVE_SHARE": SLOW_MAX_COLLECTIVE_SHARE})
 DATALOADER_WORKER_STUCK = declare(
     "dataloader-worker-stuck", PERFORMANCE, "error",
     "a rank waits for its next batch while a DataLoader worker is dead or stuck at one line",
@@ -84,8 +85,8 @@ def _fr_evidence(ev: dict) -> dict:
 def _slow(ev: dict, vs: list[ProcView], slow: list[ProcView]) -> list[Finding]:
     """Every other rank was inside a collective in every sample (the same one or not: each step
     it waits again) while the slow ranks moved and were never seen in one."""
-    if any("collective" in v.kinds_seen for v in slow):
-        return []  # it reaches the collectives too: the ranks take turns waiting (a balanced job)
+    if any(v.collective_share > SLOW_MAX_COLLECTIVE_SHARE for v in slow):
+        return []  # it waits in the collectives too: the ranks take turns waiting (a balanced job)
     waiting = [v for v in vs if v not in slow]
     if not waiting or any(v.kinds_seen != frozenset({"collective"}) or v.samples < MIN_SAMPLES
                           for v in waiting):
@@ -93,7 +94,8 @@ def _slow(ev: dict, vs: list[ProcView], slow: list[ProcView]) -> list[Finding]:
     n = min(v.samples for v in waiting)
     parts = [f"{ranks_text(m)} wait{'s' if len(m) == 1 else ''} in a collective in all {n} samples "
              f"({p.op} at {p.at} at the last)" for p, m in groups(waiting)]
-    parts += [describe(p, m) + ", never in a collective" for p, m in groups(slow)]
+    parts += [describe(p, m) + (", never in a collective" if all(v.collective_share == 0 for v in m)
+                                else ", rarely in a collective") for p, m in groups(slow)]
     who = ranks_text(slow)
     return [finding("rank-waited-for", f"{who} {'is' if len(slow) == 1 else 'are'} slow, not stuck: "
                     + "; ".join(parts), {**{v.label: _where(v) for v in vs}, **_fr_evidence(ev)},
