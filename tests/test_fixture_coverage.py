@@ -35,6 +35,11 @@ NO_SICK_FIXTURE = {
     "node-lost": "a node that sends no report: tests/test_multinode.py (synthetic)",
     "node-summary-invalid": "a hostile agent on node 0's gather port: tests/test_multinode_hostile.py",
     "inter-node-sockets": "NCCL transport lines of a multi-node self-test: tests/test_multinode.py",
+    # `attach` on a running job (a PID, not a script a fixture header can run)
+    "rank-waited-for": "attach, a rank still moving while the others wait: tests/test_attach_rules.py",
+    "dataloader-worker-stuck": "attach, a stuck worker under a waiting rank: tests/test_attach_rules.py",
+    "live-memory-growth": "attach, RSS rising over the window: tests/test_attach_rules.py",
+    "host-sync-stall": "attach on GPUs (NVML idle): tests/test_attach_rules.py, synthetic",
     # a bug of torchdoctor itself, by construction not raised by any healthy code path
     "internal-error": "a crashing rule (planted by tests): tests/test_profile_rules.py, test_env.py, test_checkpoint_hostile.py",
 }

@@ -27,6 +27,7 @@ COMMAND_MODULES = [
     "dist",
     "checkpoint_audit",
     "repro",
+    "attach",
     "explain",
     "demo",
 ]

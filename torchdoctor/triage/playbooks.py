@@ -54,6 +54,7 @@ PROBE_TREAT = "torchdoctor treat SCRIPT"
 PROBE_REPRO = "torchdoctor repro SCRIPT"
 PROBE_COMPILE = "torchdoctor compile SCRIPT"
 PROBE_GRADCHECK = "torchdoctor gradcheck SCRIPT"
+PROBE_ATTACH = "torchdoctor attach --job [PID]"
 
 PLAYBOOKS: dict[str, Playbook] = {p.skill: p for p in (
     _pb(MEM, PROBE_MEM, "tensor lifetimes, memory budget, OOM and leaks",
@@ -242,6 +243,19 @@ VARIANTS: dict[str, Playbook] = {
          "uninterrupted run; names the state whose absence makes them differ (optimizer, scheduler, "
          "GradScaler, RNG, data position)", "torchdoctor repro --resume-check SCRIPT"),
         ("Audit a checkpoint file for what it holds and lacks", PROBE_CKPT),
+        ),
+    "attach": _pb(DIST, PROBE_ATTACH, "a running job that hangs or slowed down: diagnosed without restarting it",
+        ("Measure the job as it runs, without restarting it: where every rank and thread is (stacks sampled "
+         "a few times), stuck or still moving, the rank the others wait for, ranks in different collectives, "
+         "a stuck DataLoader worker, memory and GPU use; `torchdoctor attach PID` for one process",
+         PROBE_ATTACH),
+        ("A rank the others wait for: read its line (a rank-dependent branch, an uneven last batch, I/O); "
+         "every rank must call the same collectives in the same order", BY_HAND),
+        ("For the next run: start it with `TORCH_NCCL_TRACE_BUFFER_SIZE=2000` and "
+         "`TORCH_NCCL_DEBUG_INFO_PIPE_FILE=/tmp/torchdoctor_fr_` (attach then reads the last collectives "
+         "of every rank) and pass `timeout=` to `init_process_group`", BY_HAND),
+        ("Reproduce it under the probe, which launches through torchrun and reports where each rank was "
+         "stuck", "torchdoctor dist --nproc-per-node N SCRIPT"),
         ),
     "compile": _pb(PERF, PROBE_COMPILE, "torch.compile: graph breaks, recompiles, eager fallbacks, its real gain",
         ("Measure what dynamo does with your script, without editing it: graph breaks by your file:line "

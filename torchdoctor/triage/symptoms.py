@@ -55,7 +55,7 @@ def S(skill, kind, weight, label, pattern, consume=False, prefer=(), variant=Non
     return Signal(skill, kind, weight, label, pattern, consume, tuple(prefer), variant)
 
 
-COMPILE, REPRO = "compile", "repro"  # playbook variants (playbooks.VARIANTS)
+COMPILE, REPRO, ATTACH = "compile", "repro", "attach"  # playbook variants (playbooks.VARIANTS)
 # known error texts (errortext table ids) whose route is a playbook variant
 ERROR_VARIANTS = {"recompile-limit": COMPILE, "graph-break": COMPILE, "dynamo-unsupported": COMPILE,
                   "backend-compiler-failed": COMPILE, "inductor-error": COMPILE,
@@ -66,6 +66,11 @@ ERROR_VARIANTS = {"recompile-limit": COMPILE, "graph-break": COMPILE, "dynamo-un
 _MANY = r"(?:[2-9]|[1-9]\d+|two|three|four|eight|sixteen|multiple|several|many|more|all)"
 _GPUS = r"(?:gpus|cards|devices|a100s|h100s|h200s|v100s|a10gs|t4s|3090s|4090s)"
 _SIZE = r"\d+(?:\.\d+)?\s*(?:gb|gib|mb|mib|g)\b"
+# a job that hangs or slowed down *now*, while it runs: diagnosed live (`attach`), not re-run
+_STALL = (r"(?:hangs?|hanging|hung|stuck|frozen|freez\w*|stall(?:s|ed|ing)?|no\s+progress|slow(?:ed|s|ing)?"
+          r"\s+down|(?:got|gets|getting|became|is|went)\s+(?:much\s+|very\s+|really\s+)?slow\w*)")
+_LIVE = (r"(?:now|right\s+now|currently|at\s+the\s+moment|after\s+(?:\d+|a\s+few|several|many|two|three)"
+         r"\s+(?:hours?|days?|epochs?)|for\s+(?:\d+|a\s+few|several|many|the\s+last|two|three)\s+(?:hours?|days?))")
 
 SIGNALS: tuple[Signal, ...] = (
     # ---- phrases that would otherwise be misread: consumed first -----------------------------
@@ -123,6 +128,10 @@ SIGNALS: tuple[Signal, ...] = (
     S(DIST, SYMPTOM, 3, "collective timeout / mismatch", r"\b(?:all_?reduce|all_?gather|reduce_scatter|"
       r"broadcast|barrier|collectives?)\b[^.?!\n]{0,40}\b(?:timeout|timed\s+out|hangs?|stuck|mismatch\w*)\b|"
       r"\bwatchdog\b|\baddress\s+already\s+in\s+use\b|\beaddrinuse\b|\bdesync\w*"),
+    S(DIST, SYMPTOM, 3, "a running job hangs or slowed down now",
+      r"\b" + _STALL + r"\b[^.?!\n]{0,60}\b" + _LIVE + r"\b|\b" + _LIVE + r"\b[^.?!\n]{0,60}\b" + _STALL
+      + r"\b|\bwithout\s+restart\w*|\battach\s+to\b[^.?!\n]{0,30}\b(?:job|process|run|training)\b",
+      variant=ATTACH),
     S(DIST, TOPIC, 2, "DistributedDataParallel", r"\bddp\b|\bdistributeddataparallel\b|\bdistributed\s+data\s+"
       r"parallel\b"),
     S(DIST, TOPIC, 2, "FSDP / sharding", r"\bfsdp\d?\b|\bfully[\s_]*sharded\w*|\bzero[\s-]?[123]\b|"

@@ -1,0 +1,195 @@
+"""`torchdoctor attach` on real running jobs: 2 gloo ranks started plainly with torchrun.
+
+- a job where rank 1 is slow (named as slow, not stuck), then skips an all_reduce: the finding
+  names both lines; the job is still running after the attach (it is hung by design: the test
+  ends it);
+- a healthy job: no warning, and it finishes with exit 0 and its own check "ok" on both ranks;
+- bad PIDs: exit 2 with one line, never a traceback.
+Skipped (with the reason) where ptrace is not permitted or py-spy is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from torchdoctor.attach.sampler import dump, find_pyspy
+
+FIXTURES = Path(__file__).parent / "fixtures" / "attach"
+START_TIMEOUT_S = 180  # torchrun + 2 × import torch on a loaded 2-core box
+
+
+@pytest.fixture(scope="module")
+def pyspy():
+    binary = find_pyspy()
+    if binary is None:
+        pytest.skip("py-spy is not installed")
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(0.5)
+        d = dump(binary, p.pid, timeout=30)
+    finally:
+        p.kill()
+        p.wait()
+    if "error" in d and d["kind"] == "permission":
+        pytest.skip(f"ptrace is not permitted here: {d['error'][:200]}")
+    assert "threads" in d, d
+    return binary
+
+
+class Job:
+    """torchrun --standalone --nproc-per-node 2 SCRIPT, its output collected line by line."""
+
+    def __init__(self, script: str, env: dict | None = None) -> None:
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+             str(FIXTURES / script)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, *texts: str) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if all(any(t in line for line in self.lines) for t in texts):
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.2)
+        self.kill()
+        pytest.fail(f"job did not print {texts}: {self.lines[-20:]}")
+
+    def kill(self) -> None:
+        kill_tree(self.proc)
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """End a job this test started: torchrun's ranks run in sessions of their own, so killing
+    torchrun's process group would leave hung ranks behind; each descendant is ended by its PID."""
+    import psutil
+
+    try:
+        kids = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        kids = []
+    for k in kids:
+        try:
+            k.kill()
+        except psutil.NoSuchProcess:
+            pass
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=30)
+    psutil.wait_procs(kids, timeout=30)
+
+
+def attach(*args: str) -> tuple[int, dict | None, str]:
+    p = subprocess.run([sys.executable, "-m", "torchdoctor", "attach", *args, "--json"],
+                       capture_output=True, text=True, timeout=240)
+    try:
+        rep = json.loads(p.stdout) if p.stdout.strip() else None
+    except ValueError:
+        rep = None
+    return p.returncode, rep, p.stderr
+
+
+def line_of(script: str, text: str) -> int:
+    src = (FIXTURES / script).read_text().splitlines()
+    return next(i for i, line in enumerate(src, 1) if text in line)
+
+
+@pytest.mark.slow
+def test_a_slow_rank_then_a_skipped_all_reduce_are_named_with_their_lines(pyspy, tmp_path):
+    """One job, two attaches: while rank 1 decodes slowly the job is slow, not stuck (rank 1 named,
+    moving); after rank 1 skips the gradient all_reduce, both lines are named. One torchrun start
+    serves both (CI time)."""
+    stop = tmp_path / "stop"
+    job = Job("skip_allreduce.py", {"STOP_FILE": str(stop)})
+    src = "skip_allreduce.py"
+    try:
+        job.wait_for("rank 0 training", "rank 1 training")
+        time.sleep(2)
+        code, rep, err = attach("--job", str(job.proc.pid), "--duration", "3")
+        assert rep is not None, err
+        found = {f["code"]: f for f in rep["findings"]}
+        assert code == 0 and list(found) == ["rank-waited-for"], (rep["findings"], rep["metrics"]["attach"]["where"])
+        title = found["rank-waited-for"]["title"]
+        assert title.startswith("rank 1 is slow, not stuck: rank 0 waits in a collective in all 5 samples")
+        assert "rank 1 runs decode at skip_allreduce.py:" in title and "in a collective" in title, title
+        assert "all_reduce at skip_allreduce.py:" in title, title
+
+        stop.write_text("the data ran out\n")
+        time.sleep(8)  # rank 1 finishes its slow step, both reach the place where they hang
+        code, rep, err = attach("--job", str(job.proc.pid), "--duration", "3")
+        assert rep is not None, err
+        found = {f["code"]: f for f in rep["findings"]}
+        assert code == 1 and "collective-mismatch" in found, (code, rep["findings"], rep["metrics"])
+        title = found["collective-mismatch"]["title"]
+        assert f"rank 0 waits in all_reduce at {src}:{line_of(src, 'dist.all_reduce(g)')}" in title, title
+        assert f"rank 1 waits in barrier at {src}:{line_of(src, 'dist.barrier()')}" in title, title
+        assert job.proc.poll() is None, "the attach must leave the job running"
+    finally:
+        job.kill()
+
+
+@pytest.mark.slow
+def test_a_healthy_job_raises_no_warning_and_finishes_as_it_would(pyspy):
+    job = Job("healthy.py", {"STEPS": "400"})
+    try:
+        job.wait_for("rank 0 training", "rank 1 training")
+        code, rep, err = attach("--job", str(job.proc.pid), "--duration", "2")
+        assert rep is not None, err
+        assert code == 0 and [f for f in rep["findings"] if f["severity"] != "info"] == [], rep["findings"]
+        procs = rep["metrics"]["attach"]["processes"]
+        assert sorted(p["rank"] for p in procs if p["role"] == "rank") == [0, 1]
+        assert all(p["samples"] >= 3 for p in procs if p["role"] == "rank"), procs
+        fr = rep["metrics"]["attach"]["flight_recorder"]
+        assert fr["state"] == "not-enabled" and "TORCH_NCCL_TRACE_BUFFER_SIZE" in fr["how"]
+        assert job.proc.wait(timeout=180) == 0, job.lines[-20:]
+        assert any("rank 0 ok" in line for line in job.lines) and any("rank 1 ok" in line for line in job.lines)
+    finally:
+        job.kill()
+
+
+@pytest.mark.slow
+def test_a_dataloader_worker_blocked_forever_is_named(pyspy):
+    p = subprocess.Popen([sys.executable, str(FIXTURES / "stuck_worker.py")], stdout=subprocess.PIPE,
+                         text=True, start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        assert p.stdout.readline().strip() == "training"
+        time.sleep(3)  # the worker reaches its blocking sample
+        code, rep, err = attach(str(p.pid), "--duration", "2")
+        assert rep is not None, err
+        f = [f for f in rep["findings"] if f["code"] == "dataloader-worker-stuck"]
+        line = line_of("stuck_worker.py", "threading.Event().wait()")
+        assert f and f"Shards.__getitem__ at stuck_worker.py:{line}" in f[0]["title"], rep["findings"]
+        assert p.poll() is None
+    finally:
+        kill_tree(p)
+
+
+def test_bad_targets_are_exit_2_with_one_line(pyspy):
+    plain = subprocess.Popen(["sleep", "60"])  # a process, but not a torchrun launcher nor Python
+    try:
+        for args, says in ((["999999999"], "no process with PID 999999999"),
+                           (["--job", str(plain.pid)], "not a torchrun launcher or rank"),
+                           ([str(plain.pid), "--duration", "1"], "not a Python process"),
+                           ([], "give the PIDs")):
+            code, rep, err = attach(*args)
+            assert code == 2 and says in err and "Traceback" not in err, (args, err)
+        assert plain.poll() is None  # never signalled
+    finally:
+        plain.kill()
+        plain.wait()

@@ -1,0 +1,249 @@
+"""The attach rules on synthetic evidence (no process, no py-spy): where, stuck vs moving, the
+finding each situation raises, and silence on a healthy job."""
+
+from __future__ import annotations
+
+from torchdoctor.attach import flight
+from torchdoctor.attach.report import build_report
+from torchdoctor.attach.sampler import classify_error, parse_dump
+from torchdoctor.attach.views import place_of, views
+
+TORCH = "/venv/lib/python3.11/site-packages/torch"
+C10D = f"{TORCH}/distributed/distributed_c10d.py"
+DL = f"{TORCH}/utils/data/dataloader.py"
+
+
+def fr(file, line, name):
+    return {"file": file, "line": line, "name": name}
+
+
+def collective(op, user_line, file="/job/train.py"):
+    return [fr(C10D, 2800, op), fr(f"{TORCH}/distributed/c10d_logger.py", 81, "wrapper"),
+            fr(file, user_line, "train_epoch"), fr(file, 30, "main"), fr(file, 40, "<module>")]
+
+
+def code(line, name="load_batch", file="/job/train.py"):
+    return [fr(file, line, name), fr(file, 30, "main"), fr(file, 40, "<module>")]
+
+
+def proc(pid, rank, stacks, role="rank", parent=None, status="sleeping"):
+    samples = [{"t": 100.0 + 2.5 * i, "threads": [{"tid": pid, "name": "MainThread", "active": False,
+                                                    "gil": False, "frames": s}]}
+               for i, s in enumerate(stacks)]
+    return {"pid": pid, "rank": rank, "role": role, "parent": parent, "samples": samples, "status": status}
+
+
+def ev(*procs, fr_state=None):
+    return {"duration_s": 10, "stack_samples": 5, "processes": list(procs),
+            "sampler": {"tool": "py-spy", "version": "0.4.3", "blocking": True},
+            "resources": {"series": []},
+            "flight_recorder": fr_state or {"state": "not-enabled", "how": flight.HOW_TO_ENABLE}}
+
+
+def codes(e):
+    return sorted(f"{f.code}@{f.severity}" for f in build_report(e, "test").findings)
+
+
+def test_place_names_the_collective_and_the_users_line():
+    p = place_of(collective("all_reduce", 17))
+    assert (p.kind, p.op, p.at, p.function) == ("collective", "all_reduce", "train.py:17", "train_epoch")
+    assert place_of(code(71)).kind == "code"
+    # --native: shared-object frames (line 0) are never the user's place
+    native = [fr("/usr/lib/x86_64-linux-gnu/libc.so.6", 0, "clock_nanosleep"),
+              fr("/usr/lib/libpython3.11.so.1.0", 0, "time_sleep"), *code(71)]
+    assert place_of(native).at == "train.py:71"
+
+
+def test_one_rank_elsewhere_is_the_rank_waited_for_with_both_lines():
+    e = ev(proc(10, 0, [collective("all_reduce", 17)] * 5), proc(11, 1, [code(71)] * 5))
+    rep = build_report(e, "t")
+    assert codes(e) == ["collective-hang@error"]
+    title = rep.findings[0].title
+    assert "rank 0 waits in all_reduce at train.py:17" in title and "load_batch at train.py:71" in title
+    assert "unchanged for 10.0 s" in title
+
+
+def test_a_moving_rank_is_slow_not_stuck():
+    moving = [code(60 + i) for i in range(5)]
+    e = ev(proc(10, 0, [collective("all_reduce", 17)] * 5), proc(11, 1, moving))
+    rep = build_report(e, "t")
+    assert codes(e) == ["rank-waited-for@warning"]
+    assert rep.findings[0].title.startswith("rank 1 is slow, not stuck: rank 0 waits in a collective in all 5 ")
+    # the waiting rank need not show one stack: it waits in the next step's collectives too
+    waits = [collective("all_reduce", 17), collective("all_reduce", 27)] * 2 + [collective("all_reduce", 17)]
+    e = ev(proc(10, 0, waits), proc(11, 1, moving))
+    assert codes(e) == ["rank-waited-for@warning"]
+    caught = waits[:4] + [code(5, "step")]  # ... but in a collective in every sample
+    assert codes(ev(proc(10, 0, caught), proc(11, 1, moving))) == []
+    # a slow rank caught once passing through the collective it makes the others wait in
+    once = [collective("all_reduce", 17)] + moving[1:]
+    assert codes(ev(proc(10, 0, waits), proc(11, 1, once))) == ["rank-waited-for@warning"]
+
+
+def test_a_rank_that_also_reaches_the_collective_is_not_the_one_waited_for():
+    # a balanced job: rank 0 happened to be caught waiting in all 5 samples, rank 1 was seen
+    # computing and in the same all_reduce: they take turns, nobody is the straggler
+    turns = [collective("all_reduce", 17), code(60), collective("all_reduce", 17), code(61), code(62)]
+    e = ev(proc(10, 0, [collective("all_reduce", 17)] * 5), proc(11, 1, turns))
+    assert codes(e) == []
+
+
+def test_different_collectives_are_a_mismatch_naming_both_lines():
+    e = ev(proc(10, 0, [collective("all_reduce", 17)] * 5), proc(11, 1, [collective("barrier", 27)] * 5))
+    rep = build_report(e, "t")
+    assert codes(e) == ["collective-mismatch@error"]
+    assert "all_reduce at train.py:17" in rep.findings[0].title
+    assert "barrier at train.py:27" in rep.findings[0].title
+
+
+def test_a_healthy_job_moving_through_collectives_raises_nothing():
+    a = [collective("all_reduce", 17), code(20, "step"), collective("all_reduce", 17), code(21, "step"),
+         collective("all_reduce", 17)]
+    e = ev(proc(10, 0, a), proc(11, 1, list(reversed(a))))
+    assert codes(e) == []
+
+
+def test_all_ranks_waiting_in_the_same_collective_is_not_a_mismatch():
+    e = ev(proc(10, 0, [collective("all_reduce", 17)] * 5), proc(11, 1, [collective("all_reduce", 17)] * 5))
+    assert codes(e) == []
+
+
+def test_a_rank_that_ended_is_named():
+    gone = {"pid": 11, "rank": 1, "role": "rank", "samples": [{"t": 100, "error": "x", "kind": "gone"}],
+            "status": "gone"}
+    e = ev(proc(10, 0, [collective("barrier", 27)] * 5), gone)
+    rep = build_report(e, "t")
+    assert codes(e) == ["collective-hang@error"] and "rank 1 ended" in rep.findings[0].title
+
+
+def test_a_dataloader_worker_stuck_at_one_line_is_named():
+    main = [[fr(DL, 700, "_MultiProcessingDataLoaderIter._next_data"),
+             fr(DL, 630, "_BaseDataLoaderIter.__next__"), fr("/job/train.py", 71, "main")]] * 5
+    worker = [[fr("/job/ds.py", 12, "__getitem__"), fr(f"{TORCH}/utils/data/_utils/worker.py", 300, "_worker_loop")]] * 5
+    e = ev(proc(10, None, main, role="process"), proc(12, None, worker, role="worker", parent=10))
+    rep = build_report(e, "t")
+    assert codes(e) == ["dataloader-worker-stuck@error"]
+    assert "__getitem__ at ds.py:12" in rep.findings[0].title
+
+
+def test_rss_growth_over_the_window_uses_the_growth_judgment():
+    base = ev(proc(10, 0, [code(1)] * 5), proc(11, 1, [code(1)] * 5))
+    series = [{"t": 100.0 + i, "procs": {"10": {"rss": 2**30 + i * 50 * 2**20}, "11": {"rss": 2**30}}}
+              for i in range(20)]
+    base["resources"] = {"series": series, "host_available": 16 * 2**30}
+    rep = build_report(base, "t")
+    got = [f for f in rep.findings if f.code == "live-memory-growth"]
+    assert len(got) == 1 and got[0].evidence["pid"] == 10 and "50.0 MiB/s" in got[0].title
+    flat = dict(base, resources={"series": [{"t": 100.0 + i, "procs": {"10": {"rss": 2**30 + (i % 3) * 4096}}}
+                                            for i in range(20)], "host_available": 16 * 2**30})
+    assert not [f for f in build_report(flat, "t").findings if f.code == "live-memory-growth"]
+
+
+def test_py_spy_output_and_errors_are_parsed():
+    out = parse_dump('[{"pid": 5, "thread_id": 1, "thread_name": "MainThread", "os_thread_id": 5, '
+                     '"active": true, "owns_gil": true, "frames": [{"name": "f", "filename": "/a.py", '
+                     '"line": 3}]}]')
+    assert out == [{"tid": 5, "name": "MainThread", "active": True, "gil": True,
+                    "frames": [{"name": "f", "file": "/a.py", "line": 3}]}]
+    assert classify_error("Error: Operation not permitted (os error 1)") == "permission"
+    # py-spy 0.4.3 as a plain user on another user's process (measured here)
+    assert classify_error("Permission Denied: Try running again with elevated permissions by going "
+                          "'sudo env \"PATH=$PATH\" !!'") == "permission"
+    assert classify_error("Error: No such process (os error 3)") == "gone"
+
+
+def test_flight_recorder_dump_is_read_without_running_code(tmp_path):
+    import pickle
+
+    dump = {"version": "2.9", "entries": [
+        {"collective_seq_id": 41, "profiling_name": "nccl:all_reduce", "state": "completed",
+         "process_group": ("0", "default_pg"), "input_sizes": [[1024]], "output_sizes": [[1024]]},
+        {"collective_seq_id": 42, "profiling_name": "nccl:all_reduce", "state": "started",
+         "process_group": ("0", "default_pg"), "input_sizes": [[1024]], "output_sizes": [[1024]]}]}
+    s = flight.summarise(flight.load_dump(pickle.dumps(dump)))
+    assert s["last_completed"]["seq"] == 41 and s["first_pending"]["seq"] == 42
+    import os
+
+    class Boom:
+        def __reduce__(self):
+            return (os.system, ("true",))
+
+    try:
+        flight.load_dump(pickle.dumps({"x": Boom()}))
+    except pickle.UnpicklingError as e:
+        assert "refused" in str(e)
+    else:
+        raise AssertionError("a global in the dump must be refused")
+    assert not flight.enabled({"TORCH_NCCL_TRACE_BUFFER_SIZE": "0", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/x"})
+
+
+def test_ask_offers_attach_for_a_job_that_hangs_or_slowed_down_now():
+    from torchdoctor.triage import matcher
+
+    for text in ("my training has been running for two days and now it is stuck",
+                 "the DDP job slowed down after 10 hours",
+                 "training hangs right now, can I diagnose it without restarting"):
+        a = matcher.triage(text)
+        assert a.routes and a.routes[0].probe == "torchdoctor attach --job [PID]", (text, a.routes)
+    for text in ("my ddp job hangs at startup", "training is slow"):
+        a = matcher.triage(text)
+        assert all("attach" not in r.probe for r in a.routes), (text, [r.probe for r in a.routes])
+
+
+def _gpu(e, utils):
+    e["resources"] = {"nvml": True, "series": [
+        {"t": 100.0 + i, "procs": {str(p["pid"]): {"rss": 2**30, "gpu": [{"gpu": 0, "mem": 2**30, "util": u}]}
+                                   for p in e["processes"]}} for i, u in enumerate(utils)]}
+    for p in e["processes"]:
+        p["source"] = {"/job/train.py:50": "total += loss.item()"}
+    return e
+
+
+def test_all_ranks_in_a_host_sync_on_idle_gpus_is_a_stall_and_busy_gpus_are_not():
+    stuck = [fr("/job/train.py", 50, "train"), fr("/job/train.py", 60, "<module>")]
+    e = _gpu(ev(proc(10, 0, [stuck] * 5), proc(11, 1, [stuck] * 5)), [0, 0, 0, 0])
+    rep = build_report(e, "t")
+    assert codes(e) == ["host-sync-stall@error"]
+    assert "ranks 0, 1 wait for the GPU in item() at train.py:50" in rep.findings[0].title
+    assert codes(_gpu(ev(proc(10, 0, [stuck] * 5), proc(11, 1, [stuck] * 5)), [0, 95, 97, 99])) == []
+    no_nvml = ev(proc(10, 0, [stuck] * 5), proc(11, 1, [stuck] * 5))
+    assert codes(no_nvml) == [] and any(s.rule == "host-sync-stall" for s in build_report(no_nvml, "t").skipped)
+
+
+def test_flight_recorder_is_triggered_through_the_ranks_pipe_and_its_dump_read(tmp_path):
+    """The rank's side simulated as torch does it: a FIFO STEM{rank}.pipe opened O_RDONLY|O_NONBLOCK,
+    polled; a write to it makes the rank write its trace to TEMP_FILE{rank}."""
+    import os
+    import pickle
+    import threading
+    import time
+
+    stem, out = str(tmp_path / "fr_"), str(tmp_path / "trace_rank_")
+    os.mkfifo(f"{stem}1.pipe")
+    fd = os.open(f"{stem}1.pipe", os.O_RDONLY | os.O_NONBLOCK)
+    dump = {"version": "2.9", "entries": [
+        {"collective_seq_id": 7, "profiling_name": "nccl:all_reduce", "state": "completed"},
+        {"collective_seq_id": 8, "profiling_name": "nccl:broadcast", "state": "scheduled"}]}
+
+    def rank_side():
+        for _ in range(100):
+            try:
+                if os.read(fd, 128):
+                    with open(f"{out}1", "wb") as f:
+                        pickle.dump(dump, f)
+                    return
+            except BlockingIOError:
+                pass
+            time.sleep(0.02)
+
+    t = threading.Thread(target=rank_side)
+    t.start()
+    env = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": stem,
+           "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": out}
+    assert flight.enabled(env)
+    got = flight.trigger_and_read(env, 1)
+    t.join()
+    os.close(fd)
+    assert got["last_completed"]["seq"] == 7 and got["first_pending"]["op"] == "nccl:broadcast", got
+    # a rank without its pipe: an error line, never a hang
+    assert "could not trigger" in flight.trigger_and_read({**env}, 0)["error"]

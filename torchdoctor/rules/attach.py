@@ -1,0 +1,275 @@
+"""Attach rules (probe ``attach``): pure functions of the evidence ``torchdoctor attach`` collected.
+
+The evidence is the dict of ``torchdoctor/attach/session.py`` (processes with their stack samples,
+the resource series, the Flight Recorder state); the views (``torchdoctor/attach/views.py``) say
+where each process is and whether its main thread moved. A rank is *stuck* when its main thread
+showed the same stack in every one of at least ``MIN_SAMPLES`` samples over the window.
+
+- ``collective-hang`` (declared by the ranked run's rules, ``rules/ranks_collectives.py``): ranks
+  stuck in a collective while another rank is stuck outside one or has ended.
+- ``rank-waited-for``: ranks stuck in a collective while another rank is still working (its stack
+  changes) and was never seen in a collective: the job is slow, not hung, and that rank is the one
+  every step waits for. (A rank seen in a collective too takes turns waiting with the others: a
+  balanced job sampled when one rank happened to wait every time is not a straggler.)
+- ``collective-mismatch`` (declared there too): every rank stuck in a collective, but not the same
+  one (op, or the same op at different lines).
+- ``dataloader-worker-stuck``: a rank stuck in ``DataLoader.__next__`` whose worker is dead
+  (zombie, ended) or stuck at one line.
+- ``host-sync-stall``: every rank stuck in a host sync (``.item()``, ``synchronize``) while NVML
+  shows its GPUs idle: the device waits for something that does not come.
+- ``live-memory-growth``: a process's RSS grows over the window (the growth judgment of
+  ``memory``, :mod:`torchdoctor.memory.growth`, with seconds for steps).
+"""
+
+from __future__ import annotations
+
+from torchdoctor.attach.views import (MIN_SAMPLES, ProcView, describe, groups, last_main_frames, ranks_text,
+                                      sync_call, views)
+from torchdoctor.catalog import declare
+from torchdoctor.findings import Finding, finding
+from torchdoctor.judge import NotApplicable, rule
+from torchdoctor.memory import growth
+from torchdoctor.memory.trend import fit_trend
+from torchdoctor.rules.ranks_collectives import COLLECTIVE_HANG, COLLECTIVE_MISMATCH
+from torchdoctor.skills import DISTRIBUTED, PERFORMANCE, TENSOR_MEMORY
+
+SLOW_MAX_COLLECTIVE_SHARE = 0.2  # the slow rank was inside a collective in at most this share of samples
+RANK_WAITED_FOR = declare(
+    "rank-waited-for", DISTRIBUTED, "warning",
+    "a running job's ranks wait in a collective for a rank that is still working: slow, not stuck",
+    thresholds={"MIN_SAMPLES": MIN_SAMPLES, "SLOW_MAX_COLLECTIVE_SHARE": SLOW_MAX_COLLECTIVE_SHARE})
+DATALOADER_WORKER_STUCK = declare(
+    "dataloader-worker-stuck", PERFORMANCE, "error",
+    "a rank waits for its next batch while a DataLoader worker is dead or stuck at one line",
+    thresholds={"MIN_SAMPLES": MIN_SAMPLES})
+LIVE_MEMORY_GROWTH = declare(
+    "live-memory-growth", TENSOR_MEMORY, "warning",
+    "a running process's resident memory (RSS) grows steadily over the attach window",
+    thresholds={"NOISY_MIN_SLOPE": growth.NOISY_MIN_SLOPE, "GROWTH_MIN_RISE": growth.GROWTH_MIN_RISE,
+                "GROWTH_MIN_CONSISTENCY": growth.GROWTH_MIN_CONSISTENCY})
+
+IDLE_UTIL = 10  # percent: a GPU at or under this utilisation over the whole window is idle
+HOST_SYNC_STALL = declare(
+    "host-sync-stall", PERFORMANCE, "error",
+    "every rank waits for its GPU in a host sync (.item(), synchronize) while the GPUs are idle",
+    thresholds={"IDLE_UTIL": IDLE_UTIL, "MIN_SAMPLES": MIN_SAMPLES})
+
+PEEK_FIX = "Attach again with --duration 30 to see whether it moves; "
+
+
+def _ranked(ev: dict) -> list[ProcView]:
+    vs = [v for v in views(ev) if v.role == "rank"]
+    if len(vs) < 2:
+        raise NotApplicable("fewer than 2 ranks attached (give the job: attach --job)")
+    if max((v.samples for v in vs), default=0) < MIN_SAMPLES and not any(v.gone for v in vs):
+        raise NotApplicable(f"fewer than {MIN_SAMPLES} stack samples")
+    return vs
+
+
+def _where(v: ProcView) -> str:
+    p = v.place
+    state = ("ended" if v.gone else "stuck" if v.stuck else "moving")
+    at = f"{p.op} at {p.file}:{p.line}" if p.file else p.op or p.kind
+    return f"{at} ({state}: {v.distinct} distinct stacks in {v.samples} samples, pid {v.pid})"
+
+
+def _fr_evidence(ev: dict) -> dict:
+    fr = ev.get("flight_recorder") or {}
+    if fr.get("state") != "read":
+        return {}
+    return {"flight_recorder": {r: {k: d.get(k) for k in ("last_completed", "first_pending", "error")
+                                    if d.get(k) is not None}
+                                for r, d in (fr.get("ranks") or {}).items()}}
+
+
+def _slow(ev: dict, vs: list[ProcView], slow: list[ProcView]) -> list[Finding]:
+    """Every other rank was inside a collective in every sample (the same one or not: each step
+    it waits again) while the slow ranks moved and were never seen in one."""
+    if any(v.collective_share > SLOW_MAX_COLLECTIVE_SHARE for v in slow):
+        return []  # it waits in the collectives too: the ranks take turns waiting (a balanced job)
+    waiting = [v for v in vs if v not in slow]
+    if not waiting or any(v.kinds_seen != frozenset({"collective"}) or v.samples < MIN_SAMPLES
+                          for v in waiting):
+        return []
+    n = min(v.samples for v in waiting)
+    parts = [f"{ranks_text(m)} wait{'s' if len(m) == 1 else ''} in a collective in all {n} samples "
+             f"({p.op} at {p.at} at the last)" for p, m in groups(waiting)]
+    parts += [describe(p, m) + (", never in a collective" if all(v.collective_share == 0 for v in m)
+                                else ", rarely in a collective") for p, m in groups(slow)]
+    who = ranks_text(slow)
+    return [finding("rank-waited-for", f"{who} {'is' if len(slow) == 1 else 'are'} slow, not stuck: "
+                    + "; ".join(parts), {**{v.label: _where(v) for v in vs}, **_fr_evidence(ev)},
+                    fix=f"{PEEK_FIX}profile {who}'s work at the line named (its data, a "
+                        "rank-dependent branch, a slower device); the others wait for it in "
+                        "every step.")]
+
+
+@rule("attach-collective-hang", probes={"attach"}, raises=[COLLECTIVE_HANG, RANK_WAITED_FOR])
+def rank_waited_for(ev: dict) -> list[Finding]:
+    vs = _ranked(ev)
+    others = [v for v in vs if v.place.kind != "collective" or v.gone]
+    if not others:
+        return []
+    slow = [v for v in others if not v.gone and not v.stuck]
+    if len(slow) == len(others):
+        return _slow(ev, vs, others)
+    waiting = [v for v in vs if v.place.kind == "collective" and v.stuck]
+    if not waiting:
+        return []
+    parts = [describe(p, m) for p, m in groups(waiting)]
+    for p, m in groups(others):
+        parts.append(describe(p, m) + ("" if p.kind in ("gone", "unreadable") else ", not in a collective"))
+    title = "; ".join(parts)
+    who = ranks_text(others)
+    fix = (f"Look at what {who} does at the line named: a rank-dependent branch (`if rank == 0:` "
+           "work, an uneven last batch, an early `break`/`continue`) skipped the collective the "
+           "others wait in, or it blocks on I/O. Every rank must call the same collectives in the "
+           "same order. Set a timeout on init_process_group so a hang ends with an error.")
+    if any(v.gone for v in others):
+        fix = (f"{who} ended (crashed or returned early) while the others wait: read its log for an "
+               "exception; with torchrun the agent tears the job down only when a rank fails.")
+    return [finding("collective-hang", title, {**{v.label: _where(v) for v in vs}, **_fr_evidence(ev)},
+                    fix=fix)]
+
+
+@rule("attach-collective-mismatch", probes={"attach"}, raises=[COLLECTIVE_MISMATCH])
+def collective_mismatch(ev: dict) -> list[Finding]:
+    vs = _ranked(ev)
+    waiting = [v for v in vs if v.place.kind == "collective" and v.stuck]
+    if len(waiting) < 2 or any(v.place.kind != "collective" or v.gone for v in vs):
+        return []
+    gs = groups(waiting)
+    if len(gs) < 2:
+        return []
+    title = "ranks wait in different collectives: " + "; ".join(describe(p, m) for p, m in gs)
+    return [finding("collective-mismatch", title,
+                    {**{v.label: _where(v) for v in vs}, **_fr_evidence(ev)},
+                    fix="The ranks called different collectives (or the same one from different "
+                        "lines), so they were matched out of order: find the rank-dependent branch "
+                        "before the lines named (a skipped or extra collective on some ranks) and "
+                        "make every rank call the same collectives in the same order. "
+                        "TORCH_DISTRIBUTED_DEBUG=DETAIL checks this at every call.")]
+
+
+@rule("dataloader-worker-stuck", probes={"attach"}, raises=[DATALOADER_WORKER_STUCK])
+def dataloader_worker_stuck(ev: dict) -> list[Finding]:
+    vs = views(ev)
+    mains = [v for v in vs if v.role != "worker" and v.place.kind == "dataloader" and v.stuck]
+    if not mains:
+        if not any(v.role == "worker" for v in vs):
+            raise NotApplicable("no DataLoader worker process found")
+        return []
+    out = []
+    for m in mains:
+        workers = [w for w in vs if w.role == "worker" and w.parent == m.pid]
+        dead = [w for w in workers if w.gone or w.status in ("zombie", "dead", "gone")]
+        stuck = [w for w in workers if w not in dead and w.stuck and w.place.file]
+        if dead:
+            what = (f"worker pid{'s' if len(dead) > 1 else ''} "
+                    f"{', '.join(str(w.pid) for w in dead)} is dead ({dead[0].status or 'ended'})")
+        elif stuck and len(stuck) == len(workers):
+            w = stuck[0]
+            what = (f"worker pid{'s' if len(stuck) > 1 else ''} {', '.join(str(s.pid) for s in stuck)} "
+                    f"stuck in {w.place.function} at {w.place.at} for {w.same_for_s:.1f} s")
+        else:
+            continue
+        out.append(finding(
+            "dataloader-worker-stuck",
+            f"{m.label} waits in DataLoader.__next__ at {m.place.at} for {m.same_for_s:.1f} s; {what}",
+            {m.label: _where(m), **{f"worker {w.pid}": _where(w) + (f", {w.status}" if w.status else "")
+                                    for w in workers}},
+            fix="A worker that blocks forever (a lock taken before fork, a network read without a "
+                "timeout, a queue never fed) stalls the loop: fix the line named; pass "
+                "DataLoader(timeout=SECONDS) so a stuck worker raises instead of hanging. A dead "
+                "worker was usually killed by the host OOM killer (dmesg) or crashed in native code."))
+    return out
+
+
+def _rss_series(ev: dict, pid: int) -> tuple[list[float], list[float]]:
+    ts, ys = [], []
+    for snap in (ev.get("resources") or {}).get("series") or []:
+        p = (snap.get("procs") or {}).get(str(pid)) or {}
+        if isinstance(p.get("rss"), int):
+            ts.append(snap["t"])
+            ys.append(float(p["rss"]))
+    return ts, ys
+
+
+@rule("live-memory-growth", probes={"attach"}, raises=[LIVE_MEMORY_GROWTH])
+def live_memory_growth(ev: dict) -> list[Finding]:
+    out, judged = [], 0
+    for v in views(ev):
+        if v.role == "worker":
+            continue
+        ts, ys = _rss_series(ev, v.pid)
+        if len(ts) < 2:
+            continue
+        secs = [round(t - ts[0]) for t in ts]  # one second is the "step" of the judgment
+        fit = fit_trend(secs, ys)
+        if fit is None:
+            continue
+        judged += 1
+        room = (ev.get("resources") or {}).get("host_available")
+        verdict = growth.judge(fit, noisy=True, room=room if isinstance(room, int) else None,
+                               step_s=1.0)
+        if not verdict.credible or verdict.severity not in ("warning", "error"):
+            continue
+        rate = fit.slope  # bytes per second
+        out.append(finding(
+            "live-memory-growth",
+            f"{v.label}: resident memory grows {rate / 2**20:.1f} MiB/s over the {v.window_s:.0f} s "
+            f"window ({ys[0] / 2**30:.2f} → {ys[-1] / 2**30:.2f} GiB)",
+            {"pid": v.pid, "rank": v.rank, "bytes_per_s": round(rate), "fit": fit.to_dict(),
+             "bytes_per_hour": verdict.bytes_per_hour, "horizon": verdict.horizon},
+            fix="Run `torchdoctor memory SCRIPT` on the same script to name the lines that keep "
+                "memory alive (tensors kept across steps, a growing list of losses, a cache).",
+            severity=verdict.severity))
+    if not judged:
+        raise NotApplicable("too few RSS samples to fit a trend (use a longer --duration)")
+    return out
+
+
+def _gpu_utils(ev: dict, pid: int) -> list[float]:
+    out = []
+    for snap in (ev.get("resources") or {}).get("series") or []:
+        for g in ((snap.get("procs") or {}).get(str(pid)) or {}).get("gpu") or []:
+            if isinstance(g.get("util"), (int, float)):
+                out.append(float(g["util"]))
+    return out
+
+
+@rule("host-sync-stall", probes={"attach"}, raises=[HOST_SYNC_STALL])
+def host_sync_stall(ev: dict) -> list[Finding]:
+    if not (ev.get("resources") or {}).get("nvml"):
+        raise NotApplicable("needs NVML (an NVIDIA driver) to tell a host waiting on an idle GPU "
+                            "from one waiting on a busy GPU")
+    procs = [p for p in ev.get("processes") or [] if p.get("role") != "worker"]
+    by_pid = {v.pid: v for v in views(ev)}
+    stalled = []
+    for p in procs:
+        v = by_pid[int(p["pid"])]
+        src = (p.get("source") or {}).get(f"{v.place.file}:{v.place.line}", "")
+        call = sync_call(last_main_frames(p), src) if v.stuck else None
+        if call is None:
+            return []
+        util = _gpu_utils(ev, v.pid)
+        if not util:
+            raise NotApplicable(f"{v.label} holds no GPU memory that NVML reports")
+        if max(util) > IDLE_UTIL:
+            return []  # the GPU works: a long kernel, slow not stuck
+        stalled.append((v, call, max(util), src))
+    if not stalled:
+        return []
+    v0, call, _, src = stalled[0]
+    who = ranks_text([v for v, *_ in stalled])
+    top = max(u for _, _, u, _ in stalled)
+    return [finding(
+        "host-sync-stall",
+        f"{who} wait{'s' if len(stalled) == 1 else ''} for the GPU in {call} at {v0.place.at}, "
+        f"unchanged for {min(v.same_for_s for v, *_ in stalled):.1f} s, while the GPUs are idle "
+        f"(utilisation at most {top:g}% over the window)",
+        {**{v.label: f"{_where(v)}: {s}" for v, _, _, s in stalled}},
+        fix="The host waits for device work that never runs: a collective kernel waiting for a peer "
+            "(a rank on another node: attach there too), a stream waiting on an event never recorded, "
+            "or a hung device (nvidia-smi, dmesg for Xid errors). `--native` shows the CUDA call; "
+            "NCCL_DEBUG=INFO and the Flight Recorder name the collective.")]
