@@ -65,7 +65,7 @@ def test_fixture_raises_its_header_and_matches_its_golden(h):
 
 def test_every_runnable_fixture_script_has_a_header():
     scripts = HERE / "fixtures" / "scripts"
-    helpers = {"dist/_common.py", "perf/_gpu_net.py", "run/siblib.py"}
+    helpers = {"dist/_common.py", "dist/_lm.py", "perf/_gpu_net.py", "run/siblib.py"}
     headed = {h.rel for h in HEADS}
     for p in sorted(scripts.rglob("*.py")):
         rel = p.relative_to(scripts).as_posix()

@@ -127,6 +127,11 @@ def test_healthy_fixtures_raise_no_warning_under_checkup(script):
 
 def test_growth_outside_torch_is_named_from_python_allocations():
     rc, rep = report("memory", "leak_buffers.py")
+    cut = "its share of the window's time budget" in json.dumps(rep.get("findings"))
+    if cut:  # a loaded box: tracemalloc ran out of its time budget before naming the line
+        # (documented in tests/golden/regen.py); one fresh run, then the same demands
+        p = run_cli("memory", "--json", "leak_buffers.py", cwd=MEM, timeout=180)
+        rc, rep = p.returncode, json.loads(p.stdout)
     assert rc == 1 and codes(rep) == ["memory-growth"]
     [f] = rep["findings"]
     line = line_of("leak_buffers.py", "bug: a per-step buffer")

@@ -98,11 +98,13 @@ def _sampler_opens(step_s: float, available: int, per_step: int = 8 * KiB) -> li
     return opened
 
 
-def test_window_opens_only_for_growth_that_would_matter():
+def test_window_opens_for_a_sustained_rise_whatever_its_rate():
     # 8 KiB a step, 16 GiB free: at 10 ms a step full in ~6 h (a warning): the window opens
     assert len(_sampler_opens(0.01, 16 << 30)) == 1
-    # the same rise at 1 s a step: full in ~24 days, info at most: not worth the window's cost
-    assert _sampler_opens(1.0, 16 << 30) == []
+    # the same rise at 1 s a step (full in ~24 days, info at most) opens it too since issue 27
+    # item 9: a kept loss graph grows a few KiB a step and its line must be named; the window
+    # runs once, a few steps, and on CUDA its steps are left out of the step figures
+    assert len(_sampler_opens(1.0, 16 << 30)) == 1
 
 
 def test_live_cpu_bytes_count_batches_made_outside_the_window():
