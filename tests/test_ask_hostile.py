@@ -114,9 +114,11 @@ def generated_inputs(seed: int):
 @pytest.mark.parametrize("name, text", list(fixed_inputs()), ids=[n for n, _ in fixed_inputs()])
 def test_each_hostile_input_is_answered_in_under_a_second_of_cpu(name, text):
     for source in ("stdin", "args"):
-        t0 = time.process_time()
+        # this thread's CPU: process_time also counts the suite's background fixture lanes
+        # (threads of this process reading their runs' output), which are not triage's cost
+        t0 = time.thread_time()
         a = triage(text, source=source)
-        cpu = time.process_time() - t0
+        cpu = time.thread_time() - t0
         assert cpu < CPU_LIMIT_S, (name, source, cpu)
         json.dumps(a.to_dict(), allow_nan=False)  # always serialisable, no inf/nan, no huge int
 
