@@ -176,3 +176,23 @@ def test_the_memory_site_window_steps_are_left_out_of_a_cuda_runs_step_figures()
     # a CPU report keeps its judged steps (its figures unchanged)
     cpu = Evidence.from_events(steps + sites)
     assert len(judged_steps(cpu)) == 37
+
+
+def test_the_device_columns_leave_out_the_same_site_window_steps():
+    # measured on the H200 (gpu_truth, hostsync under checkup, session 9): the site window's four
+    # steps spent ~10x the step on the device and turned a host-bound loop's device summary to
+    # "bound: device" (busy share 1.0) and its optimizer to 1.9 ms, while the step figures beside
+    # it had already left those steps out: both now describe the same steps
+    steps = _steps(38, 10.0, {"forward": 3.0, "backward": 5.0})
+    dev = _dev(38, 10.0, 3.0, 5.0, 1.0)
+    for s, d in zip(steps[34:], dev[34:]):
+        s["wall_s"] = 0.150
+        d.update(span_ms=150.0, optimizer_ms=120.0, busy=1.0)
+    sites = [{"kind": "mem_sites", "steps": [35, 38], "reason": "host heap rising"}]
+    m = step_summary(Evidence.from_events(steps + dev + sites))
+    assert m["site_window_steps_skipped"] == [35, 36, 37, 38]
+    assert m["device"]["steps"] == 33 and m["device"]["optimizer_ms"] == pytest.approx(1.0)
+    assert m["device"]["span_ms"] == pytest.approx(10.0)
+    # without the window every step is in both
+    plain = step_summary(Evidence.from_events(steps[:34] + dev[:34]))
+    assert "site_window_steps_skipped" not in plain and plain["device"]["steps"] == 33

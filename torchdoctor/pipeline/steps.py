@@ -108,6 +108,10 @@ def step_summary(ev: Evidence) -> dict[str, Any] | None:
                       - {s.get("step") for s in steps})
     if left_out:  # the FLOP counter's step: not a plain step (docs/yardstick.md)
         out["flop_count_step_skipped"] = left_out
+    sites_out = sorted((site_window_steps(ev) & {s.get("step") for s in ev.of("step")})
+                       - {s.get("step") for s in steps})
+    if sites_out:  # CUDA runs: the memory sampler's allocation-site window slowed these steps
+        out["site_window_steps_skipped"] = sites_out
     if overlap > 0.01 * host_total:
         out["phase_overlap_ms"] = round(overlap / len(steps) * 1e3, 3)
     if sums["forward"] == 0.0 and sums["backward"] > 0.0 and ev.of("step_device"):
@@ -170,8 +174,9 @@ def device_summary(ev: Evidence) -> dict[str, Any] | None:
     devs = ev.of("step_device")
     if len(devs) >= WARMUP_MIN_STEPS:
         devs = devs[WARMUP_STEPS:]
-    counted = counted_steps(ev)
-    devs = [d for d in devs if d.get("step") not in counted] or devs
+    # the same steps as the step figures: not the FLOP counter's, not the memory site window's
+    perturbed = counted_steps(ev) | site_window_steps(ev)
+    devs = [d for d in devs if d.get("step") not in perturbed] or devs
     if not devs:
         return None
     out: dict[str, Any] = {"steps": len(devs)}
