@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 import fixture_lanes  # first: its environment snapshot (ENV) is taken before any test runs
+import spawn_watch
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -27,7 +28,20 @@ def _e2e_header(item):
     return h if h is not None and hasattr(h, "rel") else None
 
 
+def pytest_configure(config):
+    # which tests start Python processes (the fast lane's line): recorded or enforced on request
+    if os.environ.get("TD_SPAWN_LOG") or os.environ.get("TD_SPAWN_STRICT"):
+        spawn_watch.install()
+        config.pluginmanager.register(spawn_watch, "spawn_watch")
+
+
 def pytest_collection_modifyitems(config, items):
+    # the slow lane: end-to-end fixture runs and the tests tests/slow_tests.txt lists (measured:
+    # they start Python processes); `make test-fast` leaves them out
+    slow, listed = pytest.mark.slow, spawn_watch.slow_nodes()
+    for item in items:
+        if _e2e_header(item) is not None or spawn_watch.listed_slow(item.nodeid, listed):
+            item.add_marker(slow)
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     skip_multi = pytest.mark.skip(reason="needs 2+ CUDA GPUs")
     has1, has2 = None, None

@@ -1,0 +1,130 @@
+"""Which tests start a Python process: the line between ``make test-fast`` and the ``slow`` lane.
+
+A test that starts a Python process pays its interpreter and, if the process imports torch,
+~3-6 s of CPU on the 2-core CI box (docs/testing.md): that is what makes a test slow here, not
+its own code. This plugin watches process starts (``subprocess``'s fork-exec and posix_spawn,
+``os.fork``) from the test's own threads — the background fixture lanes (``fixture-lane-*``)
+are not the running test's — and:
+
+* ``TD_SPAWN_LOG=FILE``: writes one line per test that started a Python process (nodeid, how
+  many, seconds), to grow ``tests/slow_tests.txt`` from a measured run;
+* ``TD_SPAWN_STRICT=1`` (``make test-fast``): fails a test outside the ``slow`` lane that starts
+  one, saying how to mark it, so the fast lane stays fast as tests are added.
+
+Starting a non-Python program (``sleep``, ``sh -c true``) is not counted: it costs milliseconds.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+SLOW_LIST = Path(__file__).resolve().parent / "slow_tests.txt"
+LANE_PREFIX = "fixture-lane-"
+
+_state = {"node": None, "count": 0, "what": []}
+_log: list[tuple[str, int, float, str]] = []
+
+
+def _counted_thread() -> bool:
+    return not threading.current_thread().name.startswith(LANE_PREFIX)
+
+
+def _is_python(argv0) -> bool:
+    if isinstance(argv0, bytes):
+        argv0 = os.fsdecode(argv0)
+    name = os.path.basename(str(argv0 or ""))
+    return "python" in name or name in ("torchrun", "torchdoctor") or str(argv0) == sys.executable
+
+
+def _note(argv0) -> None:
+    if _state["node"] is not None and _counted_thread() and _is_python(argv0):
+        _state["count"] += 1
+        if len(_state["what"]) < 3:
+            _state["what"].append(os.path.basename(os.fsdecode(argv0) if isinstance(argv0, bytes)
+                                                   else str(argv0)))
+
+
+def _wrap_fork_exec(real):
+    def fork_exec(args, *rest, **kw):
+        _note(args[0] if args else None)
+        return real(args, *rest, **kw)
+    return fork_exec
+
+
+def _wrap_spawn(real):
+    def spawn(path, argv, *rest, **kw):
+        _note(argv[0] if argv else path)
+        return real(path, argv, *rest, **kw)
+    return spawn
+
+
+def _wrap_fork(real):
+    def fork():
+        _note(sys.executable)
+        return real()
+    return fork
+
+
+def install() -> None:
+    if getattr(subprocess, "_fork_exec", None) is not None:
+        subprocess._fork_exec = _wrap_fork_exec(subprocess._fork_exec)
+    for name in ("posix_spawn", "posix_spawnp"):
+        if hasattr(os, name):
+            setattr(os, name, _wrap_spawn(getattr(os, name)))
+    os.fork = _wrap_fork(os.fork)
+
+
+def slow_nodes() -> set[str]:
+    """Node ids (or file::prefix) listed in tests/slow_tests.txt, comments and blanks left out."""
+    if not SLOW_LIST.exists():
+        return set()
+    out = set()
+    for line in SLOW_LIST.read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            out.add(line)
+    return out
+
+
+def listed_slow(nodeid: str, listed: set[str]) -> bool:
+    """A test is listed by its node id, by its id without parameters, or by its file."""
+    base = nodeid.split("[", 1)[0]
+    return nodeid in listed or base in listed or nodeid.split("::", 1)[0] in listed
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _state.update(node=item.nodeid, count=0, what=[])
+    t0 = time.monotonic()
+    yield
+    if _state["count"] and os.environ.get("TD_SPAWN_LOG"):
+        _log.append((item.nodeid, _state["count"], time.monotonic() - t0, ",".join(_state["what"])))
+    _state["node"] = None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if (call.when == "teardown" and rep.passed and _state["count"]
+            and os.environ.get("TD_SPAWN_STRICT") and item.get_closest_marker("slow") is None):
+        rep.outcome = "failed"
+        rep.longrepr = (f"{item.nodeid} started {_state['count']} Python process(es) "
+                        f"({', '.join(_state['what'])}) outside the slow lane: a process costs seconds "
+                        "of CPU here. Mark the test @pytest.mark.slow or list it in "
+                        "tests/slow_tests.txt (docs/testing.md, 'The fast lane').")
+
+
+def pytest_sessionfinish(session):
+    path = os.environ.get("TD_SPAWN_LOG")
+    if path and _log:
+        with open(path, "a", encoding="utf-8") as f:
+            for node, n, secs, what in _log:
+                f.write(f"{node}\t{n}\t{secs:.1f}\t{what}\n")
