@@ -30,6 +30,8 @@ COMMAND_MODULES = [
     "attach",
     "explain",
     "demo",
+    "schema",
+    "compare",
 ]
 
 app = typer.Typer(
@@ -75,7 +77,9 @@ _register_all()
 
 def _expand_html(args: list[str]) -> list[str]:
     """A bare ``--html`` (no ``=PATH``) among the command's own options → its default value,
-    so that the word after it (the script) is never taken as the path."""
+    so that the word after it (the script) is never taken as the path; ``--html PATH`` where
+    PATH cannot be anything else (it ends in .html/.htm, or the command takes no positional
+    argument) → ``--html=PATH``."""
     if "--html" not in args:
         return args
     from torchdoctor.report.html.output import expand_bare_html
@@ -91,7 +95,8 @@ def _expand_html(args: list[str]) -> list[str]:
               and not getattr(p, "is_flag", False) and not getattr(p, "count", False)
               for o in p.opts}
     inter = cmd.context_settings.get("allow_interspersed_args", True)
-    return args[: i + 1] + expand_bare_html(args[i + 1:], values, inter)
+    positional = any(getattr(p, "param_type_name", "") == "argument" for p in cmd.params)
+    return args[: i + 1] + expand_bare_html(args[i + 1:], values, inter, positional)
 
 
 def run_app(args: list[str]) -> int:
