@@ -112,3 +112,16 @@ def test_checkup_of_a_sick_fixture_writes_valid_sarif_and_junit(tmp_path: Path):
     cases = {c.name: c for suite in xml for c in suite}
     assert "dataloader-bound" in cases and not cases["dataloader-bound"].is_passed
     assert any(c.is_passed for c in cases.values())
+
+
+def test_every_format_renders_the_same_report_dict(tmp_path: Path):
+    from torchdoctor.report.formats import MODULES, is_ours, write
+
+    rep = _report([_f("dataloader-bound", "error", "waits at train.py:37")])
+    for name in MODULES:
+        fmt = get(name)
+        path = tmp_path / f"r{fmt.suffix}"
+        write(name, path, rep)
+        assert is_ours(path, fmt), name
+        assert "dataloader-bound" in path.read_text(), name
+    assert json.loads((tmp_path / "r.json").read_text()) == rep

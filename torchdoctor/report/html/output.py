@@ -116,3 +116,18 @@ def report_html(report: Any) -> str:
     from torchdoctor.report.jsonout import render_json
 
     return render_html(json.loads(render_json(report)))
+
+
+def _render_dict(data: dict[str, Any]) -> str:
+    from torchdoctor.report.html import render_html
+
+    return render_html(data)
+
+
+def __getattr__(name: str):  # FORMAT for report/formats.py (the one interface of the file formats)
+    if name == "FORMAT":
+        from torchdoctor.report.formats import Format
+        from torchdoctor.report.html.page import MARKER
+
+        return Format("html", ".html", MARKER, _render_dict)
+    raise AttributeError(name)
