@@ -162,3 +162,17 @@ def test_demo_before_and_after_the_fix(tmp_path: Path):
     r = _cli("compare", "after.json", "before.json", "--fail-on", "regression", cwd=tmp_path)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "data wait" in r.stdout and "slower" in r.stdout
+
+
+def test_hostile_strings_from_a_report_never_reach_the_terminal_raw(tmp_path: Path):
+    evil = "\x1b]0;pwned\x07\x1b[31m"
+    before = _rep(20, 1, findings=[_f("dataloader-bound", "error")])
+    after = _rep(20, 1, seed=1, findings=[{**_f("x" + evil, "warning" + evil), "title": evil}])
+    after["target"] = evil
+    (tmp_path / "b.json").write_text(json.dumps(before))
+    (tmp_path / "a.json").write_text(json.dumps(after))
+    for extra in ([], ["--json"], ["--html", "c.html"]):
+        r = _cli("compare", "b.json", "a.json", *extra, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert "\x1b" not in r.stdout and "\x07" not in r.stdout and "\x1b" not in r.stderr
+    assert "\x1b" not in (tmp_path / "c.html").read_text()

@@ -71,11 +71,11 @@ def render_console(cmp: dict, console) -> None:
     for word, items, style in (("appeared", f["appeared"], "bold red"), ("resolved", f["resolved"], "green")):
         for it in items:
             line = Text(f"{'+' if word == 'appeared' else '-'} {word} ", style=style)
-            line.append(f"{visible(it['code'])} ({it['severity']})", style="bold")
+            line.append(f"{visible(it['code'])} ({visible(it['severity'])})", style="bold")
             line.append(f"  {visible(it['title'])}" + ("  [host load, not the change]" if it.get("host_load") else ""))
             console.print(line)
     for c in f["changed"]:
-        console.print(Text(f"~ {visible(c['code'])}: {c['before']} → {c['after']}"))
+        console.print(Text(f"~ {visible(c['code'])}: {visible(c['before'])} → {visible(c['after'])}"))
     for word, items in (("appeared", cmp["growing_sites"]["appeared"]), ("resolved", cmp["growing_sites"]["resolved"])):
         for s in items:
             console.print(Text(f"{'+' if word == 'appeared' else '-'} growing memory site {word}: {visible(s)}"))
@@ -123,8 +123,8 @@ def render_html(cmp: dict, before: dict, after: dict) -> str:
     from torchdoctor.report.html.page import document
     from torchdoctor.report.html.svg import esc
 
-    head = "".join(f"<tr><th>{esc(k)}</th><td>{esc(s.get('path'))}</td><td>{esc(s.get('command'))} "
-                   f"{esc(s.get('target'))}</td><td>{esc(s.get('status'))}</td></tr>"
+    head = "".join(f"<tr><th>{esc(k)}</th><td>{esc(s.get('path') or '')}</td><td>{esc(s.get('command') or '')} "
+                   f"{esc(s.get('target') or '')}</td><td>{esc(s.get('status') or '')}</td></tr>"
                    for k, s in (("before", cmp["before"]), ("after", cmp["after"])))
     body = [f"<h1>torchdoctor compare: {esc(cmp['verdict'])}</h1><table>{head}</table>"]
     if cmp["regressions"] or cmp["improvements"]:
