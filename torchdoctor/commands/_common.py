@@ -190,20 +190,14 @@ def emit(report, as_json: bool, fail_on: str = "error", out_dir: str | Path | No
         write_file(out / "report.json", render_json(report) + "\n")
         write_file(out / "report.txt", render_to_text(report))
         write_file(out / OUT_NAME, report_html(report))
-    if html is not None:
-        from torchdoctor.report.html.output import report_html, write_html
-
-        try:
-            write_html(html, report_html(report))
-        except OSError as e:  # the report is still printed; the file is what failed
-            eprint(f"torchdoctor: could not write --html {html}: {e.strerror or e}")
-    if outputs:
+    files = {**({"html": html} if html is not None else {}), **(outputs or {})}
+    if files:  # every file format renders the one report dict (torchdoctor/report/formats.py)
         import json
 
         from torchdoctor.report.formats import write
 
         data = json.loads(render_json(report))
-        for name, path in outputs.items():
+        for name, path in files.items():
             try:
                 write(name, path, data)
             except OSError as e:  # the report is still printed; the file is what failed
