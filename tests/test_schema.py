@@ -87,3 +87,14 @@ def test_the_command_prints_the_schema():
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == json.loads(json.dumps(report_schema()))
+
+
+def test_the_schema_command_imports_no_torch():
+    probe = ("import contextlib, io, sys\nsys.argv = ['torchdoctor', 'schema']\n"
+             "from torchdoctor.main import main\n"
+             "with contextlib.redirect_stdout(io.StringIO()):\n"
+             "    try:\n        main()\n    except SystemExit:\n        pass\n"
+             "print(sorted(m for m in ('torch', 'psutil', 'pynvml', 'numpy') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr
