@@ -176,10 +176,26 @@ def launch(h: Header, timeout: float = 300, keep: bool = False) -> Run:
         wall = time.monotonic() - t0
         if not out.strip():
             raise RuntimeError(f"{h.rel}: no JSON on stdout (exit {p.returncode}):\n{err[-3000:]}")
-        return Run(h, p.returncode, json.loads(out), err, Path(tmp), wall)
+        report = json.loads(out)
+        check_schema(h.rel, report)
+        return Run(h, p.returncode, report, err, Path(tmp), wall)
     finally:
         if not keep:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+_SCHEMA: list = []
+
+
+def check_schema(rel: str, report: dict) -> None:
+    """Every report a fixture run produces validates against `torchdoctor schema` (issue 32)."""
+    from torchdoctor.schema import report_schema, validation_errors
+
+    if not _SCHEMA:
+        _SCHEMA.append(report_schema())
+    errors = validation_errors(report, _SCHEMA[0])
+    if errors:
+        raise AssertionError(f"{rel}: the report breaks `torchdoctor schema`:\n" + "\n".join(errors[:20]))
 
 
 JOBS = int(os.environ.get("FIXTURE_JOBS", "2"))

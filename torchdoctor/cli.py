@@ -30,6 +30,8 @@ COMMAND_MODULES = [
     "attach",
     "explain",
     "demo",
+    "schema",
+    "compare",
 ]
 
 app = typer.Typer(
@@ -37,7 +39,7 @@ app = typer.Typer(
     help="A command-line doctor for PyTorch training: route the symptom, measure the run, "
     "report findings. Diagnosis before solutions.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, PowerShell)
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -75,7 +77,9 @@ _register_all()
 
 def _expand_html(args: list[str]) -> list[str]:
     """A bare ``--html`` (no ``=PATH``) among the command's own options → its default value,
-    so that the word after it (the script) is never taken as the path."""
+    so that the word after it (the script) is never taken as the path; ``--html PATH`` where
+    PATH cannot be anything else (it ends in .html/.htm, or the command takes no positional
+    argument) → ``--html=PATH``."""
     if "--html" not in args:
         return args
     from torchdoctor.report.html.output import expand_bare_html
@@ -91,14 +95,40 @@ def _expand_html(args: list[str]) -> list[str]:
               and not getattr(p, "is_flag", False) and not getattr(p, "count", False)
               for o in p.opts}
     inter = cmd.context_settings.get("allow_interspersed_args", True)
-    return args[: i + 1] + expand_bare_html(args[i + 1:], values, inter)
+    positional = any(getattr(p, "param_type_name", "") == "argument" for p in cmd.params)
+    return args[: i + 1] + expand_bare_html(args[i + 1:], values, inter, positional)
+
+
+def _project_defaults(args: list[str]) -> dict:
+    """click's ``default_map`` from ``[tool.torchdoctor]`` of the project's pyproject.toml
+    (torchdoctor/config.py); the command line overrides it. Bad values: exit 2."""
+    if not args or {"-h", "--help"} & set(args[:2]):
+        return {}
+    from torchdoctor.config import default_map, project_defaults
+    from torchdoctor.errors import DoctorError
+
+    try:
+        path, defaults = project_defaults()
+    except DoctorError as e:
+        from torchdoctor.commands._common import eprint
+
+        eprint(f"torchdoctor: error: {e.message}" + (f"\n  hint: {e.hint}" if e.hint else ""))
+        raise SystemExit(e.exit_code) from None
+    dm = default_map(typer.main.get_command(app), defaults) if defaults else {}
+    cmd = next((a for a in args if not a.startswith("-")), None)
+    if cmd in dm:
+        from torchdoctor.commands._common import eprint
+
+        eprint(f"torchdoctor: defaults from {path} [tool.torchdoctor]: "
+               + ", ".join(f"{k.replace('_', '-')}={v}" for k, v in dm[cmd].items()))
+    return {"default_map": dm} if dm else {}
 
 
 def run_app(args: list[str]) -> int:
     """Run the typer app on ``args``; returns the exit code."""
     try:
         args = _expand_html(list(args))
-        app(args=args, prog_name="torchdoctor", standalone_mode=True)
+        app(args=args, prog_name="torchdoctor", standalone_mode=True, **_project_defaults(args))
     except SystemExit as e:
         code = e.code
         return code if isinstance(code, int) else (0 if code is None else 2)

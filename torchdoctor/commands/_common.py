@@ -18,8 +18,23 @@ HtmlOpt = Annotated[
     Optional[str],
     typer.Option("--html", metavar="[=PATH]", show_default=False,
                  help="Also write a self-contained HTML report: --html (torchdoctor-report.html in "
-                      "--out, or here) or --html=PATH."),
+                      "--out, or here), --html=PATH, or --html PATH.html (a space works when PATH "
+                      "ends in .html or .htm; otherwise the next word is the command's own)."),
 ]
+# the same option on a command that takes no positional argument (demo, env): any next word
+# that is not an option can only be the path (cli._expand_html)
+HtmlOptNoArgs = Annotated[
+    Optional[str],
+    typer.Option("--html", metavar="[PATH]", show_default=False,
+                 help="Also write a self-contained HTML report: --html (torchdoctor-report.html "
+                      "here), --html PATH or --html=PATH."),
+]
+SarifOpt = Annotated[Optional[str], typer.Option(
+    "--sarif", metavar="PATH", show_default=False,
+    help="Also write the findings as SARIF 2.1.0 (GitHub code scanning): one rule per code, file:line.")]
+JunitOpt = Annotated[Optional[str], typer.Option(
+    "--junit", metavar="PATH", show_default=False,
+    help="Also write JUnit XML: one test case per finding code judged; warnings and errors fail.")]
 FailOnOpt = Annotated[
     str,
     typer.Option("--fail-on", help="Lowest severity that makes the exit code 1: error or warning.",
@@ -128,6 +143,13 @@ def prepare_html(html: str | None, out: str | None) -> Path | None:
     return html_target(html, out)
 
 
+def prepare_outputs(**paths: str | None) -> dict[str, Path]:
+    """Check ``--sarif``/``--junit`` (by format name) before any work (exit 2 if unfit)."""
+    from torchdoctor.report.formats import check_target
+
+    return {name: p for name, p in ((n, check_target(n, v)) for n, v in paths.items()) if p is not None}
+
+
 def check_fail_on(value: str) -> str:
     v = value.strip().lower()
     if v not in ("error", "warning"):
@@ -136,9 +158,10 @@ def check_fail_on(value: str) -> str:
 
 
 def emit(report, as_json: bool, fail_on: str = "error", out_dir: str | Path | None = None,
-         html: Path | None = None) -> None:
+         html: Path | None = None, outputs: dict[str, Path] | None = None) -> None:
     """Print ``report`` (JSON or console) on stdout, save it under ``out_dir`` (JSON, text,
-    HTML) and to ``html`` (from :func:`prepare_html`), exit with its code."""
+    HTML), to ``html`` (from :func:`prepare_html`) and to each of ``outputs`` (format name →
+    file, from :func:`prepare_outputs`: SARIF, JUnit), exit with its code."""
     from torchdoctor.report.jsonout import render_json
 
     from torchdoctor.runner.signals import stopped
@@ -161,17 +184,24 @@ def emit(report, as_json: bool, fail_on: str = "error", out_dir: str | Path | No
             html = None  # the bare --html under --out: this same file
     if html is not None:
         report.artifacts.setdefault("html", str(html))
+    for name, path in (outputs or {}).items():
+        report.artifacts.setdefault(name, str(path))
     if out_dir is not None:
         write_file(out / "report.json", render_json(report) + "\n")
         write_file(out / "report.txt", render_to_text(report))
         write_file(out / OUT_NAME, report_html(report))
-    if html is not None:
-        from torchdoctor.report.html.output import report_html, write_html
+    files = {**({"html": html} if html is not None else {}), **(outputs or {})}
+    if files:  # every file format renders the one report dict (torchdoctor/report/formats.py)
+        import json
 
-        try:
-            write_html(html, report_html(report))
-        except OSError as e:  # the report is still printed; the file is what failed
-            eprint(f"torchdoctor: could not write --html {html}: {e.strerror or e}")
+        from torchdoctor.report.formats import write
+
+        data = json.loads(render_json(report))
+        for name, path in files.items():
+            try:
+                write(name, path, data)
+            except OSError as e:  # the report is still printed; the file is what failed
+                eprint(f"torchdoctor: could not write --{name} {path}: {e.strerror or e}")
     if as_json:
         sys.stdout.write(render_json(report) + "\n")
         sys.stdout.flush()

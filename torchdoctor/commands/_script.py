@@ -22,7 +22,8 @@ from typing import Annotated, Any, Callable, Optional
 
 import typer
 
-from torchdoctor.commands._common import FailOnOpt, HtmlOpt, JsonOpt, emit, eprint, guarded_runs
+from torchdoctor.commands._common import (FailOnOpt, HtmlOpt, JsonOpt, JunitOpt, SarifOpt, emit, eprint,
+                                          guarded_runs)
 from torchdoctor.commands._nodeopts import node_params, resolve_node
 from torchdoctor.errors import DoctorError
 
@@ -109,6 +110,8 @@ def _params(extra: list[ExtraOption], steps_default: int, timeout_default: float
             "--out", metavar="DIR", help="Write the report and artifacts (traces, snapshots) to DIR.")]),
         P("fail_on", kw, default="error", annotation=FailOnOpt),
         P("html", kw, default=None, annotation=HtmlOpt),
+        P("sarif", kw, default=None, annotation=SarifOpt),
+        P("junit", kw, default=None, annotation=JunitOpt),
         P("nproc_per_node", kw, default=None, annotation=Annotated[Optional[int], typer.Option(
             "--nproc-per-node", metavar="N", min=1, show_default=False,
             help="Run SCRIPT on N local ranks through torchrun; one report merged across ranks.")]),
@@ -146,6 +149,7 @@ def script_command(app: typer.Typer, name: str, help: str, probe: str | None = N
         steps, timeout = kw.pop("steps"), kw.pop("timeout")
         as_json, out, fail_on = kw.pop("json_out"), kw.pop("out"), kw.pop("fail_on")
         html = kw.pop("html")
+        sarif, junit = kw.pop("sarif"), kw.pop("junit")
         nproc = kw.pop("nproc_per_node")
         node = resolve_node(kw)  # --nnodes & co., or SLURM_*: one agent per node (exit 2 if unfit)
         if node is not None and nproc is None:
@@ -185,6 +189,9 @@ def script_command(app: typer.Typer, name: str, help: str, probe: str | None = N
         from torchdoctor.commands._common import prepare_html
 
         html_path = prepare_html(html, out)  # an unfit --html: exit 2 before the run too
+        from torchdoctor.commands._common import prepare_outputs
+
+        outputs = prepare_outputs(sarif=sarif, junit=junit)  # the same for --sarif/--junit
         shown = resolved.shown if resolved is not None and resolved.shown else (
             f"{'-m ' if module else ''}{target}{' ' + ' '.join(args) if args else ''}")
         eprint(f"torchdoctor {name}: running {shown} ({bound}timeout {timeout:g} s)")
@@ -199,7 +206,7 @@ def script_command(app: typer.Typer, name: str, help: str, probe: str | None = N
                 report.target = resolved.shown
             if resolved.post is not None:
                 resolved.post(report)
-        emit(report, as_json, fail_on, out, html=html_path)
+        emit(report, as_json, fail_on, out, html=html_path, outputs=outputs)
 
     command.__signature__ = inspect.Signature(_params(extra, steps_default, timeout_default))
     command.__name__ = name.replace("-", "_")

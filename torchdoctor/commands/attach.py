@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from torchdoctor.commands._common import FailOnOpt, HtmlOpt, JsonOpt, emit, guarded
+from torchdoctor.commands._common import FailOnOpt, HtmlOpt, JsonOpt, JunitOpt, SarifOpt, emit, guarded
 from torchdoctor.errors import DoctorError
 
 HELP = (
@@ -64,6 +64,8 @@ def register(app: typer.Typer) -> None:
         as_json: JsonOpt = False,
         fail_on: FailOnOpt = "error",
         html: HtmlOpt = None,
+        sarif: SarifOpt = None,
+        junit: JunitOpt = None,
     ) -> None:
         import json
         import sys
@@ -84,6 +86,9 @@ def register(app: typer.Typer) -> None:
             raise DoctorError("attach reads /proc and needs Linux", "run it on the machine of the job")
         out = prepare_out(out)
         html_path = prepare_html(html, out)
+        from torchdoctor.commands._common import prepare_outputs
+
+        outputs = prepare_outputs(sarif=sarif, junit=junit)
         from torchdoctor.attach.report import build_report
         from torchdoctor.attach.sampler import require_pyspy
         from torchdoctor.attach.session import collect
@@ -99,4 +104,4 @@ def register(app: typer.Typer) -> None:
 
             write_file(Path(out) / "attach-evidence.json", json.dumps(ev, default=str) + "\n")
             report.artifacts["evidence"] = str(Path(out) / "attach-evidence.json")
-        emit(report, as_json, fail_on, out, html=html_path)
+        emit(report, as_json, fail_on, out, html=html_path, outputs=outputs)

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from torchdoctor.commands._common import FailOnOpt, HtmlOpt, JsonOpt, emit, guarded
+from torchdoctor.commands._common import FailOnOpt, HtmlOpt, JsonOpt, JunitOpt, SarifOpt, emit, guarded
 from torchdoctor.errors import DoctorError
 
 HELP = (
@@ -37,6 +37,8 @@ def register(app: typer.Typer) -> None:
         as_json: JsonOpt = False,
         fail_on: FailOnOpt = "error",
         html: HtmlOpt = None,
+        sarif: SarifOpt = None,
+        junit: JunitOpt = None,
     ) -> None:
         from torchdoctor.checkpoint.audit import EXPECT, Options, run, warn_unsafe
 
@@ -45,10 +47,13 @@ def register(app: typer.Typer) -> None:
         check_fail_on(fail_on)
         out = prepare_out(out)  # an unfit --out is exit 2 before the audit, not after
         html_path = prepare_html(html, out)
+        from torchdoctor.commands._common import prepare_outputs
+
+        outputs = prepare_outputs(sarif=sarif, junit=junit)
         exp = expect.strip().lower()
         if exp not in EXPECT:
             raise DoctorError(f"--expect must be one of {', '.join(EXPECT)}, not {expect!r}")
         if unsafe_load:
             warn_unsafe()
         report = run(path, Options(expect=exp, model=model, unsafe_load=unsafe_load, scan=not no_scan))
-        emit(report, as_json, fail_on, out, html=html_path)
+        emit(report, as_json, fail_on, out, html=html_path, outputs=outputs)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from torchdoctor.commands._common import FailOnOpt, HtmlOpt, JsonOpt, eprint, guarded
+from torchdoctor.commands._common import FailOnOpt, HtmlOptNoArgs, JsonOpt, JunitOpt, SarifOpt, eprint, guarded
 
 EXAMPLE = "slow_loader_train.py"
 DEMO_STEPS = 30
@@ -20,7 +20,9 @@ def register(app: typer.Typer) -> None:
         steps: Annotated[int, typer.Option("--steps", metavar="N",
                                            help="Steps to run the example for.")] = DEMO_STEPS,
         fail_on: FailOnOpt = "error",
-        html: HtmlOpt = None,
+        html: HtmlOptNoArgs = None,
+        sarif: SarifOpt = None,
+        junit: JunitOpt = None,
     ) -> None:
         """Run `checkup` on a bundled example training script that has a real problem."""
         from torchdoctor.commands._common import check_fail_on, emit, prepare_html
@@ -28,6 +30,9 @@ def register(app: typer.Typer) -> None:
 
         check_fail_on(fail_on)  # bad usage: exit 2 before the run, not after it
         html_path = prepare_html(html, None)
+        from torchdoctor.commands._common import prepare_outputs
+
+        outputs = prepare_outputs(sarif=sarif, junit=junit)
         from torchdoctor.pipeline.run import run_probe
 
         script = path(EXAMPLE)
@@ -35,4 +40,4 @@ def register(app: typer.Typer) -> None:
         report = run_probe("checkup", str(script), [], {"steps": steps, "timeout": 120})
         report.command = "demo"
         report.target = f"{EXAMPLE} (bundled example)"
-        emit(report, as_json, fail_on, html=html_path)
+        emit(report, as_json, fail_on, html=html_path, outputs=outputs)

@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from torchdoctor.commands._common import FailOnOpt, HtmlOpt, JsonOpt, emit, eprint, guarded
+from torchdoctor.commands._common import FailOnOpt, HtmlOpt, JsonOpt, JunitOpt, SarifOpt, emit, eprint, guarded
 from torchdoctor.commands._nodeopts import node_params
 from torchdoctor.errors import DoctorError
 
@@ -35,7 +35,7 @@ def default_nproc() -> int:
 
 def run_script(target: str, args: list[str], module: bool, nproc: int | None, steps: int,
                timeout: float | None, out: str | None, as_json: bool, fail_on: str,
-               node=None, html=None) -> None:
+               node=None, html=None, outputs=None) -> None:
     """``torchdoctor dist SCRIPT``: the script probe ``dist`` under torchrun, merged report."""
     from torchdoctor.commands._common import check_fail_on
     from torchdoctor.pipeline.run import run_probe
@@ -57,7 +57,7 @@ def run_script(target: str, args: list[str], module: bool, nproc: int | None, st
     if node is not None:
         options["node"] = node.to_dict()
     report = run_probe("dist", target, args, options)
-    emit(report, as_json, fail_on, out, html=html)
+    emit(report, as_json, fail_on, out, html=html, outputs=outputs)
 
 
 def register(app: typer.Typer) -> None:
@@ -107,8 +107,10 @@ def register(app: typer.Typer) -> None:
         rdzv_timeout: _N["rdzv_timeout"] = None,
         max_restarts: _N["max_restarts"] = None,
         html: HtmlOpt = None,
+        sarif: SarifOpt = None,
+        junit: JunitOpt = None,
     ) -> None:
-        from torchdoctor.commands._common import check_fail_on, prepare_html, prepare_out
+        from torchdoctor.commands._common import check_fail_on, prepare_html, prepare_out, prepare_outputs
         from torchdoctor.commands._nodeopts import resolve_node
 
         check_fail_on(fail_on)  # bad usage: exit 2 before a self-test or a run, not after
@@ -117,6 +119,7 @@ def register(app: typer.Typer) -> None:
                                  rdzv_timeout=rdzv_timeout, max_restarts=max_restarts))
         out = prepare_out(out)
         html_path = prepare_html(html, out)
+        outputs = prepare_outputs(sarif=sarif, junit=junit)
         if script is not None or module is not None:
             if backend.strip().lower() != "auto" or sizes is not None or not selftest:
                 raise DoctorError("--backend, --sizes and --no-selftest apply to the self-test, not "
@@ -125,7 +128,7 @@ def register(app: typer.Typer) -> None:
             if module is not None and script is not None:
                 extra = [script] + extra
             run_script(module or script, extra, module is not None, nproc_per_node, steps, timeout,
-                       out, as_json, fail_on, node, html=html_path)
+                       out, as_json, fail_on, node, html=html_path, outputs=outputs)
             return
         from torchdoctor.distributed.probe import DistOptions, parse_sizes, run_dist
 
@@ -137,4 +140,4 @@ def register(app: typer.Typer) -> None:
         opts = DistOptions(nproc=nproc_per_node, backend=b, selftest=selftest, timeout_s=timeout,
                            sizes=parse_sizes(sizes) if sizes is not None else None, out_dir=out,
                            node=node)
-        emit(run_dist(opts), as_json, fail_on, out, html=html_path)
+        emit(run_dist(opts), as_json, fail_on, out, html=html_path, outputs=outputs)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import typer
 
-from torchdoctor.commands._common import FailOnOpt, HtmlOpt, JsonOpt, emit, guarded
+from torchdoctor.commands._common import FailOnOpt, HtmlOptNoArgs, JsonOpt, JunitOpt, SarifOpt, emit, guarded
 
 
 def build_report(env: dict):
@@ -28,10 +28,12 @@ def register(app: typer.Typer) -> None:
     @app.command(help="Environment and hardware report for bug reports: torch build, CUDA, cuDNN, NCCL, "
                       "GPUs (NVML), torch flags, env vars, package versions.")
     @guarded
-    def env(as_json: JsonOpt = False, fail_on: FailOnOpt = "error", html: HtmlOpt = None) -> None:
-        from torchdoctor.commands._common import check_fail_on, prepare_html
+    def env(as_json: JsonOpt = False, fail_on: FailOnOpt = "error", html: HtmlOptNoArgs = None,
+            sarif: SarifOpt = None, junit: JunitOpt = None) -> None:
+        from torchdoctor.commands._common import check_fail_on, prepare_html, prepare_outputs
         from torchdoctor.envinfo import collect
 
         check_fail_on(fail_on)
         html_path = prepare_html(html, None)
-        emit(build_report(collect()), as_json, fail_on, html=html_path)
+        outputs = prepare_outputs(sarif=sarif, junit=junit)
+        emit(build_report(collect()), as_json, fail_on, html=html_path, outputs=outputs)

@@ -54,6 +54,9 @@ def register(app: typer.Typer) -> None:
         check_target(target, bool(module))
         out = prepare_out(out)
         html_path = prepare_html(html, out)
+        from torchdoctor.commands._common import prepare_outputs
+
+        outputs = prepare_outputs(sarif=kw.pop("sarif"), junit=kw.pop("junit"))
         eprint(f"torchdoctor repro: running {'-m ' if module else ''}{target}"
                f"{' ' + ' '.join(args) if args else ''} twice (up to {steps} steps each, "
                f"timeout {timeout:g} s per run)")
@@ -62,7 +65,7 @@ def register(app: typer.Typer) -> None:
         options = {"steps": steps, "timeout": timeout, "out": out, "module": bool(module),
                    "steps_default": DEFAULT_STEPS}
         report = repro_report(target, args, options, engine=engine, resume=resume)
-        emit(report, as_json, fail_on, out, html=html_path)
+        emit(report, as_json, fail_on, out, html=html_path, outputs=outputs)
 
     P = inspect.Parameter
     params = one_process_params(DEFAULT_STEPS, 300.0)  # one process: no ranks, no nodes

@@ -111,6 +111,9 @@ def treat(**kw: Any) -> None:
     check_target(target, bool(module))
     out = prepare_out(kw["out"])
     html = prepare_html(kw.get("html"), out)
+    from torchdoctor.commands._common import prepare_outputs
+
+    outputs = prepare_outputs(sarif=kw.get("sarif"), junit=kw.get("junit"))
     options = {"steps": steps, "timeout": timeout, "out": out, "module": bool(module),
                "steps_default": DEFAULT_STEPS}
     shown = f"{'-m ' if module else ''}{target}{' ' + ' '.join(args) if args else ''}"
@@ -121,7 +124,7 @@ def treat(**kw: Any) -> None:
 
     report = TreatSession(target, args, options, budget_s=budget, forced=forced,
                           rounds=kw["rounds"], progress=eprint).run()
-    emit(report, as_json, fail_on, out, html=html)
+    emit(report, as_json, fail_on, out, html=html, outputs=outputs)
 
 
 def register(app: typer.Typer) -> None:

@@ -30,3 +30,19 @@ def dumps(data: dict[str, Any]) -> str:
 
 def render_json(report) -> str:
     return dumps(report.to_dict())
+
+
+def _render_dict(data: dict[str, Any]) -> str:
+    return dumps(data) + "\n"
+
+
+def _format():
+    from torchdoctor.report.formats import Format
+
+    return Format("json", ".json", '"tool": "torchdoctor"', _render_dict)
+
+
+def __getattr__(name: str):  # FORMAT, built on first use (report/formats.py imports this module)
+    if name == "FORMAT":
+        return _format()
+    raise AttributeError(name)

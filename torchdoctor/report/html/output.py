@@ -1,7 +1,7 @@
 """Where the HTML report goes, checked before any work, written without harming a user file.
 
 ``--html`` alone: ``torchdoctor-report.html`` in ``--out DIR`` (or the current folder);
-``--html=PATH``: that file. Under ``--out DIR`` the ``torchdoctor-report.html`` is always
+``--html=PATH`` or ``--html PATH`` (where unambiguous: :func:`expand_bare_html`): that file. Under ``--out DIR`` the ``torchdoctor-report.html`` is always
 written beside ``report.json`` (a bare ``--html`` then adds nothing). A bare ``--html`` is told from ``--html PATH`` before typer parses the command
 line (:func:`expand_bare_html`): the word after a bare ``--html`` is the script, never a path.
 
@@ -25,8 +25,15 @@ DEFAULT_NAME = "torchdoctor-report.html"
 OUT_NAME = DEFAULT_NAME  # under --out: beside report.json, whatever --html says
 
 
-def expand_bare_html(args: list[str], value_options: set[str], interspersed: bool) -> list[str]:
-    """``--html`` with no ``=`` among torchdoctor's own options → ``--html=<default>``.
+HTML_SUFFIXES = (".html", ".htm")
+
+
+def expand_bare_html(args: list[str], value_options: set[str], interspersed: bool,
+                     positional: bool = True) -> list[str]:
+    """``--html`` with no ``=`` among torchdoctor's own options → ``--html=<default>``, or
+    ``--html=PATH`` when the next word is unambiguously its path: it ends in ``.html``/``.htm``,
+    or the command takes no positional argument at all (``positional=False``: ``demo``, ``env``),
+    so any next word that is not an option can only be the path.
 
     Own options are those before SCRIPT (the first positional, for commands that stop parsing
     there: ``interspersed=False``) or anywhere (``interspersed=True``, e.g. checkpoint-audit);
@@ -37,7 +44,12 @@ def expand_bare_html(args: list[str], value_options: set[str], interspersed: boo
         if tok == "--":
             break
         if tok == "--html":
-            out[i] = "--html=" + HTML_DEFAULT
+            nxt = out[i + 1] if i + 1 < len(out) else None
+            if nxt is not None and nxt != "--" and not nxt.startswith("-") and (
+                    not positional or nxt.lower().endswith(HTML_SUFFIXES)):
+                out[i:i + 2] = ["--html=" + nxt]
+            else:
+                out[i] = "--html=" + HTML_DEFAULT
         elif tok.startswith("-") and tok != "-":
             if tok in value_options:
                 i += 1  # its value
@@ -104,3 +116,18 @@ def report_html(report: Any) -> str:
     from torchdoctor.report.jsonout import render_json
 
     return render_html(json.loads(render_json(report)))
+
+
+def _render_dict(data: dict[str, Any]) -> str:
+    from torchdoctor.report.html import render_html
+
+    return render_html(data)
+
+
+def __getattr__(name: str):  # FORMAT for report/formats.py (the one interface of the file formats)
+    if name == "FORMAT":
+        from torchdoctor.report.formats import Format
+        from torchdoctor.report.html.page import MARKER
+
+        return Format("html", ".html", MARKER, _render_dict)
+    raise AttributeError(name)
