@@ -3,7 +3,7 @@ trace: the reference that the collectives table (torchdoctor/instruments/_profil
 compared with. Independent code on purpose (stdlib only, its own interval arithmetic), same
 definition:
 
-* GPU: NCCL kernels (``nccl*``) launched in the recorded steps (their CUDA runtime launch inside
+* GPU: NCCL kernels (``nccl*``) launched in the recorded steps (their CUDA runtime or driver launch inside
   a ``ProfilerStep#`` range); exposed = their union minus every other kernel, copy and memset.
 * CPU (gloo): ``gloo:*`` ranges on gloo's worker threads that start inside the recorded steps;
   exposed = their union minus the training thread's torch ops (``cpu_op``, c10d ops left out).
@@ -64,7 +64,7 @@ def trace_comms(trace: Path) -> dict:
     main = steps[0]["tid"]
     if any(e.get("cat") == "kernel" for e in ev):
         launched = {e.get("args", {}).get("correlation") for e in ev
-                    if e.get("cat") == "cuda_runtime" and lo <= e["ts"] < hi}
+                    if e.get("cat") in ("cuda_runtime", "cuda_driver") and lo <= e["ts"] < hi}
         dev = [e for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
                and e.get("args", {}).get("correlation") in launched]
         comm = [(e["ts"], e["ts"] + e["dur"]) for e in dev if e["name"].lower().startswith("nccl")]

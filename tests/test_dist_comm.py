@@ -157,6 +157,16 @@ def test_device_table_is_nccl_kernels_against_other_device_work():
     assert t["total"]["exposed_ms"] == 25.0 and t["total"]["ms"] == 30.0
 
 
+def test_device_kernels_without_a_link_count_by_their_own_start():
+    flat = device_flat()
+    flat["device"] += [["ncclDevKernel_Broadcast_RING_LL", "kernel", 60 * MS, 62 * MS, 24, 0, 20, None],
+                       ["ncclDevKernel_AllReduce_Sum_f32_RING_LL", "kernel", 150 * MS, 160 * MS, 25, 0, 20, None]]
+    t = collectives(Window(flat), world=2, device=True)
+    assert t["kinds"]["broadcast"] == {"calls_per_step": 1.0, "ms": 2.0, "exposed_ms": 2.0, "overlapped_ms": 0.0}
+    assert t["kinds"]["all_reduce"]["calls_per_step"] == 1.0  # the one after the window is not counted
+    assert t["unpaired"] == 1
+
+
 def test_no_collective_no_table():
     flat = host_flat()
     flat["nodes"] = [n for n in flat["nodes"] if not n[3].startswith(("gloo:", "c10d::"))]

@@ -169,15 +169,20 @@ def _issuer(w: Window, link: int) -> list | None:
 
 
 def _device_comms(w: Window) -> tuple[list[dict], list[tuple[int, int]]]:
-    comms, compute = [], []
-    for d in w.device:
-        if d[1] == "kernel" and is_nccl_kernel(d[0]):
-            op = _issuer(w, d[5]) if d[5] else None
-            comms.append({"s": d[2], "e": d[3], "op": op,
-                          "kind": kind_of(op[3]) if op is not None else kind_of(d[0]),
-                          "at": op[5] if op is not None else None})
-        else:
-            compute.append((d[2], d[3]))
+    """NCCL kernels issued in the recorded steps (by their host op's start; a kernel Kineto did
+    not link to an op, by its own start), and the other device work launched in them."""
+    comms = []
+    compute = [(d[2], d[3]) for d in w.device if not (d[1] == "kernel" and is_nccl_kernel(d[0]))]
+    lo, hi = w.steps[0][1], w.steps[-1][2]
+    for d in w.flat.get("device", []):
+        if d[1] != "kernel" or not is_nccl_kernel(d[0]):
+            continue
+        op = _issuer(w, d[5]) if d[5] else None
+        at = op[5] if op is not None else (w.nodes[w.by_corr[d[5]]][5] if d[5] in w.by_corr else None)
+        if not lo <= (at if at is not None else d[2]) < hi:
+            continue
+        comms.append({"s": d[2], "e": d[3], "op": op,
+                      "kind": kind_of(op[3]) if op is not None else kind_of(d[0]), "at": at})
     return comms, compute
 
 
