@@ -213,6 +213,15 @@ def test_gloo_exposure_is_shown_not_judged():
     assert "gloo" in s.reason and "not judged" in s.reason
 
 
+def test_one_process_run_is_healthy_a_ranked_run_without_a_table_is_not_judged():
+    window = {"kind": "profile_window", "status": "ok", "first_step": 7, "warmup": 1, "active": 1}
+    one = Evidence.from_events([window], meta={"options": {}})
+    assert _judged(one).findings == [] and _judged(one).skipped == []  # no collective: none exposed
+    ranked = Evidence.from_events([window], meta={"options": {"nproc_per_node": 2}})
+    rep = _judged(ranked)
+    assert rep.findings == [] and [s.reason for s in rep.skipped] == ["no collective in the profiled steps"]
+
+
 def test_metrics_hold_each_ranks_table_on_the_unprofiled_step():
     m = collectives_by_rank({0: _evidence("host", 20.0), 1: _evidence("host", 40.0), 2: Evidence()})
     assert m["basis"] == "host" and "worker thread" in m["note"] and m["world"] == 2

@@ -56,7 +56,7 @@ def judged_table(ev: Evidence) -> tuple[dict[str, Any], float]:
 
     t = ev.last("profile_collectives")
     if not t:
-        raise NotApplicable("no collective in the profiled steps (not a ranked run, or none issued)")
+        raise NotApplicable("no collective in the profiled steps")
     if t.get("basis") != "device":
         raise NotApplicable("gloo on CPU: collectives run on worker threads that share the cores "
                             "with the training thread; exposure is shown, not judged")
@@ -69,6 +69,8 @@ def judged_table(ev: Evidence) -> tuple[dict[str, Any], float]:
 @rule("collectives-exposed", probes={"profile"}, needs={"profile_collectives", "profile_window", "step"},
       raises=[COLLECTIVES_EXPOSED])
 def collectives_exposed(ev: Evidence) -> list[Finding]:
+    if not ev.last("profile_collectives") and not (ev.meta.get("options") or {}).get("nproc_per_node"):
+        return []  # one process (not launched on ranks): no collective, none exposed
     t, step_ms = judged_table(ev)
     exposed = float((t.get("total") or {}).get("exposed_ms") or 0.0)
     share = exposed / step_ms
