@@ -174,7 +174,7 @@ def test_no_collective_no_table():
 
 
 # ------------------------------------------------------------------------------ rule and metrics
-def _evidence(basis: str, exposed_ms: float, step_ms: float = 100.0) -> Evidence:
+def _evidence(basis: str, exposed_ms: float, step_ms: float = 100.0, busy: float = 0.9) -> Evidence:
     window = {"kind": "profile_window", "status": "ok", "first_step": 7, "warmup": 1, "active": 1,
               "steps": [7], "cuda": basis == "device"}
     steps = [{"kind": "step", "step": i, "wall_s": step_ms / 1e3} for i in range(1, 13)]
@@ -183,7 +183,8 @@ def _evidence(basis: str, exposed_ms: float, step_ms: float = 100.0) -> Evidence
                                       "overlapped_ms": 4.0, "bytes_per_step": 1 << 20, "busbw_gbs": 90.0}},
              "total": {"ms": exposed_ms + 4, "exposed_ms": exposed_ms, "overlapped_ms": 4.0},
              "per_step": [{"step": 7, "ms": exposed_ms + 4, "exposed_ms": exposed_ms, "step_ms": step_ms}]}
-    return Evidence.from_events([window, *steps, table])
+    device = {"kind": "profile_device", "device_events": 10, "gpu_busy_ms": busy * step_ms}
+    return Evidence.from_events([window, *steps, table, device])
 
 
 def _judged(ev: Evidence) -> Report:
@@ -204,6 +205,12 @@ def test_exposed_collectives_on_the_gpu_are_named_with_the_fix_that_applies():
 def test_overlapped_collectives_raise_nothing():
     assert _judged(_evidence("device", exposed_ms=10.0)).findings == []  # 10 % < 15 %
     assert _judged(_evidence("device", exposed_ms=0.4, step_ms=1.0)).findings == []  # under 0.5 ms
+
+
+def test_host_bound_gpu_is_not_judged():
+    rep = _judged(_evidence("device", exposed_ms=30.0, busy=0.4))
+    assert rep.findings == []
+    assert "host-bound" in rep.skipped[0].reason and "40%" in rep.skipped[0].reason
 
 
 def test_gloo_exposure_is_shown_not_judged():

@@ -20,10 +20,13 @@ from torchdoctor.skills import DISTRIBUTED
 
 EXPOSED_SHARE = 0.15  # exposed collective time per step, as a share of the un-profiled step ...
 EXPOSED_MIN_MS = 0.5  # ... and at least this many ms per step
+GPU_BUSY_MIN = 0.5  # judged only when the GPU (collectives included) is busy this share of the step: on a
+# host-bound step an NCCL kernel's time is mostly waiting for the other rank's host to launch its half
 COLLECTIVES_EXPOSED = declare(
     "collectives-exposed", DISTRIBUTED, "warning",
     "collectives run on the critical path: the GPU waits for communication",
-    thresholds={"EXPOSED_SHARE": EXPOSED_SHARE, "EXPOSED_MIN_MS": EXPOSED_MIN_MS})
+    thresholds={"EXPOSED_SHARE": EXPOSED_SHARE, "EXPOSED_MIN_MS": EXPOSED_MIN_MS,
+                "GPU_BUSY_MIN": GPU_BUSY_MIN})
 
 FIXES = {
     "all_gather": (
@@ -63,10 +66,15 @@ def judged_table(ev: Evidence) -> tuple[dict[str, Any], float]:
     step_ms = unprofiled_step_ms(ev)
     if not step_ms:
         raise NotApplicable("no un-profiled step time")
+    busy = float((ev.last("profile_device") or {}).get("gpu_busy_ms") or 0.0) / step_ms
+    if busy < GPU_BUSY_MIN:
+        raise NotApplicable(f"the GPU is busy {busy:.0%} of the step: host-bound, and an NCCL kernel's time "
+                            f"then is mostly waiting for the other ranks' hosts (see launch-bound)")
     return t, step_ms
 
 
-@rule("collectives-exposed", probes={"profile"}, needs={"profile_collectives", "profile_window", "step"},
+@rule("collectives-exposed", probes={"profile"},
+      needs={"profile_collectives", "profile_window", "profile_device", "step"},
       raises=[COLLECTIVES_EXPOSED])
 def collectives_exposed(ev: Evidence) -> list[Finding]:
     if not ev.last("profile_collectives") and not (ev.meta.get("options") or {}).get("nproc_per_node"):
