@@ -33,6 +33,7 @@ from trace_comms import trace_comms  # noqa: E402 - the independent reading of a
 DIST = ROOT / "tests" / "fixtures" / "scripts" / "dist"
 MS = 1_000_000  # ns
 TOLERANCE = 0.15  # the table's exposed time vs the trace's, relative
+FLOOR_MS = 0.02
 
 LM_SCRIPT = '''"""Healthy: an FSDP2 decoder LM (fully_shard per block, then the root)."""
 import sys
@@ -277,8 +278,9 @@ def _check_against_trace(report: dict, out: str) -> None:
         busy, exposed = ref["ms"], ref["exposed_ms"]
         assert ref["steps"] == len(row["per_step"])
         tot = row["total"]
-        assert abs(tot["ms"] - busy) <= TOLERANCE * busy, (row["rank"], tot, busy)
-        assert abs(tot["exposed_ms"] - exposed) <= TOLERANCE * max(exposed, 0.05), (row["rank"], tot, exposed)
+        # ±15 %, and 20 µs per step at least (a few-µs kernel counted in one reading and not the other)
+        assert abs(tot["ms"] - busy) <= max(TOLERANCE * busy, FLOOR_MS), (row["rank"], tot, busy)
+        assert abs(tot["exposed_ms"] - exposed) <= max(TOLERANCE * exposed, FLOOR_MS), (row["rank"], tot, exposed)
 
 
 @pytest.mark.slow
