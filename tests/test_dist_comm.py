@@ -141,7 +141,7 @@ def test_host_table_pairs_gloo_ranges_with_their_host_ops():
     assert (ag["calls_per_step"], ag["ms"], ag["exposed_ms"], ag["overlapped_ms"]) == (1.0, 20.0, 15.0, 5.0)
     assert (rs["ms"], rs["exposed_ms"], rs["overlapped_ms"]) == (10.0, 2.0, 8.0)
     assert ag["bytes_per_step"] == 8000 and rs["bytes_per_step"] == 4000  # output / full input
-    assert ag["busbw_gbs"] == round(8000 * 0.5 / (20 * MS), 3)
+    assert ag["busbw_gbs"] == 0.0002  # 8000 B x 1/2 in 20 ms: 4 significant digits, however small
     assert t["total"] == {"ms": 30.0, "exposed_ms": 17.0, "overlapped_ms": 13.0, "exposed_share": 0.17}
     assert t["per_step"] == [{"step": 7, "ms": 30.0, "exposed_ms": 17.0, "step_ms": 100.0}]
     assert t["unpaired"] == 0
@@ -154,7 +154,7 @@ def test_device_table_is_nccl_kernels_against_other_device_work():
     assert (ag["ms"], ag["exposed_ms"], ag["overlapped_ms"]) == (20.0, 15.0, 5.0)
     assert (ar["ms"], ar["exposed_ms"], ar["overlapped_ms"]) == (10.0, 10.0, 0.0)
     assert ag["bytes_per_step"] == 8000 and ar["bytes_per_step"] == 4000  # all-reduce: its tensor list
-    assert ar["busbw_gbs"] == round(4000 * 1.0 / (10 * MS), 3)
+    assert ar["busbw_gbs"] == 0.0004
     assert t["total"]["exposed_ms"] == 25.0 and t["total"]["ms"] == 30.0
 
 
@@ -179,10 +179,11 @@ def _evidence(basis: str, exposed_ms: float, step_ms: float = 100.0, busy: float
     window = {"kind": "profile_window", "status": "ok", "first_step": 7, "warmup": 1, "active": 1,
               "steps": [7], "cuda": basis == "device"}
     steps = [{"kind": "step", "step": i, "wall_s": step_ms / 1e3} for i in range(1, 13)]
-    table = {"kind": "profile_collectives", "basis": basis, "world": 2, "steps": 1, "step_ms": step_ms,
+    table = {"kind": "profile_collectives", "basis": basis, "world": 2, "steps": 1, "step_ms": 2 * step_ms,
              "kinds": {"all_gather": {"calls_per_step": 5.0, "ms": exposed_ms + 4, "exposed_ms": exposed_ms,
                                       "overlapped_ms": 4.0, "bytes_per_step": 1 << 20, "busbw_gbs": 90.0}},
-             "total": {"ms": exposed_ms + 4, "exposed_ms": exposed_ms, "overlapped_ms": 4.0},
+             "total": {"ms": exposed_ms + 4, "exposed_ms": exposed_ms, "overlapped_ms": 4.0,
+                       "exposed_share": round(exposed_ms / (2 * step_ms), 4)},  # a profiled step 2x longer
              "per_step": [{"step": 7, "ms": exposed_ms + 4, "exposed_ms": exposed_ms, "step_ms": step_ms}]}
     device = {"kind": "profile_device", "device_events": 10, "gpu_busy_ms": busy * step_ms}
     return Evidence.from_events([window, *steps, table, device])
@@ -234,7 +235,11 @@ def test_metrics_hold_each_ranks_table_on_the_unprofiled_step():
     m = collectives_by_rank({0: _evidence("host", 20.0), 1: _evidence("host", 40.0), 2: Evidence()})
     assert m["basis"] == "host" and "worker thread" in m["note"] and m["world"] == 2
     assert [r["rank"] for r in m["per_rank"]] == [0, 1]
-    assert m["per_rank"][1]["total"]["exposed_share"] == 0.4 and m["per_rank"][1]["step_ms"] == 100.0
+    # gloo: the share of the profiled step (the tracer slows its ranges and the step alike)
+    assert m["per_rank"][1]["total"]["exposed_share"] == 0.2 and m["per_rank"][1]["step_ms"] == 100.0
+    assert m["per_rank"][1]["total"]["share_of"] == "profiled step"
+    dev = collectives_by_rank({0: _evidence("device", 20.0)})["per_rank"][0]["total"]
+    assert (dev["exposed_share"], dev["share_of"]) == (0.2, "un-profiled step")  # 20 of 100 ms
     assert m["per_rank"][0]["kinds"]["all_gather"]["exposed_ms"] == 20.0
     assert collectives_by_rank({0: Evidence()}) is None
 

@@ -7,14 +7,15 @@ bandwidth. Here they become ``metrics.collectives``::
 
     {"basis": "device" | "host", "note": str, "world": 2,
      "per_rank": [{"rank": 0, "steps": [7, 8], "profiled_step_ms": 605.1, "step_ms": 41.0,
-                   "total": {"ms", "exposed_ms", "overlapped_ms", "exposed_share"},
+                   "total": {"ms", "exposed_ms", "overlapped_ms", "exposed_share", "share_of"},
                    "kinds": {"all_gather": {"calls_per_step", "ms", "exposed_ms", "overlapped_ms",
                                             "bytes_per_step", "busbw_gbs"}, ...},
                    "per_step": [{"step", "ms", "exposed_ms", "step_ms"}]}, ...]}
 
 ``step_ms`` is the un-profiled step time (the profile rules' basis: the profiler's Python tracer
-slows the host during the recorded steps, not the GPU) and ``exposed_share`` = exposed ms / that;
-``profiled_step_ms`` is the recorded steps' own length. None when no rank measured a collective.
+slows the host during the recorded steps, not the GPU); ``exposed_share`` = exposed ms / that on the
+device basis, / ``profiled_step_ms`` (the recorded steps' own length) on the host basis, whose gloo
+ranges the tracer slows like the step (``share_of`` says which). None when no rank measured a collective.
 """
 
 from __future__ import annotations
@@ -51,8 +52,11 @@ def rank_row(rank: int, ev: Evidence) -> dict[str, Any] | None:
         return None
     total = dict(t.get("total") or {})
     step_ms = unprofiled_step_ms(ev)
-    if step_ms:
+    if step_ms and t.get("basis") == "device":  # the GPU timeline: not slowed by the Python tracer
         total["exposed_share"] = round(float(total.get("exposed_ms") or 0.0) / step_ms, 4)
+        total["share_of"] = "un-profiled step"
+    elif t.get("step_ms"):  # gloo: host ranges, slowed by the tracer like the recorded step itself
+        total["share_of"] = "profiled step"
     return {"rank": rank, "basis": t.get("basis"), "steps": [s["step"] for s in t.get("per_step") or []],
             "profiled_step_ms": t.get("step_ms"), "step_ms": step_ms, "total": total,
             "kinds": t.get("kinds") or {}, "per_step": t.get("per_step") or [],

@@ -251,7 +251,7 @@ def collectives(w: Window, world: int, device: bool) -> dict[str, Any] | None:
         if k["bytes"]:
             row["bytes_per_step"] = int(k["bytes"] / n_steps)
         if k["bw_ns"]:
-            row["busbw_gbs"] = round(k["bw_bytes"] / k["bw_ns"], 3)  # bytes per ns = GB/s
+            row["busbw_gbs"] = float(f"{k['bw_bytes'] / k['bw_ns']:.4g}")  # bytes per ns = GB/s
         table[kind] = row
     all_iv = [(c["s"], c["e"]) for c in comms]
     busy = _length(_merge(all_iv))

@@ -38,9 +38,10 @@ def collectives_section(report) -> Group | None:
         t.add_row(str(row["rank"]), "all (union)", "", _ms(tot.get("ms")), _ms(tot.get("exposed_ms")),
                   _ms(tot.get("overlapped_ms")), "", "",
                   f"{share:.0%} exposed" if isinstance(share, (int, float)) else "", style="bold")
-    step = next((r.get("step_ms") for r in m["per_rank"] if r.get("step_ms")), None)
     foot = Text(f"  {m.get('note', '')}", style="dim")
-    if step:
-        foot.append(f"; share of the un-profiled step ({_ms(step)} ms on rank "
-                    f"{next(r['rank'] for r in m['per_rank'] if r.get('step_ms'))})", style="dim")
+    of = next(((r["rank"], r.get("step_ms") if (r.get("total") or {}).get("share_of") == "un-profiled step"
+                else r.get("profiled_step_ms"), (r.get("total") or {}).get("share_of"))
+               for r in m["per_rank"] if (r.get("total") or {}).get("share_of")), None)
+    if of and of[1]:
+        foot.append(f"; exposed share of the {of[2]} ({_ms(of[1])} ms on rank {of[0]})", style="dim")
     return Group(t, foot)
