@@ -141,6 +141,7 @@ def test_host_table_pairs_gloo_ranges_with_their_host_ops():
     assert (ag["calls_per_step"], ag["ms"], ag["exposed_ms"], ag["overlapped_ms"]) == (1.0, 20.0, 15.0, 5.0)
     assert (rs["ms"], rs["exposed_ms"], rs["overlapped_ms"]) == (10.0, 2.0, 8.0)
     assert ag["bytes_per_step"] == 8000 and rs["bytes_per_step"] == 4000  # output / full input
+    assert ag["ops"] == ["c10d::_allgather_base_"] and rs["ops"] == ["c10d::_reduce_scatter_base_"]
     assert ag["busbw_gbs"] == 0.0002  # 8000 B x 1/2 in 20 ms: 4 significant digits, however small
     assert t["total"] == {"ms": 30.0, "exposed_ms": 17.0, "overlapped_ms": 13.0, "exposed_share": 0.17}
     assert t["per_step"] == [{"step": 7, "ms": 30.0, "exposed_ms": 17.0, "step_ms": 100.0}]
@@ -202,6 +203,17 @@ def test_exposed_collectives_on_the_gpu_are_named_with_the_fix_that_applies():
     assert f.title == "collectives leave the GPU idle 30 ms per step (30% of a 100 ms step), most in all-gather"
     assert f.evidence["exposed_share"] == 0.3 and f.evidence["by_kind"]["all_gather"]["busbw_gbs"] == 90.0
     assert "set_modules_to_forward_prefetch" in f.fix and "reshard_after_forward" in f.fix
+
+
+def test_tensor_parallel_all_reduces_get_the_tp_fix():
+    ev = _evidence("device", exposed_ms=30.0)
+    t = ev.last("profile_collectives")
+    t["kinds"] = {"all_reduce": {**t["kinds"]["all_gather"], "ops": ["_c10d_functional::all_reduce"]}}
+    [f] = _judged(Evidence.from_events(ev.events)).findings
+    assert "most in all-reduce" in f.title and "SequenceParallel" in f.fix and "bucket_cap_mb" not in f.fix
+    t["kinds"]["all_reduce"]["ops"] = ["c10d::allreduce_"]  # DDP's or the script's own
+    [f] = _judged(Evidence.from_events(ev.events)).findings
+    assert "bucket_cap_mb" in f.fix
 
 
 def test_overlapped_collectives_raise_nothing():

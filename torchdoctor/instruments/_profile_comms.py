@@ -41,6 +41,7 @@ _KEYWORDS = (("reduce_scatter", "reduce_scatter"), ("reducescatter", "reduce_sca
              ("alltoall", "all_to_all"), ("all_to_all", "all_to_all"), ("sendrecv", "all_to_all"),
              ("broadcast", "broadcast"))
 HOST_PREFIX = ("c10d::", "_c10d_functional::", "c10d_functional::")
+MAX_OPS = 4
 NOT_COLLECTIVE = ("wait", "barrier", "monitored_barrier", "send", "recv", "recv_any_source")
 
 
@@ -225,7 +226,8 @@ def collectives(w: Window, world: int, device: bool) -> dict[str, Any] | None:
         return None
     n_steps = w.n_steps
     kinds: dict[str, dict[str, Any]] = defaultdict(lambda: {"calls": 0, "ns": 0, "exposed_ns": 0,
-                                                             "bytes": 0, "bw_bytes": 0, "bw_ns": 0})
+                                                             "bytes": 0, "bw_bytes": 0, "bw_ns": 0,
+                                                             "ops": set()})
     cov = _merge(compute)
     for c in comms:
         iv = [(c["s"], c["e"])]
@@ -234,6 +236,7 @@ def collectives(w: Window, world: int, device: bool) -> dict[str, Any] | None:
         k["ns"] += c["e"] - c["s"]
         k["exposed_ns"] += _length(_minus(iv, cov))
         if c["op"] is not None:
+            k["ops"].add(c["op"][3])
             nbytes, n = size_of(c["op"], world)
             if nbytes:
                 k["bytes"] += nbytes
@@ -250,6 +253,8 @@ def collectives(w: Window, world: int, device: bool) -> dict[str, Any] | None:
                "overlapped_ms": _ms((k["ns"] - k["exposed_ns"]) / n_steps)}
         if k["bytes"]:
             row["bytes_per_step"] = int(k["bytes"] / n_steps)
+        if k["ops"]:
+            row["ops"] = sorted(k["ops"])[:MAX_OPS]  # the host ops that issued them: who (FSDP2, DDP, DTensor)
         if k["bw_ns"]:
             row["busbw_gbs"] = float(f"{k['bw_bytes'] / k['bw_ns']:.4g}")  # bytes per ns = GB/s
         table[kind] = row

@@ -45,12 +45,25 @@ FIXES = {
         "backward, larger ones run nearer bus bandwidth) and use `no_sync()` on all but the last "
         "micro-batch of an accumulation; an all-reduce written by hand each step (loss or metric "
         "averaging) blocks: reduce less often or with `async_op=True` and wait later."),
+    "all_reduce_tp": (
+        "The exposed all-reduces are DTensor's (tensor parallelism: the reduction after each row-wise "
+        "layer is on the critical path by design): keep the tensor-parallel group within NVLink (one "
+        "node), use sequence parallelism (`SequenceParallel`: a reduce-scatter and an all-gather that "
+        "overlap better), or a smaller TP degree with more FSDP."),
     "all_to_all": (
         "All-to-alls are exposed (expert or sequence parallelism): overlap the dispatch with compute "
         "(split the batch and pipeline chunks) or send fewer, larger messages."),
     "broadcast": (
         "Broadcasts are exposed: broadcast once before the loop, not every step."),
 }
+
+
+def _fix_key(kind: str, row: dict[str, Any]) -> str:
+    """The fix text of a kind: DTensor's all-reduces (functional collectives) are tensor parallelism's."""
+    ops = row.get("ops") or []
+    if kind == "all_reduce" and ops and all(str(o).startswith("_c10d_functional::") for o in ops):
+        return "all_reduce_tp"
+    return kind
 
 
 def judged_table(ev: Evidence) -> tuple[dict[str, Any], float]:
@@ -88,14 +101,14 @@ def collectives_exposed(ev: Evidence) -> list[Finding]:
     ranked = sorted(kinds.items(), key=lambda kv: -float(kv[1].get("exposed_ms") or 0.0))
     top = ranked[0][0] if ranked else "other"
     rows = {k: {key: v[key] for key in ("calls_per_step", "ms", "exposed_ms", "overlapped_ms",
-                                         "bytes_per_step", "busbw_gbs") if key in v}
+                                         "bytes_per_step", "busbw_gbs", "ops") if key in v}
             for k, v in ranked}
     title = (f"collectives leave the GPU idle {exposed:.3g} ms per step ({share:.0%} of a {step_ms:.3g} ms "
              f"step), most in {top.replace('_', '-')}")
     evidence = {"exposed_ms_per_step": round(exposed, 4), "exposed_share": round(share, 4),
                 "step_ms": step_ms, "collective_ms_per_step": (t.get("total") or {}).get("ms"),
                 "steps_recorded": t.get("steps"), "by_kind": rows}
-    fix = " ".join(FIXES[k] for k, v in ranked[:2]
+    fix = " ".join(FIXES[_fix_key(k, v)] for k, v in ranked[:2]
                    if k in FIXES and float(v.get("exposed_ms") or 0.0) >= EXPOSED_MIN_MS) or FIXES.get(
-        top, "Overlap the collectives with compute, or issue fewer, larger ones.")
+        _fix_key(top, kinds.get(top) or {}), "Overlap the collectives with compute, or issue fewer, larger ones.")
     return [finding("collectives-exposed", title, evidence, fix=fix)]
