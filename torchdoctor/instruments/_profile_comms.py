@@ -240,7 +240,7 @@ def collectives(w: Window, world: int, device: bool) -> dict[str, Any] | None:
             nbytes, n = size_of(c["op"], world)
             if nbytes:
                 k["bytes"] += nbytes
-                if c["e"] > c["s"]:
+                if c["e"] > c["s"] and c["kind"] != "other":  # gather/scatter/reduce: no bus factor
                     k["bw_bytes"] += nbytes * bus_factor(c["kind"], n)
                     k["bw_ns"] += c["e"] - c["s"]
     table = {}
