@@ -254,6 +254,10 @@ def test_metrics_hold_each_ranks_table_on_the_unprofiled_step():
     assert (dev["exposed_share"], dev["share_of"]) == (0.2, "un-profiled step")  # 20 of 100 ms
     assert m["per_rank"][0]["kinds"]["all_gather"]["exposed_ms"] == 20.0
     assert collectives_by_rank({0: Evidence()}) is None
+    partial = _evidence("host", 20.0)
+    partial.last("profile_window")["status"] = "partial"  # the run ended inside the window
+    assert collectives_by_rank({0: partial}) is None
+    assert "whole training step" in _judged(partial).skipped[0].reason
 
 
 def test_console_section_renders_the_table():

@@ -48,8 +48,8 @@ def unprofiled_step_ms(ev: Evidence) -> float | None:
 
 def rank_row(rank: int, ev: Evidence) -> dict[str, Any] | None:
     t = ev.last("profile_collectives")
-    if not t:
-        return None
+    if not t or (ev.last("profile_window") or {}).get("status") != "ok":
+        return None  # a partial window: the run ended inside it, it holds what ran after the last step
     total = dict(t.get("total") or {})
     step_ms = unprofiled_step_ms(ev)
     if step_ms and t.get("basis") == "device":  # the GPU timeline: not slowed by the Python tracer

@@ -73,6 +73,8 @@ def judged_table(ev: Evidence) -> tuple[dict[str, Any], float]:
     t = ev.last("profile_collectives")
     if not t:
         raise NotApplicable("no collective in the profiled steps")
+    if (ev.last("profile_window") or {}).get("status") != "ok":
+        raise NotApplicable("the profile window did not record a whole training step")
     if t.get("basis") != "device":
         raise NotApplicable("gloo on CPU: collectives run on worker threads that share the cores "
                             "with the training thread; exposure is shown, not judged")
