@@ -319,3 +319,46 @@ def test_nccl_fsdp2_table_agrees_with_the_exported_trace(tmp_path):
     assert report["metrics"]["collectives"]["basis"] == "device"
     assert report["context"]["device"].startswith("cuda")
     _check_against_trace(report, out)
+
+
+# ------------------------------------------------------------------------------ the real profiler, one process
+ONE_RANK = r'''
+import json, sys, torch, torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile, schedule
+from torchdoctor.instruments import _profiler_compat as compat
+from torchdoctor.instruments._profile_comms import collectives
+from torchdoctor.instruments._profile_flat import Window
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+x, out, inp = torch.ones(1000), torch.empty(64), torch.ones(64)
+with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=2, repeat=1),
+             record_shapes=True) as p:
+    for _ in range(3):
+        dist.all_reduce(x)
+        dist.all_gather_into_tensor(out, inp)
+        torch.mm(torch.ones(64, 64), torch.ones(64, 64))
+        p.step()
+flat = compat.collect(p)
+ops = {n[3]: n[7] for n in flat["nodes"] if n[2] == "op" and n[3].startswith("c10d::")}
+table = collectives(Window(flat), world=2, device=False)  # world 2: the bus factor is not zero
+print(json.dumps({"ops": ops, "table": table}))
+dist.destroy_process_group()
+'''
+
+
+def test_real_gloo_profile_gives_kinds_bytes_and_pairs(tmp_path):
+    """torch's own profiler on a 1-rank gloo group (no torchrun): the c10d ops carry their sizes
+    (allreduce_'s tensor list through the flat's "comm"), gloo's worker ranges pair with them."""
+    import subprocess
+    import sys
+
+    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "-c", ONE_RANK, str(tmp_path / "store")], capture_output=True,
+                       text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got["ops"]["c10d::allreduce_"]["comm"] == ["float32", 1000]
+    t = got["table"]
+    assert t is not None and t["steps"] == 2 and t["unpaired"] == 0, t
+    assert t["kinds"]["all_reduce"]["calls_per_step"] == 1.0 and t["kinds"]["all_reduce"]["bytes_per_step"] == 4000
+    assert t["kinds"]["all_gather"]["calls_per_step"] == 1.0 and t["kinds"]["all_gather"]["bytes_per_step"] == 256
+    assert t["kinds"]["all_reduce"]["busbw_gbs"] > 0
