@@ -39,6 +39,9 @@ def register(app: typer.Typer) -> None:
         engine = str(kw.pop("op_engine")).strip().lower()
         resume, html = kw.pop("resume_check"), kw.pop("html")
         from torchdoctor.commands._script import require_target
+        from torchdoctor.distributed.oneprocess import refuse
+
+        refuse("repro", kw.pop("nproc_per_node"))  # before the script is looked for: no run starts
 
         target, args = require_target("repro", script, module, list(ctx.args))
         if steps < 1:
@@ -68,7 +71,10 @@ def register(app: typer.Typer) -> None:
         emit(report, as_json, fail_on, out, html=html_path, outputs=outputs)
 
     P = inspect.Parameter
+    from torchdoctor.distributed.oneprocess import nproc_param
+
     params = one_process_params(DEFAULT_STEPS, 300.0)  # one process: no ranks, no nodes
+    params.append(nproc_param("repro"))
     params.append(P("resume_check", P.KEYWORD_ONLY, default=False, annotation=Annotated[bool, typer.Option(
         "--resume-check", help="Also prove the script's own checkpoint resumes exactly: after its "
                                "save, reset each state the file lacks (one more run each) and "

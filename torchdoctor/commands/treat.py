@@ -32,8 +32,10 @@ def _params() -> list:
 
     P = inspect.Parameter
     kw = P.KEYWORD_ONLY
+    from torchdoctor.distributed.oneprocess import nproc_param
+
     params = one_process_params(DEFAULT_STEPS, DEFAULT_TIMEOUT_S)  # one process: no ranks, no nodes
-    return params + [
+    return params + [nproc_param("treat"),
         P("try_", kw, default=None, annotation=Annotated[Optional[list[str]], typer.Option(
             "--try", metavar="NAME[=VALUE]", show_default=False,
             help="Try this treatment (repeatable); replaces the automatic choice. "
@@ -85,7 +87,9 @@ def treat(**kw: Any) -> None:
         print_catalogue(as_json)
         return
     from torchdoctor.commands._script import require_target
+    from torchdoctor.distributed.oneprocess import refuse
 
+    refuse("treat", kw["nproc_per_node"])  # before the script is looked for: no run starts
     target, args = require_target("treat", kw["script"], kw["module"], list(ctx.args))
     module = kw["module"]
     steps, timeout, budget = kw["steps"], kw["timeout"], kw["budget"]

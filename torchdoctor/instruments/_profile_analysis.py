@@ -327,8 +327,10 @@ def python_hotspots(w: Window, src: Sources) -> dict[str, Any]:
     return {"functions": rows[:TOP_N], "user_self_ms": _ms(sum(v[2] for v in agg.values()) / n)}
 
 
-def analyze(flat: dict[str, Any], src: Sources, flags: dict[str, Any] | None = None) -> dict[str, dict]:
-    """Every payload of one window, keyed by evidence kind. Device payloads only with GPU data."""
+def analyze(flat: dict[str, Any], src: Sources, flags: dict[str, Any] | None = None,
+            world: int = 1) -> dict[str, dict]:
+    """Every payload of one window, keyed by evidence kind. Device payloads only with GPU data;
+    the collectives table only on a rank of a ranked run (``world`` > 1)."""
     w = Window(flat)
     flags = flags or {}
     out: dict[str, dict] = {"profile_window": window_summary(w)}
@@ -344,4 +346,10 @@ def analyze(flat: dict[str, Any], src: Sources, flags: dict[str, Any] | None = N
         out["profile_copies"] = copies(w, src)
     if flat.get("device") or flat.get("runtime"):
         out["profile_syncs"] = syncs(w, src)
+    if world > 1:
+        from torchdoctor.instruments._profile_comms import collectives
+
+        table = collectives(w, world, device=bool(w.device))
+        if table:
+            out["profile_collectives"] = table
     return out

@@ -250,6 +250,27 @@ def _op_inputs(ef: Any) -> list:
     return out
 
 
+def _list_input(ef: Any) -> list | None:
+    """[dtype, total numel] of a TorchOp's first input when it is a list of tensors (c10d ops)."""
+    try:
+        first = ef.inputs[0]
+    except Exception:  # noqa: BLE001
+        return None
+    if not isinstance(first, (list, tuple)) or not first:
+        return None
+    dtype, n = None, 0
+    for t in first:
+        sizes, dt = getattr(t, "sizes", None), getattr(t, "dtype", None)
+        if sizes is None or dt is None:
+            return None
+        dtype = dtype or _dtype_name(dt)
+        k = 1
+        for s in sizes:
+            k *= int(s)
+        n += k
+    return [dtype, n]
+
+
 def _frame(fs: Any) -> dict[str, Any]:
     try:
         return {"file": _text(lambda: fs.file_name), "line": int(fs.line_number),
@@ -287,6 +308,11 @@ def _tree_nodes(res: Any, t0: int) -> tuple[list, bool, int]:
         ef = ev.extra_fields
         if tag == "op":
             extra: dict[str, Any] = {"corr": int(ev.correlation_id), "in": _op_inputs(ef)}
+            name = _text(lambda: ev.name)
+            if name.startswith("c10d::"):
+                comm = _list_input(ef)  # allreduce_/broadcast_/alltoall_ take a tensor list first
+                if comm:
+                    extra["comm"] = comm
             try:
                 extra["tf32"] = bool(ef.allow_tf32_cublas)
             except Exception:  # noqa: BLE001

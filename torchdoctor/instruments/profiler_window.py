@@ -56,12 +56,20 @@ BURST_S = 0.005  # each step of an empty window ended within this of the previou
 # the fact (measured 0.07-0.3 ms apart on the CPU box, idle; a step that runs a torch op is recorded)
 
 
+def _world() -> int:
+    """The world size of a rank launched by torchrun (1 otherwise): the collectives table's n."""
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
 @register
 class ProfilerWindow(Instrument):
     name = "profiler_window"
     produces = frozenset({"profile_window", "profile_ops", "profile_host", "profile_python",
                           "profile_device", "profile_kernels", "profile_gemm", "profile_copies",
-                          "profile_syncs"})
+                          "profile_syncs", "profile_collectives"})
     priority = 80  # after the step clock: its step time excludes our prof.step() call
 
     def install(self, ctx: Any) -> None:
@@ -248,7 +256,7 @@ class ProfilerWindow(Instrument):
                     json.dump(flat, f)
             flags = compat.torch_flags()
             dev = compat.device_info()
-            payloads = analyze(flat, make_sources(), flags)
+            payloads = analyze(flat, make_sources(), flags, world=_world())
             window = payloads.pop("profile_window")
             window.update(info, flags=flags, device=dev, analysis_s=round(time.perf_counter() - t0, 3))
             if window.get("active_steps") and not (payloads.get("profile_ops") or {}).get("by_self_cpu"):
