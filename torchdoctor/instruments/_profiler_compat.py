@@ -34,6 +34,8 @@ import sys
 import tempfile
 from typing import Any, Callable
 
+from torchdoctor.instruments._profiler_text import _dtype_name, _list_input, _op_inputs, _text  # noqa: F401
+
 FLAT_VERSION = 1
 MAX_NODES = 400_000  # a pathological window (hundreds of thousands of Python calls) is cut, not analysed forever
 MAX_NAME = 240  # templated kernel names run to kilobytes; the head tells them apart
@@ -207,69 +209,6 @@ def device_info() -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- flattening
-
-def _text(get: Callable[[], Any]) -> str:
-    """A name from the profiler as text, whatever its bytes: pybind turns the C++ ``std::string``
-    into ``str`` with a strict UTF-8 decode, so a kernel or op name that is not valid UTF-8 (a
-    demangled template, a name cut inside a character) raises ``UnicodeDecodeError`` on access.
-    The error carries the raw bytes: they are decoded again with replacement (U+FFFD)."""
-    try:
-        v = get()
-    except UnicodeDecodeError as e:
-        raw = e.object
-        return bytes(raw).decode("utf-8", "replace") if isinstance(raw, (bytes, bytearray, memoryview)) else "\ufffd"
-    if isinstance(v, str):
-        return v
-    if isinstance(v, (bytes, bytearray)):
-        return bytes(v).decode("utf-8", "replace")
-    return "" if v is None else str(v)
-
-
-def _dtype_name(dt: Any) -> str:
-    s = _text(lambda: str(dt))
-    return s[6:] if s.startswith("torch.") else s
-
-
-def _op_inputs(ef: Any) -> list:
-    """[[dtype, numel] | None] per input of a TorchOp (record_shapes must be on)."""
-    out: list = []
-    try:
-        inputs = ef.inputs
-    except Exception:  # noqa: BLE001
-        return out
-    for i in inputs[:4]:
-        sizes = getattr(i, "sizes", None)
-        dtype = getattr(i, "dtype", None)
-        if sizes is None or dtype is None:
-            out.append(None)
-            continue
-        n = 1
-        for s in sizes:
-            n *= int(s)
-        out.append([_dtype_name(dtype), n])
-    return out
-
-
-def _list_input(ef: Any) -> list | None:
-    """[dtype, total numel] of a TorchOp's first input when it is a list of tensors (c10d ops)."""
-    try:
-        first = ef.inputs[0]
-    except Exception:  # noqa: BLE001
-        return None
-    if not isinstance(first, (list, tuple)) or not first:
-        return None
-    dtype, n = None, 0
-    for t in first:
-        sizes, dt = getattr(t, "sizes", None), getattr(t, "dtype", None)
-        if sizes is None or dt is None:
-            return None
-        dtype = dtype or _dtype_name(dt)
-        k = 1
-        for s in sizes:
-            k *= int(s)
-        n += k
-    return [dtype, n]
-
 
 def _frame(fs: Any) -> dict[str, Any]:
     try:
