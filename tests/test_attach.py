@@ -145,6 +145,31 @@ def test_a_slow_rank_then_a_skipped_all_reduce_are_named_with_their_lines(pyspy,
 
 
 @pytest.mark.slow
+def test_a_rank_spinning_in_python_while_the_other_waits_is_named(pyspy):
+    """Rank 1 polls a flag nothing sets (pure Python, its stack moves between the loop's lines)
+    while rank 0 waits in the next all_reduce: rank-spinning, not a slow rank."""
+    src = "spin_rank.py"
+    job = Job(src)
+    try:
+        job.wait_for("rank 1 polling")
+        # rank 0 must stay asleep >= MIN_QUIET_S (5 s) between dumps: a shorter window cannot
+        # tell a livelock from one long step
+        code, rep, err = attach("--job", str(job.proc.pid), "--duration", "7")
+        assert rep is not None, err
+        found = {f["code"]: f for f in rep["findings"]}
+        assert code == 1 and list(found) == ["rank-spinning"], (rep["findings"], rep["metrics"]["attach"])
+        title = found["rank-spinning"]["title"]
+        assert title.startswith("rank 1 spins in Python while the others wait: rank 0 waits in "
+                                f"all_reduce at {src}:{line_of(src, 'dist.all_reduce(g)')}"), title
+        assert "its main thread not woken once in" in title and "rank 1 runs poll_ready" in title, title
+        procs = {p["rank"]: p for p in rep["metrics"]["attach"]["processes"]}
+        assert procs[0]["main_wakes"] == 0 and procs[1]["main_wakes"] > 0, procs
+        assert job.proc.poll() is None, "the attach must leave the job running"
+    finally:
+        job.kill()
+
+
+@pytest.mark.slow
 def test_a_healthy_job_raises_no_warning_and_finishes_as_it_would(pyspy):
     job = Job("healthy.py", {"STEPS": "400"})
     try:

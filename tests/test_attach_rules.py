@@ -26,10 +26,20 @@ def code(line, name="load_batch", file="/job/train.py"):
     return [fr(file, line, name), fr(file, 30, "main"), fr(file, 40, "<module>")]
 
 
-def proc(pid, rank, stacks, role="rank", parent=None, status="sleeping"):
-    samples = [{"t": 100.0 + 2.5 * i, "threads": [{"tid": pid, "name": "MainThread", "active": False,
-                                                    "gil": False, "frames": s}]}
+def proc(pid, rank, stacks, role="rank", parent=None, status="sleeping", wakes=None, cpu_ns=0, every=2.5):
+    """``wakes``: the main thread's switches between consecutive dumps (each dump adds 2 of its
+    own, as measured on a thread blocked in a futex); None: no counters read."""
+    samples = [{"t": 100.0 + every * i, "read_s": 0.25,
+                "threads": [{"tid": pid, "name": "MainThread", "active": False,
+                             "gil": False, "frames": s}]}
                for i, s in enumerate(stacks)]
+    if wakes is not None:
+        n = 0
+        for i, s in enumerate(samples):
+            n += wakes if i else 0
+            s["main_before"] = {"switches": n, "cpu_ns": cpu_ns * i}
+            n += 2
+            s["main_after"] = {"switches": n, "cpu_ns": cpu_ns * i + 10_000}
     return {"pid": pid, "rank": rank, "role": role, "parent": parent, "samples": samples, "status": status}
 
 
@@ -78,6 +88,36 @@ def test_a_moving_rank_is_slow_not_stuck():
     # a slow rank caught once passing through the collective it makes the others wait in
     once = [collective("all_reduce", 17)] + moving[1:]
     assert codes(ev(proc(10, 0, waits), proc(11, 1, once))) == ["rank-waited-for@warning"]
+
+
+def test_a_rank_moving_in_python_while_the_others_never_wake_is_spinning():
+    moving = [code(60 + i % 3, "poll_ready") for i in range(5)]
+    asleep = proc(10, 0, [collective("all_reduce", 17)] * 5, wakes=0)  # 2 wakes in each dump
+    e = ev(asleep, proc(11, 1, moving, wakes=40, cpu_ns=2_400_000_000))
+    rep = build_report(e, "t")
+    assert codes(e) == ["rank-spinning@error"]
+    title = rep.findings[0].title
+    assert title.startswith("rank 1 spins in Python while the others wait: rank 0 waits in all_reduce "
+                            "at train.py:17, unchanged for 10.0 s"), title
+    assert "main thread not woken once in 9.0 s between samples" in title, title
+    assert "rank 1 runs poll_ready at train.py:" in title and "used 9.6 s of CPU in 10.0 s" in title
+    assert "switched 0 times in 9.0 s" in rep.findings[0].evidence["rank 0"]
+    # the waiting rank woke between dumps (a step ended): slow, not spinning
+    woke = proc(10, 0, [collective("all_reduce", 17)] * 5, wakes=1)
+    assert codes(ev(woke, proc(11, 1, moving, wakes=40))) == ["rank-waited-for@warning"]
+    # asleep over too short a window (3 s between dumps): one long step reads the same
+    short = proc(10, 0, [collective("all_reduce", 17)] * 5, wakes=0, every=1.0)
+    assert codes(ev(short, proc(11, 1, moving, wakes=40, every=1.0))) == ["rank-waited-for@warning"]
+    # no counters (another kernel, an older evidence file): the old judgment, never spinning
+    assert codes(ev(proc(10, 0, [collective("all_reduce", 17)] * 5), proc(11, 1, moving))) == [
+        "rank-waited-for@warning"]
+    # the waiting rank moved between collectives: a step ended, whatever the counters say
+    waits = [collective("all_reduce", 17), collective("all_reduce", 27)] * 2 + [collective("all_reduce", 17)]
+    assert codes(ev(proc(10, 0, waits, wakes=0), proc(11, 1, moving, wakes=40))) == [
+        "rank-waited-for@warning"]
+    # the busy rank was once seen in a collective: it reaches them, not a livelock
+    once = [collective("all_reduce", 17)] + moving[1:]
+    assert codes(ev(asleep, proc(11, 1, once, wakes=40))) == ["rank-waited-for@warning"]
 
 
 def test_a_rank_that_also_reaches_the_collective_is_not_the_one_waited_for():

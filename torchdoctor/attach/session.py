@@ -21,9 +21,19 @@ RESOURCE_INTERVAL_S = 1.0  # RSS / NVML sampling period (one point per second fo
 DUMP_TIMEOUT_S = 10.0  # one py-spy dump
 
 
+def _dump(binary: str, pid: int, timeout: float, nonblocking: bool, native: bool) -> dict:
+    """One dump with the main thread's wake counters read just before and just after it."""
+    before = resources.main_thread_counters(pid)
+    d = sampler.dump(binary, pid, timeout, nonblocking, native)
+    after = resources.main_thread_counters(pid)
+    if before is not None and after is not None:
+        d["main_before"], d["main_after"] = before, after
+    return d
+
+
 def _round(binary: str, pids: list[int], timeout: float, nonblocking: bool, native: bool) -> dict:
     with ThreadPoolExecutor(max_workers=max(1, min(8, len(pids)))) as ex:
-        futs = {p: ex.submit(sampler.dump, binary, p, timeout, nonblocking, native) for p in pids}
+        futs = {p: ex.submit(_dump, binary, p, timeout, nonblocking, native) for p in pids}
         return {p: f.result() for p, f in futs.items()}
 
 

@@ -11,6 +11,9 @@ showed the same stack in every one of at least ``MIN_SAMPLES`` samples over the 
   changes) and was never seen in a collective: the job is slow, not hung, and that rank is the one
   every step waits for. (A rank seen in a collective too takes turns waiting with the others: a
   balanced job sampled when one rank happened to wait every time is not a straggler.)
+- ``rank-spinning``: the same picture, but the waiting ranks' main threads did not run once
+  between the dumps (blocked for good: no step ends) while the other rank burns CPU in Python:
+  a livelock (a polling loop whose condition never comes), not a slow step.
 - ``collective-mismatch`` (declared there too): every rank stuck in a collective, but not the same
   one (op, or the same op at different lines).
 - ``dataloader-worker-stuck``: a rank stuck in ``DataLoader.__next__`` whose worker is dead
@@ -23,7 +26,7 @@ showed the same stack in every one of at least ``MIN_SAMPLES`` samples over the 
 
 from __future__ import annotations
 
-from torchdoctor.attach.views import (MIN_SAMPLES, ProcView, describe, groups, last_main_frames, ranks_text,
+from torchdoctor.attach.views import (MIN_QUIET_S, MIN_SAMPLES, ProcView, describe, groups, last_main_frames, ranks_text,
                                       sync_call, views)
 from torchdoctor.catalog import declare
 from torchdoctor.findings import Finding, finding
@@ -38,6 +41,10 @@ RANK_WAITED_FOR = declare(
     "rank-waited-for", DISTRIBUTED, "warning",
     "a running job's ranks wait in a collective for a rank that is still working: slow, not stuck",
     thresholds={"MIN_SAMPLES": MIN_SAMPLES, "SLOW_MAX_COLLECTIVE_SHARE": SLOW_MAX_COLLECTIVE_SHARE})
+RANK_SPINNING = declare(
+    "rank-spinning", DISTRIBUTED, "error",
+    "a rank runs Python without end while the others wait in a collective that never completes",
+    thresholds={"MIN_SAMPLES": MIN_SAMPLES, "MIN_QUIET_S": MIN_QUIET_S})
 DATALOADER_WORKER_STUCK = declare(
     "dataloader-worker-stuck", PERFORMANCE, "error",
     "a rank waits for its next batch while a DataLoader worker is dead or stuck at one line",
@@ -70,7 +77,7 @@ def _where(v: ProcView) -> str:
     p = v.place
     state = ("ended" if v.gone else "stuck" if v.stuck else "moving")
     at = f"{p.op} at {p.file}:{p.line}" if p.file else p.op or p.kind
-    return f"{at} ({state}: {v.distinct} distinct stacks in {v.samples} samples, pid {v.pid})"
+    return f"{at} ({state}: {v.distinct} distinct stacks in {v.samples} samples, pid {v.pid}){_wakes(v)}"
 
 
 def _fr_evidence(ev: dict) -> dict:
@@ -82,6 +89,41 @@ def _fr_evidence(ev: dict) -> dict:
                                 for r, d in (fr.get("ranks") or {}).items()}}
 
 
+def _spinning(ev: dict, vs: list[ProcView], waiting: list[ProcView],
+              busy: list[ProcView]) -> list[Finding]:
+    """The waiting ranks are stuck in a collective and their main threads never ran between the
+    dumps; the busy ranks moved through Python and were never seen in a collective."""
+    if not all(v.stuck and v.asleep for v in waiting) or any(v.collective_share > 0 for v in busy):
+        return []
+    quiet = min(v.quiet_s for v in waiting)
+    parts = [describe(p, m) + f", {'its' if len(m) == 1 else 'their'} main thread"
+             f"{'' if len(m) == 1 else 's'} not woken once in {quiet:.1f} s between samples"
+             for p, m in groups(waiting)]
+    for p, m in groups(busy):
+        cpu = "; ".join(f"{v.label} used {v.cpu_s:.1f} s of CPU in {v.window_s:.1f} s" for v in m
+                        if v.cpu_s is not None)
+        parts.append(describe(p, m) + ", never in a collective" + (f" ({cpu})" if cpu else ""))
+    who = ranks_text(busy)
+    return [finding("rank-spinning",
+                    f"{who} spin{'s' if len(busy) == 1 else ''} in Python while the others wait: "
+                    + "; ".join(parts),
+                    {**{v.label: _where(v) for v in vs}, **_fr_evidence(ev)},
+                    fix=f"{who} loops without reaching the collective the others wait in: a polling "
+                        "loop whose condition never comes true (a flag only another rank sets, a "
+                        "file that never appears, a retry without a bound), or a loop whose exit "
+                        "depends on the rank. Read the loop at the line named; a bound on the "
+                        "loop and a timeout on init_process_group turn the livelock into an error. "
+                        f"(One step of {who} longer than this window reads the same: attach again "
+                        "with a longer --duration; a livelock still shows.)")]
+
+
+def _wakes(v: ProcView) -> str:
+    if v.main_wakes is None:
+        return ""
+    cpu = f", {v.cpu_s:.2f} s CPU" if v.cpu_s is not None else ""
+    return f"; main thread switched {v.main_wakes} times in {v.quiet_s:.1f} s between samples{cpu}"
+
+
 def _slow(ev: dict, vs: list[ProcView], slow: list[ProcView]) -> list[Finding]:
     """Every other rank was inside a collective in every sample (the same one or not: each step
     it waits again) while the slow ranks moved and were never seen in one."""
@@ -91,6 +133,9 @@ def _slow(ev: dict, vs: list[ProcView], slow: list[ProcView]) -> list[Finding]:
     if not waiting or any(v.kinds_seen != frozenset({"collective"}) or v.samples < MIN_SAMPLES
                           for v in waiting):
         return []
+    spinning = _spinning(ev, vs, waiting, slow)
+    if spinning:
+        return spinning
     n = min(v.samples for v in waiting)
     parts = [f"{ranks_text(m)} wait{'s' if len(m) == 1 else ''} in a collective in all {n} samples "
              f"({p.op} at {p.at} at the last)" for p, m in groups(waiting)]
@@ -104,7 +149,7 @@ def _slow(ev: dict, vs: list[ProcView], slow: list[ProcView]) -> list[Finding]:
                         "every step.")]
 
 
-@rule("attach-collective-hang", probes={"attach"}, raises=[COLLECTIVE_HANG, RANK_WAITED_FOR])
+@rule("attach-collective-hang", probes={"attach"}, raises=[COLLECTIVE_HANG, RANK_WAITED_FOR, RANK_SPINNING])
 def rank_waited_for(ev: dict) -> list[Finding]:
     vs = _ranked(ev)
     others = [v for v in vs if v.place.kind != "collective" or v.gone]
