@@ -287,3 +287,48 @@ def test_flight_recorder_is_triggered_through_the_ranks_pipe_and_its_dump_read(t
     assert got["last_completed"]["seq"] == 7 and got["first_pending"]["op"] == "nccl:broadcast", got
     # a rank without its pipe: an error line, never a hang
     assert "could not trigger" in flight.trigger_and_read({**env}, 0)["error"]
+
+
+GIL_RAW = """thread (700): MainThread;<module> (train.py:51);main (train.py:44);SGD.step (torch/optim/sgd.py:127) 4
+thread (1144): stats;Thread._bootstrap (threading.py:1002);Thread.run (threading.py:982);stats_thread (train.py:25);summarise (train.py:19) 122
+thread (1144): stats;Thread._bootstrap (threading.py:1002);Thread.run (threading.py:982);stats_thread (train.py:25);summarise (train.py:18) 7
+thread (0x7f3a);Thread._bootstrap (threading.py:1002);poll (mon.py:3) 2
+not a py-spy line
+"""
+
+
+def test_gil_record_lines_are_counted_per_thread():
+    from torchdoctor.attach.sampler import parse_gil_raw
+
+    threads = parse_gil_raw(GIL_RAW)
+    assert [(t["tid"], t["name"], t["samples"], t["top"]) for t in threads] == [
+        (1144, "stats", 129, "summarise at train.py:19"), (700, "MainThread", 4, "SGD.step at torch/optim/sgd.py:127"),
+        (0x7F3A, "", 2, "poll at mon.py:3")]
+
+
+def _gil_proc(held_by_stats, main_stacks=None):
+    from torchdoctor.attach.sampler import parse_gil_raw
+
+    p = proc(700, None, main_stacks or [code(44 + i % 2, "main") for i in range(5)], role="process")
+    raw = GIL_RAW.replace(" 122\n", f" {held_by_stats}\n").replace(" 7\n", " 0\n")
+    p["gil"] = {"rate_hz": 50, "seconds": 3, "threads": parse_gil_raw(raw)}
+    return p
+
+
+def test_a_thread_holding_the_gil_most_of_the_window_is_named():
+    rep = build_report(ev(_gil_proc(122)), "t")
+    assert [f.code for f in rep.findings] == ["gil-held-by-thread"]
+    f = rep.findings[0]
+    assert f.title == ("pid 700: thread 'stats' (tid 1144) held the GIL in 81% of 150 samples over 3 s, "
+                       "mostly in summarise at train.py:19; the main thread held it in 3%"), f.title
+    assert f.severity == "warning" and f.evidence["gil_samples"] == 122
+    # under half of the samples (a monitor thread doing some work): nothing
+    assert codes(ev(_gil_proc(74))) == []
+    # the main thread only joins that thread: it is the training thread, by design
+    join = [[fr("/usr/lib/python3.11/threading.py", 1119, "Thread._wait_for_tstate_lock"),
+             fr("/usr/lib/python3.11/threading.py", 1099, "Thread.join"), *code(44, "main")]] * 5
+    assert codes(ev(_gil_proc(122, join))) == []
+    # no record (py-spy record failed): not judged, never a finding
+    p = _gil_proc(122)
+    p["gil"] = {"error": "py-spy record exited 1 without output"}
+    assert codes(ev(p)) == []

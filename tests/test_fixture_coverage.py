@@ -38,6 +38,7 @@ NO_SICK_FIXTURE = {
     # `attach` on a running job (a PID, not a script a fixture header can run)
     "rank-waited-for": "attach, a rank still moving while the others wait: tests/test_attach_rules.py",
     "rank-spinning": "attach on a real job, tests/fixtures/attach/spin_rank.py: tests/test_attach.py",
+    "gil-held-by-thread": "attach on a real process, tests/fixtures/attach/gil_thread.py: tests/test_attach.py",
     "dataloader-worker-stuck": "attach, a stuck worker under a waiting rank: tests/test_attach_rules.py",
     "live-memory-growth": "attach, RSS rising over the window: tests/test_attach_rules.py",
     "host-sync-stall": "attach on GPUs (NVML idle): tests/test_attach_rules.py, synthetic",

@@ -8,6 +8,8 @@ rank's own pipe. No signal is sent to any target. The evidence is a plain dict
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +21,7 @@ from torchdoctor.errors import DoctorError
 STACK_SAMPLES = 5  # stack rounds over the window (first and last at its ends)
 RESOURCE_INTERVAL_S = 1.0  # RSS / NVML sampling period (one point per second for the trend)
 DUMP_TIMEOUT_S = 10.0  # one py-spy dump
+GIL_SLACK_S = 10.0  # a GIL record may end this long after its seconds (py-spy start-up on a busy box)
 
 
 def _dump(binary: str, pid: int, timeout: float, nonblocking: bool, native: bool) -> dict:
@@ -93,6 +96,8 @@ def collect(targets: list[Target], duration: float, timeout: float, *, nonblocki
     loop = _ResourceLoop(pids, gpus)
     loop.start()
     rounds = [first]
+    folder = tempfile.mkdtemp(prefix="torchdoctor-attach-")
+    gil = {t.pid: sampler.GilRecord(binary, t.pid, duration, folder) for t in targets}
     try:
         for i in range(1, STACK_SAMPLES):
             due = start + duration * i / (STACK_SAMPLES - 1)
@@ -105,6 +110,9 @@ def collect(targets: list[Target], duration: float, timeout: float, *, nonblocki
     finally:
         loop.stop.set()
         loop.join(timeout=5)
+        for pid, rec in gil.items():  # each record ends by itself after its whole seconds
+            procs[pid]["gil"] = rec.finish(max(0.5, min(left(), rec.seconds + GIL_SLACK_S)))
+        shutil.rmtree(folder, ignore_errors=True)
     for r in rounds:
         for p, d in r.items():
             procs[p]["samples"].append(d)

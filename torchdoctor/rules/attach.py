@@ -20,14 +20,17 @@ showed the same stack in every one of at least ``MIN_SAMPLES`` samples over the 
   (zombie, ended) or stuck at one line.
 - ``host-sync-stall``: every rank stuck in a host sync (``.item()``, ``synchronize``) while NVML
   shows its GPUs idle: the device waits for something that does not come.
+- ``gil-held-by-thread``: a thread other than the main (training) thread held the GIL in at least
+  ``GIL_MIN_SHARE`` of the GIL samples of the window (py-spy ``record --gil``): the training thread
+  waits for the interpreter between its torch calls.
 - ``live-memory-growth``: a process's RSS grows over the window (the growth judgment of
   ``memory``, :mod:`torchdoctor.memory.growth`, with seconds for steps).
 """
 
 from __future__ import annotations
 
-from torchdoctor.attach.views import (MIN_QUIET_S, MIN_SAMPLES, ProcView, describe, groups, last_main_frames, ranks_text,
-                                      sync_call, views)
+from torchdoctor.attach.views import (MIN_QUIET_S, MIN_SAMPLES, ProcView, describe, groups, last_main_frames,
+                                      main_thread, ranks_text, sync_call, views)
 from torchdoctor.catalog import declare
 from torchdoctor.findings import Finding, finding
 from torchdoctor.judge import NotApplicable, rule
@@ -54,6 +57,12 @@ LIVE_MEMORY_GROWTH = declare(
     "a running process's resident memory (RSS) grows steadily over the attach window",
     thresholds={"NOISY_MIN_SLOPE": growth.NOISY_MIN_SLOPE, "GROWTH_MIN_RISE": growth.GROWTH_MIN_RISE,
                 "GROWTH_MIN_CONSISTENCY": growth.GROWTH_MIN_CONSISTENCY})
+
+GIL_MIN_SHARE = 0.5  # share of the window's GIL samples a non-main thread held it in
+GIL_HELD = declare(
+    "gil-held-by-thread", PERFORMANCE, "warning",
+    "a thread other than the training thread holds the GIL most of the time in a running process",
+    thresholds={"GIL_MIN_SHARE": GIL_MIN_SHARE})
 
 IDLE_UTIL = 10  # percent: a GPU at or under this utilisation over the whole window is idle
 HOST_SYNC_STALL = declare(
@@ -318,3 +327,62 @@ def host_sync_stall(ev: dict) -> list[Finding]:
             "(a rank on another node: attach there too), a stream waiting on an event never recorded, "
             "or a hung device (nvidia-smi, dmesg for Xid errors). `--native` shows the CUDA call; "
             "NCCL_DEBUG=INFO and the Flight Recorder name the collective.")]
+
+
+JOIN_FRAMES = ("Thread.join", "Thread._wait_for_tstate_lock")
+
+
+def _main_only_joins(proc: dict) -> bool:
+    """The main thread waited in Thread.join in every stack sample: the work runs in another
+    thread by design (that thread is the training thread, not a bystander)."""
+    seen = 0
+    for s in proc.get("samples") or []:
+        if "threads" not in s:
+            continue
+        mt = main_thread(s["threads"], int(proc["pid"]))
+        if mt is None or not any(f["name"] in JOIN_FRAMES for f in mt["frames"]):
+            return False
+        seen += 1
+    return seen > 0
+
+
+@rule("gil-held-by-thread", probes={"attach"}, raises=[GIL_HELD])
+def gil_held_by_thread(ev: dict) -> list[Finding]:
+    out, judged = [], 0
+    for p, v in zip(ev.get("processes") or [], views(ev)):
+        gil = p.get("gil") or {}
+        if v.role == "worker" or "threads" not in gil:
+            continue
+        expected = gil["rate_hz"] * gil["seconds"]
+        if expected <= 0:
+            continue
+        judged += 1
+        if _main_only_joins(p):
+            continue
+        main = {t.get("tid") for s in p.get("samples") or [] for t in s.get("threads") or []
+                if t.get("name") == "MainThread"} | {v.pid}
+        main_held = sum(t["samples"] for t in gil["threads"] if t["tid"] in main or t["name"] == "MainThread")
+        for t in gil["threads"]:
+            if t["tid"] in main or t["name"] == "MainThread":
+                continue
+            share = t["samples"] / expected
+            if share < GIL_MIN_SHARE:
+                continue
+            name = f"thread {t['name']!r} (tid {t['tid']})" if t["name"] else f"thread tid {t['tid']}"
+            out.append(finding(
+                "gil-held-by-thread",
+                f"{v.label}: {name} held the GIL in {share:.0%} of {expected} samples over "
+                f"{gil['seconds']} s, mostly in {t['top']}; the main thread held it in "
+                f"{main_held / expected:.0%}",
+                {"pid": v.pid, "rank": v.rank, "thread": t["name"], "tid": t["tid"],
+                 "gil_samples": t["samples"], "expected_samples": expected,
+                 "rate_hz": gil["rate_hz"], "seconds": gil["seconds"], "where": t["top"],
+                 "where_samples": t["top_samples"], "main_thread_gil_samples": main_held,
+                 "main_thread": _where(v)},
+                fix="Python runs one thread at a time: while that thread holds the GIL the training "
+                    "loop waits between its torch calls. Move its work to a process "
+                    "(multiprocessing, a DataLoader worker), make it sleep between rounds, or do it "
+                    "in fewer, larger vectorised calls that release the GIL (torch, numpy)."))
+    if not judged:
+        raise NotApplicable("no GIL samples (py-spy record did not run)")
+    return out
