@@ -179,6 +179,16 @@ def test_rss_growth_over_the_window_uses_the_growth_judgment():
     assert not [f for f in build_report(flat, "t").findings if f.code == "live-memory-growth"]
 
 
+def test_rss_growth_is_judged_on_the_default_windows_ten_points():
+    """Regression: the default --duration 10 gives 10 one-second RSS points; the memory fit's
+    default warm-up cut (3 points) left 7, under its minimum of 8, so nothing was ever judged."""
+    base = ev(proc(10, None, [code(1)] * 5, role="process"))
+    series = [{"t": 100.0 + i, "procs": {"10": {"rss": 300 * 2**20 + i * 4 * 2**20}}} for i in range(10)]
+    base["resources"] = {"series": series, "host_available": 16 * 2**30}
+    got = [f for f in build_report(base, "t").findings if f.code == "live-memory-growth"]
+    assert len(got) == 1 and "grows 4.0 MiB/s" in got[0].title, got
+
+
 def test_py_spy_output_and_errors_are_parsed():
     out = parse_dump('[{"pid": 5, "thread_id": 1, "thread_name": "MainThread", "os_thread_id": 5, '
                      '"active": true, "owns_gil": true, "frames": [{"name": "f", "filename": "/a.py", '

@@ -40,7 +40,7 @@ NO_SICK_FIXTURE = {
     "rank-spinning": "attach on a real job, tests/fixtures/attach/spin_rank.py: tests/test_attach.py",
     "gil-held-by-thread": "attach on a real process, tests/fixtures/attach/gil_thread.py: tests/test_attach.py",
     "dataloader-worker-stuck": "attach, a stuck worker under a waiting rank: tests/test_attach_rules.py",
-    "live-memory-growth": "attach, RSS rising over the window: tests/test_attach_rules.py",
+    "live-memory-growth": "attach on a real process, tests/fixtures/attach/leak_steps.py: tests/test_attach.py",
     "host-sync-stall": "attach on GPUs (NVML idle): tests/test_attach_rules.py, synthetic",
     # a bug of torchdoctor itself, by construction not raised by any healthy code path
     "internal-error": "a crashing rule (planted by tests): tests/test_profile_rules.py, test_env.py, test_checkpoint_hostile.py",
