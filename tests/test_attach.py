@@ -258,6 +258,45 @@ def test_a_process_keeping_every_batch_is_named_and_its_bounded_twin_is_not(pysp
         kill_tree(healthy)
 
 
+@pytest.mark.gpu
+def test_a_host_waiting_in_item_on_an_idle_gpu_is_a_stall_and_a_busy_twin_is_not(pyspy):
+    """host_sync_stall.py (CUDA): SICK=1 blocks its stream with a host function, so loss.item()
+    waits forever on an idle GPU: host-sync-stall names the line. Unset, the same loop keeps the GPU
+    busy (its main thread is at the same .item() line in most samples): nothing, exit 0."""
+    src = "host_sync_stall.py"
+    sick = start_plain(src, {"SICK": "1"})
+    try:
+        assert sick.stdout.readline().strip() == "training"
+        assert sick.stdout.readline().strip() == "stalling"
+        time.sleep(2)  # the queued kernels drain up to the host function
+        code, rep, err = attach(str(sick.pid), "--duration", "5")
+        assert rep is not None, err
+        att = rep["metrics"]["attach"]
+        assert att["nvml"], att["nvml_reason"]
+        proc = att["processes"][0]
+        if "gpu_util_max" not in proc:
+            pytest.skip(f"NVML does not list PID {sick.pid} among the GPU's processes (a PID "
+                        f"namespace of a container): {proc}")
+        found = [f for f in rep["findings"] if f["code"] == "host-sync-stall"]
+        line = line_of(src, "loss = y.square().mean().item()")
+        assert code == 1 and len(found) == 1, (rep["findings"], att["where"], proc)
+        assert f"waits for the GPU in item() at {src}:{line}" in found[0]["title"], found[0]["title"]
+        assert proc["gpu_util_max"] <= 10, proc
+        assert sick.poll() is None
+    finally:
+        kill_tree(sick)
+    healthy = start_plain(src, {"RUN_S": "40"})
+    try:
+        assert healthy.stdout.readline().strip() == "training"
+        code, rep, err = attach(str(healthy.pid), "--duration", "5")
+        assert rep is not None, err
+        assert code == 0 and [f for f in rep["findings"] if f["severity"] != "info"] == [], rep["findings"]
+        out, _ = healthy.communicate(timeout=300)
+        assert healthy.returncode == 0 and out.startswith("done "), out
+    finally:
+        kill_tree(healthy)
+
+
 @pytest.mark.slow
 def test_a_dataloader_worker_blocked_forever_is_named(pyspy):
     p = subprocess.Popen([sys.executable, str(FIXTURES / "stuck_worker.py")], stdout=subprocess.PIPE,

@@ -41,7 +41,7 @@ NO_SICK_FIXTURE = {
     "gil-held-by-thread": "attach on a real process, tests/fixtures/attach/gil_thread.py: tests/test_attach.py",
     "dataloader-worker-stuck": "attach, a stuck worker under a waiting rank: tests/test_attach_rules.py",
     "live-memory-growth": "attach on a real process, tests/fixtures/attach/leak_steps.py: tests/test_attach.py",
-    "host-sync-stall": "attach on GPUs (NVML idle): tests/test_attach_rules.py, synthetic",
+    "host-sync-stall": "attach on a GPU process, tests/fixtures/attach/host_sync_stall.py (gpu): tests/test_attach.py",
     # a bug of torchdoctor itself, by construction not raised by any healthy code path
     "internal-error": "a crashing rule (planted by tests): tests/test_profile_rules.py, test_env.py, test_checkpoint_hostile.py",
 }
