@@ -299,6 +299,98 @@ def test_flight_recorder_is_triggered_through_the_ranks_pipe_and_its_dump_read(t
     assert "could not trigger" in flight.trigger_and_read({**env}, 0)["error"]
 
 
+def test_a_dump_written_by_torchs_own_pickler_is_read():
+    """The trace is written by torch's TorchScript pickler: int lists come wrapped in
+    torch.jit._pickle.build_intlist and typed dicts in restore_type_tag (the bytes below are that
+    pickler's, taken from torch's own archive writer); those map to plain values, anything else is
+    refused."""
+    import io
+    import zipfile
+
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    if not hasattr(torch._C, "_pickle_save"):
+        pytest.skip("this torch has no _pickle_save")
+    archive = zipfile.ZipFile(io.BytesIO(bytes(torch._C._pickle_save({"input_sizes": [[2, 3]]}))))
+    raw = archive.read(next(n for n in archive.namelist() if n.endswith("data.pkl")))
+    assert b"build_intlist" in raw and b"restore_type_tag" in raw
+    assert flight.load_dump(raw) == {"input_sizes": [[2, 3]]}
+
+
+def test_recorder_summary_is_per_process_group_and_its_dump_is_found_where_the_version_writes_it(tmp_path):
+    import os
+    import pickle
+    import threading
+    import time
+
+    e = lambda seq, state, pg="0", op="nccl:all_reduce", **kw: {  # noqa: E731
+        "collective_seq_id": seq, "profiling_name": op, "state": state,
+        "process_group": (pg, "default_pg" if pg == "0" else "tp"), **kw}
+    dump = {"version": "2.10", "entries": [e(5, "completed"), e(6, "scheduled"), e(90, "completed", "1"),
+                                           e(0, "scheduled", op="nccl:send", is_p2p=True)]}
+    s = flight.summarise(dump)
+    assert (s["pg"], s["last_completed"]["seq"], s["first_pending"]["seq"]) == ("0", 5, 6)
+    assert s["pgs"]["1"]["last_completed"]["seq"] == 90 and s["entries"] == 3
+    # no dump variable in the rank's environment: the 2.13 default under its cache folder is watched
+    env = {"TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(tmp_path / "fr_"), "HOME": str(tmp_path / "home"),
+           "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    cands = flight.dump_candidates(env, 1)
+    assert cands == [str(tmp_path / "cache" / "torch" / "comm_lib_trace_rank_1"),
+                     str(tmp_path / "home" / ".cache" / "torch" / "nccl_trace_rank_1"), "/tmp/nccl_trace_rank_1"]
+    assert flight.dump_candidates({**env, "TORCH_FR_DUMP_TEMP_FILE": "/d/t_"}, 1) == ["/d/t_1"]
+    assert not flight.enabled(env, 1)  # buffer size unset and no pipe: the rank made none
+    os.mkfifo(f"{env['TORCH_NCCL_DEBUG_INFO_PIPE_FILE']}1.pipe")
+    assert flight.enabled(env, 1) and not flight.enabled({**env, "TORCH_FR_BUFFER_SIZE": "0"}, 1)
+    fd = os.open(f"{env['TORCH_NCCL_DEBUG_INFO_PIPE_FILE']}1.pipe", os.O_RDONLY | os.O_NONBLOCK)
+
+    def rank_side():
+        for _ in range(200):
+            try:
+                if os.read(fd, 128):
+                    os.makedirs(os.path.dirname(cands[0]), exist_ok=True)
+                    with open(cands[0], "wb") as f:
+                        pickle.dump(dump, f)
+                    return
+            except BlockingIOError:
+                pass
+            time.sleep(0.02)
+
+    t = threading.Thread(target=rank_side)
+    t.start()
+    got = flight.trigger_and_read(env, 1)
+    t.join()
+    os.close(fd)
+    assert got["file"] == cands[0] and got["first_pending"]["seq"] == 6, got
+
+
+def test_the_recorder_names_a_collective_one_rank_never_called():
+    """NCCL: the waiting rank's all_reduce returned at once, its stack is at the next sync; the
+    other rank sits elsewhere. Only the recorder's sequence numbers name the hang."""
+    sync = [fr(f"{TORCH}/cuda/__init__.py", 1083, "synchronize"), *code(33, "main")]
+    sleep = code(40, "main")
+    ranks = {"0": {"last_completed": {"seq": 5, "op": "nccl:all_reduce", "state": "completed", "pg": ["0", "default_pg"]},
+                   "first_pending": {"seq": 6, "op": "nccl:all_reduce", "state": "scheduled", "pg": ["0", "default_pg"],
+                                     "input_sizes": [[1024]]}},
+             "1": {"last_completed": {"seq": 5, "op": "nccl:all_reduce", "state": "completed", "pg": ["0", "default_pg"]},
+                   "first_pending": None}}
+    e = ev(proc(10, 0, [sync] * 5), proc(11, 1, [sleep] * 5), fr_state={"state": "read", "ranks": ranks})
+    rep = build_report(e, "t")
+    assert codes(e) == ["collective-hang@error"]
+    title = rep.findings[0].title
+    assert title.startswith("rank 0 waits in nccl:all_reduce seq 6 (Flight Recorder: scheduled, input sizes "
+                            "[[1024]]); rank 1 never called seq 6: its last collective is seq 5"), title
+    assert "rank 0 runs main at train.py:33" in title and "rank 1 runs main at train.py:40" in title, title
+    # the same snapshot of a job that moves: collectives in flight, no hang
+    moving = [code(30 + i, "main") for i in range(5)]
+    assert codes(ev(proc(10, 0, moving), proc(11, 1, [sleep] * 5),
+                    fr_state={"state": "read", "ranks": ranks})) == []
+    # every rank has seq 6 pending: nobody skipped it (not this finding)
+    both = {r: {**d, "first_pending": ranks["0"]["first_pending"]} for r, d in ranks.items()}
+    assert codes(ev(proc(10, 0, [sync] * 5), proc(11, 1, [sync] * 5),
+                    fr_state={"state": "read", "ranks": both})) == []
+
+
 GIL_RAW = """thread (700): MainThread;<module> (train.py:51);main (train.py:44);SGD.step (torch/optim/sgd.py:127) 4
 thread (1144): stats;Thread._bootstrap (threading.py:1002);Thread.run (threading.py:982);stats_thread (train.py:25);summarise (train.py:19) 122
 thread (1144): stats;Thread._bootstrap (threading.py:1002);Thread.run (threading.py:982);stats_thread (train.py:25);summarise (train.py:18) 7

@@ -161,12 +161,12 @@ def _flight(targets: list[Target], wanted: bool, left) -> dict:
         return {"state": "off", "reason": "--no-flight-recorder"}
     if not ranked:
         return {"state": "not-applicable", "reason": "no rank among the targets"}
-    if not all(flight.enabled(t.env) for t in ranked):
+    if not all(flight.enabled(t.env, t.rank) for t in ranked):
         return {"state": "not-enabled", "how": flight.HOW_TO_ENABLE}
     per_rank = {}
     for t in ranked:
         if left() <= 0.5:
             per_rank[str(t.rank)] = {"error": "--timeout reached before the dump"}
             continue
-        per_rank[str(t.rank)] = flight.trigger_and_read(t.env, t.rank)
+        per_rank[str(t.rank)] = flight.trigger_and_read(t.env, t.rank, min(flight.WAIT_S, left()))
     return {"state": "read", "ranks": per_rank}

@@ -158,9 +158,63 @@ def _slow(ev: dict, vs: list[ProcView], slow: list[ProcView]) -> list[Finding]:
                         "every step.")]
 
 
+def _fr_hang(ev: dict, vs: list[ProcView]) -> list[Finding]:
+    """Every rank stuck, and the Flight Recorder shows ranks with collective N pending while other
+    ranks of the same group completed only up to N-1 and have nothing pending at N: they never
+    called it. (On NCCL a collective returns at once, so the waiting rank's Python stack is past it,
+    at its next sync: only the recorder names the collective.)"""
+    fr = ev.get("flight_recorder") or {}
+    ranks = fr.get("ranks") or {}
+    if fr.get("state") != "read" or len(ranks) < 2 or any("error" in d for d in ranks.values()):
+        return []
+    if not vs or not all(v.stuck for v in vs):
+        return []  # a job that moves has collectives in flight: a snapshot of them is no hang
+    pending = {r: d["first_pending"] for r, d in ranks.items()
+               if d.get("first_pending") and isinstance(d["first_pending"].get("seq"), int)}
+    if not pending:
+        return []
+    n = min(p["seq"] for p in pending.values())
+    first = next(p for p in pending.values() if p["seq"] == n)
+    waiting = sorted((r for r, p in pending.items() if p["seq"] == n and p.get("pg") == first.get("pg")),
+                     key=int)
+    missing = []
+    for r, d in sorted(ranks.items(), key=lambda kv: int(kv[0])):
+        if r in waiting:
+            continue
+        last = d.get("last_completed") or {}
+        if last.get("pg") not in (None, first.get("pg")):
+            continue
+        seq = last.get("seq")
+        if not isinstance(seq, int) or seq < n:
+            missing.append((r, last))
+    if not missing:
+        return []
+    by_rank = {str(v.rank): v for v in vs}
+    who_w = f"rank{'s' if len(waiting) > 1 else ''} {', '.join(waiting)}"
+    who_m = f"rank{'s' if len(missing) > 1 else ''} {', '.join(r for r, _ in missing)}"
+    parts = [f"{who_w} wait{'s' if len(waiting) == 1 else ''} in {first['op']} seq {n} "
+             f"(Flight Recorder: {first.get('state')}, input sizes {first.get('input_sizes')})"]
+    for r, last in missing:
+        done = (f"its last collective is seq {last['seq']} ({last.get('op')}, {last.get('state')})"
+                if last.get("seq") is not None else "it completed no collective")
+        parts.append(f"rank {r} never called seq {n}: {done}")
+    for p, m in groups([by_rank[r] for r in by_rank]):
+        parts.append(describe(p, m))
+    return [finding("collective-hang", "; ".join(parts),
+                    {**{v.label: _where(v) for v in vs}, **_fr_evidence(ev)},
+                    fix=f"{who_m} skipped the collective the others wait in (a rank-dependent branch, "
+                        "an early break, an uneven last batch) or is blocked before it at the line "
+                        "named. Every rank must call the same collectives in the same order; "
+                        "TORCH_DISTRIBUTED_DEBUG=DETAIL checks this at every call, and a timeout on "
+                        "init_process_group ends a hang with an error.")]
+
+
 @rule("attach-collective-hang", probes={"attach"}, raises=[COLLECTIVE_HANG, RANK_WAITED_FOR, RANK_SPINNING])
 def rank_waited_for(ev: dict) -> list[Finding]:
     vs = _ranked(ev)
+    from_recorder = _fr_hang(ev, vs)
+    if from_recorder:
+        return from_recorder
     others = [v for v in vs if v.place.kind != "collective" or v.gone]
     if not others:
         return []
