@@ -297,6 +297,68 @@ def test_a_host_waiting_in_item_on_an_idle_gpu_is_a_stall_and_a_busy_twin_is_not
         kill_tree(healthy)
 
 
+@pytest.mark.multigpu
+def test_a_two_gpu_nccl_job_hung_in_a_collective_is_named_from_the_flight_recorder(pyspy, tmp_path):
+    """nccl_hang.py on 2 GPUs, started plainly with the Flight Recorder's pipe: rank 1 skips an
+    all_reduce, rank 0 waits for it in synchronize(). attach reads both ranks' recorder through their
+    pipes (rank 0: the all_reduce pending one past rank 1's last), names the hang, and NVML shows
+    rank 1's GPU idle. The job is then ended by the test, every rank by its PID. With OUT set, the
+    report is kept as $OUT/attach_nccl_hang.json (rank 0's GPU utilisation is recorded there, not
+    asserted: a waiting NCCL kernel may spin)."""
+    import psutil
+
+    src = "nccl_hang.py"
+    trace = str(tmp_path / "trace_rank_")
+    env = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_FR_BUFFER_SIZE": "2000",
+           "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(tmp_path / "fr_"),
+           "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": trace, "TORCH_FR_DUMP_TEMP_FILE": trace,
+           "STOP_FILE": str(tmp_path / "stop"), "TIMEOUT_S": "600"}
+    job = Job(src, env)
+    pids: list[int] = []
+    try:
+        job.wait_for("rank 0 hung", "rank 1 hung")
+        time.sleep(3)  # rank 0 reaches synchronize(); the watchdogs see the warm steps completed
+        code, rep, err = attach("--job", str(job.proc.pid), "--duration", "5")
+        if rep is not None and os.environ.get("OUT"):
+            Path(os.environ["OUT"], "attach_nccl_hang.json").write_text(json.dumps(rep, indent=1))
+        assert rep is not None, (code, err, job.lines[-20:])
+        att = rep["metrics"]["attach"]
+        pids = [p["pid"] for p in att["processes"] if p["role"] == "rank"]
+        assert job.proc.poll() is None, "the attach must leave the job running"
+        fr = att["flight_recorder"]
+        assert fr["state"] == "read", (fr, sorted(os.listdir(tmp_path)))
+        r0, r1 = fr["ranks"]["0"], fr["ranks"]["1"]
+        assert "error" not in r0 and "error" not in r1, (fr, sorted(os.listdir(tmp_path)))
+        assert r0["first_pending"] and "all_reduce" in r0["first_pending"]["op"], r0
+        assert r1["first_pending"] is None and r1["last_completed"], r1
+        assert r0["first_pending"]["seq"] == r1["last_completed"]["seq"] + 1, fr
+        assert r0["last_completed"]["seq"] == r1["last_completed"]["seq"], fr
+        found = {f["code"]: f for f in rep["findings"]}
+        assert code == 1 and "collective-hang" in found, (rep["findings"], att["where"])
+        title = found["collective-hang"]["title"]
+        seq = r0["first_pending"]["seq"]
+        assert title.startswith(f"rank 0 waits in {r0['first_pending']['op']} seq {seq} "), title
+        assert f"rank 1 never called seq {seq}" in title, title
+        assert f"rank 1 runs main at {src}:{line_of(src, 'time.sleep(0.1)')}" in title, title
+        assert att["nvml"], att["nvml_reason"]
+        procs = {p["rank"]: p for p in att["processes"] if p["role"] == "rank"}
+        if "gpu_util_max" not in procs[1]:
+            pytest.skip(f"NVML does not list the ranks' PIDs (a container's PID namespace): {procs}")
+        assert procs[1]["gpu_util_max"] <= 10, procs[1]  # rank 1 launched nothing: its GPU idles
+        assert "gpu_util_max" in procs[0], procs[0]
+    finally:
+        job.kill()
+
+        def running(pid: int) -> bool:
+            try:
+                return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return False
+
+        left = [p for p in pids if running(p)]
+        assert not left, f"ranks still running after the test ended the job: {left}"
+
+
 @pytest.mark.slow
 def test_a_dataloader_worker_blocked_forever_is_named(pyspy):
     p = subprocess.Popen([sys.executable, str(FIXTURES / "stuck_worker.py")], stdout=subprocess.PIPE,
