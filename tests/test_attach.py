@@ -376,6 +376,23 @@ def test_a_dataloader_worker_blocked_forever_is_named(pyspy):
         kill_tree(p)
 
 
+def test_an_interrupted_attach_ends_its_gil_record_at_once(pyspy, tmp_path):
+    from torchdoctor.attach.sampler import GilRecord
+
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        time.sleep(0.5)
+        rec = GilRecord(pyspy, p.pid, 60, str(tmp_path))
+        time.sleep(1)
+        t0 = time.monotonic()
+        rec.stop()
+        assert time.monotonic() - t0 < 5 and rec.proc.poll() is not None
+        assert p.poll() is None  # the target is untouched
+    finally:
+        p.kill()
+        p.wait()
+
+
 def test_bad_targets_are_exit_2_with_one_line(pyspy):
     plain = subprocess.Popen(["sleep", "60"])  # a process, but not a torchrun launcher nor Python
     try:

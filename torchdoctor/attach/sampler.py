@@ -138,6 +138,12 @@ class GilRecord:
         except OSError as e:
             self.error = f"py-spy could not start: {e}"
 
+    def stop(self) -> None:
+        """End the record now (our own child, by its handle): the attach was interrupted."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+
     def finish(self, timeout: float) -> dict:
         """{"rate_hz", "seconds", "threads": [{"tid", "name", "samples", "top", "top_samples"}]}
         or {"error": ...}; the record is ended (by its PID: our own child) if it overruns."""

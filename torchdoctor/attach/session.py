@@ -98,6 +98,7 @@ def collect(targets: list[Target], duration: float, timeout: float, *, nonblocki
     rounds = [first]
     folder = tempfile.mkdtemp(prefix="torchdoctor-attach-")
     gil = {t.pid: sampler.GilRecord(binary, t.pid, duration, folder) for t in targets}
+    completed = False
     try:
         for i in range(1, STACK_SAMPLES):
             due = start + duration * i / (STACK_SAMPLES - 1)
@@ -107,11 +108,15 @@ def collect(targets: list[Target], duration: float, timeout: float, *, nonblocki
             if due > now:
                 time.sleep(min(due, deadline) - now)
             rounds.append(_round(binary, pids, min(DUMP_TIMEOUT_S, left()), nonblocking, native))
+        completed = True
     finally:
         loop.stop.set()
         loop.join(timeout=5)
         for pid, rec in gil.items():  # each record ends by itself after its whole seconds
-            procs[pid]["gil"] = rec.finish(max(0.5, min(left(), rec.seconds + GIL_SLACK_S)))
+            if completed:
+                procs[pid]["gil"] = rec.finish(max(0.5, min(left(), rec.seconds + GIL_SLACK_S)))
+            else:  # interrupted (a stop signal, an error): no waiting for the records
+                rec.stop()
         shutil.rmtree(folder, ignore_errors=True)
     for r in rounds:
         for p, d in r.items():
