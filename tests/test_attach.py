@@ -246,6 +246,7 @@ def test_a_process_keeping_every_batch_is_named_and_its_bounded_twin_is_not(pysp
     finally:
         kill_tree(sick)
     healthy = start_plain("leak_steps.py", {"STEPS": "400"})
+    unattached = start_plain("leak_steps.py", {"STEPS": "400"})  # the same run, never attached
     try:
         assert healthy.stdout.readline().strip() == "training"
         code, rep, err = attach(str(healthy.pid), "--duration", "10")
@@ -253,9 +254,12 @@ def test_a_process_keeping_every_batch_is_named_and_its_bounded_twin_is_not(pysp
         assert code == 0 and [f for f in rep["findings"] if f["severity"] != "info"] == [], rep["findings"]
         assert rep["metrics"]["attach"]["processes"][0]["rss_samples"] >= 8
         out, _ = healthy.communicate(timeout=300)
-        assert healthy.returncode == 0 and out.startswith("done "), out
+        plain, _ = unattached.communicate(timeout=300)
+        assert healthy.returncode == 0 == unattached.returncode and out.startswith("done "), out
+        assert "training\n" + out == plain, (out, plain)  # the same output as without the attach
     finally:
         kill_tree(healthy)
+        kill_tree(unattached)
 
 
 @pytest.mark.gpu
