@@ -380,6 +380,7 @@ def test_a_dataloader_worker_blocked_forever_is_named(pyspy):
         kill_tree(p)
 
 
+@pytest.mark.slow
 def test_an_interrupted_attach_ends_its_gil_record_at_once(pyspy, tmp_path):
     from torchdoctor.attach.sampler import GilRecord
 
