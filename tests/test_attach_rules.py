@@ -381,6 +381,17 @@ def test_the_recorder_names_a_collective_one_rank_never_called():
     assert title.startswith("rank 0 waits in nccl:all_reduce seq 6 (Flight Recorder: scheduled, input sizes "
                             "[[1024]]); rank 1 never called seq 6: its last collective is seq 5"), title
     assert "rank 0 runs main at train.py:33" in title and "rank 1 runs main at train.py:40" in title, title
+    # the same judgment from the summaries of dumps shaped as torch writes them (pg as a tuple)
+    def dump(n_done, pending):
+        e = [{"collective_seq_id": i, "profiling_name": "nccl:all_reduce", "state": "completed",
+              "process_group": ("0", "default_pg"), "input_sizes": [[1024]], "is_p2p": False}
+             for i in range(1, n_done + 1)]
+        if pending:
+            e.append({**e[-1], "collective_seq_id": n_done + 1, "state": "scheduled"})
+        return {"version": "2.10", "entries": e}
+    summed = {"0": flight.summarise(dump(5, True)), "1": flight.summarise(dump(5, False))}
+    e2 = ev(proc(10, 0, [sync] * 5), proc(11, 1, [sleep] * 5), fr_state={"state": "read", "ranks": summed})
+    assert build_report(e2, "t").findings[0].title == title
     # the same snapshot of a job that moves: collectives in flight, no hang
     moving = [code(30 + i, "main") for i in range(5)]
     assert codes(ev(proc(10, 0, moving), proc(11, 1, [sleep] * 5),
