@@ -145,6 +145,31 @@ def test_a_slow_rank_then_a_skipped_all_reduce_are_named_with_their_lines(pyspy,
 
 
 @pytest.mark.slow
+def test_a_rank_spinning_in_python_while_the_other_waits_is_named(pyspy):
+    """Rank 1 polls a flag nothing sets (pure Python, its stack moves between the loop's lines)
+    while rank 0 waits in the next all_reduce: rank-spinning, not a slow rank."""
+    src = "spin_rank.py"
+    job = Job(src)
+    try:
+        job.wait_for("rank 1 polling")
+        # rank 0 must stay asleep >= MIN_QUIET_S (5 s) between dumps: a shorter window cannot
+        # tell a livelock from one long step
+        code, rep, err = attach("--job", str(job.proc.pid), "--duration", "7")
+        assert rep is not None, err
+        found = {f["code"]: f for f in rep["findings"]}
+        assert code == 1 and list(found) == ["rank-spinning"], (rep["findings"], rep["metrics"]["attach"])
+        title = found["rank-spinning"]["title"]
+        assert title.startswith("rank 1 spins in Python while the others wait: rank 0 waits in "
+                                f"all_reduce at {src}:{line_of(src, 'dist.all_reduce(g)')}"), title
+        assert "its main thread not woken once in" in title and "rank 1 runs poll_ready" in title, title
+        procs = {p["rank"]: p for p in rep["metrics"]["attach"]["processes"]}
+        assert procs[0]["main_wakes"] == 0 and procs[1]["main_wakes"] > 0, procs
+        assert job.proc.poll() is None, "the attach must leave the job running"
+    finally:
+        job.kill()
+
+
+@pytest.mark.slow
 def test_a_healthy_job_raises_no_warning_and_finishes_as_it_would(pyspy):
     job = Job("healthy.py", {"STEPS": "400"})
     try:
@@ -163,6 +188,181 @@ def test_a_healthy_job_raises_no_warning_and_finishes_as_it_would(pyspy):
         job.kill()
 
 
+def start_plain(script: str, env: dict) -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, str(FIXTURES / script)], stdout=subprocess.PIPE, text=True,
+                         start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+    return p
+
+
+@pytest.mark.slow
+def test_a_thread_holding_the_gil_is_named_and_a_light_monitor_thread_is_not(pyspy):
+    """gil_thread.py: SICK=1, its statistics thread loops in pure Python (measured: it held the
+    GIL in 86% of 150 samples); unset, it summarises a little once a second (2%): no finding, and
+    the run finishes with exit 0."""
+    sick = start_plain("gil_thread.py", {"SICK": "1"})
+    try:
+        assert sick.stdout.readline().strip() == "training"
+        code, rep, err = attach(str(sick.pid), "--duration", "3")
+        assert rep is not None, err
+        found = [f for f in rep["findings"] if f["code"] == "gil-held-by-thread"]
+        line = line_of("gil_thread.py", "total += (x * i) % 7.0")
+        assert code == 0 and len(found) == 1, rep["findings"]
+        assert found[0]["title"].startswith(f"pid {sick.pid}: thread 'stats' (tid "), found[0]["title"]
+        assert "summarise at gil_thread.py:" in found[0]["title"], found[0]["title"]
+        assert found[0]["evidence"]["where"] in (f"summarise at gil_thread.py:{line}",
+                                                 f"summarise at gil_thread.py:{line - 1}")
+        assert sick.poll() is None
+    finally:
+        kill_tree(sick)
+    healthy = start_plain("gil_thread.py", {"STEPS": "2500"})
+    try:
+        assert healthy.stdout.readline().strip() == "training"
+        code, rep, err = attach(str(healthy.pid), "--duration", "3")
+        assert rep is not None, err
+        assert code == 0 and [f for f in rep["findings"] if f["severity"] != "info"] == [], rep["findings"]
+        gil = rep["metrics"]["attach"]["processes"][0]["gil"]
+        assert gil["rate_hz"] == 50 and gil["threads"], gil  # measured, not skipped
+        out, _ = healthy.communicate(timeout=300)
+        assert healthy.returncode == 0 and out.startswith("done "), out
+    finally:
+        kill_tree(healthy)
+
+
+@pytest.mark.slow
+def test_a_process_keeping_every_batch_is_named_and_its_bounded_twin_is_not(pyspy):
+    """leak_steps.py: SICK=1 keeps every step's 256 KiB batch (measured 3.8 MiB/s over the default
+    10 s window); unset, it keeps the last 8: no finding, and it finishes with exit 0."""
+    sick = start_plain("leak_steps.py", {"SICK": "1"})
+    try:
+        assert sick.stdout.readline().strip() == "training"
+        code, rep, err = attach(str(sick.pid), "--duration", "10")
+        assert rep is not None, err
+        found = [f for f in rep["findings"] if f["code"] == "live-memory-growth"]
+        assert code == 0 and len(found) == 1, (rep["findings"], rep["metrics"]["attach"]["processes"])
+        assert found[0]["title"].startswith(f"pid {sick.pid}: resident memory grows "), found[0]["title"]
+        rate = found[0]["evidence"]["bytes_per_s"] / 2**20
+        assert 1.5 < rate < 8, rate  # 256 KiB per step of 60 ms and a little more on a busy box
+        assert sick.poll() is None
+    finally:
+        kill_tree(sick)
+    healthy = start_plain("leak_steps.py", {"STEPS": "400"})
+    unattached = start_plain("leak_steps.py", {"STEPS": "400"})  # the same run, never attached
+    try:
+        assert healthy.stdout.readline().strip() == "training"
+        code, rep, err = attach(str(healthy.pid), "--duration", "10")
+        assert rep is not None, err
+        assert code == 0 and [f for f in rep["findings"] if f["severity"] != "info"] == [], rep["findings"]
+        assert rep["metrics"]["attach"]["processes"][0]["rss_samples"] >= 8
+        out, _ = healthy.communicate(timeout=300)
+        plain, _ = unattached.communicate(timeout=300)
+        assert healthy.returncode == 0 == unattached.returncode and out.startswith("done "), out
+        assert "training\n" + out == plain, (out, plain)  # the same output as without the attach
+    finally:
+        kill_tree(healthy)
+        kill_tree(unattached)
+
+
+@pytest.mark.gpu
+def test_a_host_waiting_in_item_on_an_idle_gpu_is_a_stall_and_a_busy_twin_is_not(pyspy):
+    """host_sync_stall.py (CUDA): SICK=1 blocks its stream with a host function, so loss.item()
+    waits forever on an idle GPU: host-sync-stall names the line. Unset, the same loop keeps the GPU
+    busy (its main thread is at the same .item() line in most samples): nothing, exit 0."""
+    src = "host_sync_stall.py"
+    sick = start_plain(src, {"SICK": "1"})
+    try:
+        assert sick.stdout.readline().strip() == "training"
+        assert sick.stdout.readline().strip() == "stalling"
+        time.sleep(2)  # the queued kernels drain up to the host function
+        code, rep, err = attach(str(sick.pid), "--duration", "5")
+        assert rep is not None, err
+        att = rep["metrics"]["attach"]
+        assert att["nvml"], att["nvml_reason"]
+        proc = att["processes"][0]
+        if "gpu_util_max" not in proc:
+            pytest.skip(f"NVML does not list PID {sick.pid} among the GPU's processes (a PID "
+                        f"namespace of a container): {proc}")
+        found = [f for f in rep["findings"] if f["code"] == "host-sync-stall"]
+        line = line_of(src, "loss = y.square().mean().item()")
+        assert code == 1 and len(found) == 1, (rep["findings"], att["where"], proc)
+        assert f"waits for the GPU in item() at {src}:{line}" in found[0]["title"], found[0]["title"]
+        assert proc["gpu_util_max"] <= 10, proc
+        assert sick.poll() is None
+    finally:
+        kill_tree(sick)
+    healthy = start_plain(src, {"RUN_S": "40"})
+    try:
+        assert healthy.stdout.readline().strip() == "training"
+        code, rep, err = attach(str(healthy.pid), "--duration", "5")
+        assert rep is not None, err
+        assert code == 0 and [f for f in rep["findings"] if f["severity"] != "info"] == [], rep["findings"]
+        out, _ = healthy.communicate(timeout=300)
+        assert healthy.returncode == 0 and out.startswith("done "), out
+    finally:
+        kill_tree(healthy)
+
+
+@pytest.mark.multigpu
+def test_a_two_gpu_nccl_job_hung_in_a_collective_is_named_from_the_flight_recorder(pyspy, tmp_path):
+    """nccl_hang.py on 2 GPUs, started plainly with the Flight Recorder's pipe: rank 1 skips an
+    all_reduce, rank 0 waits for it in synchronize(). attach reads both ranks' recorder through their
+    pipes (rank 0: the all_reduce pending one past rank 1's last), names the hang, and NVML shows
+    rank 1's GPU idle. The job is then ended by the test, every rank by its PID. With OUT set, the
+    report is kept as $OUT/attach_nccl_hang.json (rank 0's GPU utilisation is recorded there, not
+    asserted: a waiting NCCL kernel may spin)."""
+    import psutil
+
+    src = "nccl_hang.py"
+    trace = str(tmp_path / "trace_rank_")
+    env = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_FR_BUFFER_SIZE": "2000",
+           "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(tmp_path / "fr_"),
+           "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": trace, "TORCH_FR_DUMP_TEMP_FILE": trace,
+           "STOP_FILE": str(tmp_path / "stop"), "TIMEOUT_S": "600"}
+    job = Job(src, env)
+    pids: list[int] = []
+    try:
+        job.wait_for("rank 0 hung", "rank 1 hung")
+        time.sleep(3)  # rank 0 reaches synchronize(); the watchdogs see the warm steps completed
+        code, rep, err = attach("--job", str(job.proc.pid), "--duration", "5")
+        if rep is not None and os.environ.get("OUT"):
+            Path(os.environ["OUT"], "attach_nccl_hang.json").write_text(json.dumps(rep, indent=1))
+        assert rep is not None, (code, err, job.lines[-20:])
+        att = rep["metrics"]["attach"]
+        pids = [p["pid"] for p in att["processes"] if p["role"] == "rank"]
+        assert job.proc.poll() is None, "the attach must leave the job running"
+        fr = att["flight_recorder"]
+        assert fr["state"] == "read", (fr, sorted(os.listdir(tmp_path)))
+        r0, r1 = fr["ranks"]["0"], fr["ranks"]["1"]
+        assert "error" not in r0 and "error" not in r1, (fr, sorted(os.listdir(tmp_path)))
+        assert r0["first_pending"] and "all_reduce" in r0["first_pending"]["op"], r0
+        assert r1["first_pending"] is None and r1["last_completed"], r1
+        assert r0["first_pending"]["seq"] == r1["last_completed"]["seq"] + 1, fr
+        assert r0["last_completed"]["seq"] == r1["last_completed"]["seq"], fr
+        found = {f["code"]: f for f in rep["findings"]}
+        assert code == 1 and "collective-hang" in found, (rep["findings"], att["where"])
+        title = found["collective-hang"]["title"]
+        seq = r0["first_pending"]["seq"]
+        assert title.startswith(f"rank 0 waits in {r0['first_pending']['op']} seq {seq} "), title
+        assert f"rank 1 never called seq {seq}" in title, title
+        assert f"rank 1 runs main at {src}:{line_of(src, 'time.sleep(0.1)')}" in title, title
+        assert att["nvml"], att["nvml_reason"]
+        procs = {p["rank"]: p for p in att["processes"] if p["role"] == "rank"}
+        if "gpu_util_max" not in procs[1]:
+            pytest.skip(f"NVML does not list the ranks' PIDs (a container's PID namespace): {procs}")
+        assert procs[1]["gpu_util_max"] <= 10, procs[1]  # rank 1 launched nothing: its GPU idles
+        assert "gpu_util_max" in procs[0], procs[0]
+    finally:
+        job.kill()
+
+        def running(pid: int) -> bool:
+            try:
+                return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return False
+
+        left = [p for p in pids if running(p)]
+        assert not left, f"ranks still running after the test ended the job: {left}"
+
+
 @pytest.mark.slow
 def test_a_dataloader_worker_blocked_forever_is_named(pyspy):
     p = subprocess.Popen([sys.executable, str(FIXTURES / "stuck_worker.py")], stdout=subprocess.PIPE,
@@ -178,6 +378,24 @@ def test_a_dataloader_worker_blocked_forever_is_named(pyspy):
         assert p.poll() is None
     finally:
         kill_tree(p)
+
+
+@pytest.mark.slow
+def test_an_interrupted_attach_ends_its_gil_record_at_once(pyspy, tmp_path):
+    from torchdoctor.attach.sampler import GilRecord
+
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        time.sleep(0.5)
+        rec = GilRecord(pyspy, p.pid, 60, str(tmp_path))
+        time.sleep(1)
+        t0 = time.monotonic()
+        rec.stop()
+        assert time.monotonic() - t0 < 5 and rec.proc.poll() is not None
+        assert p.poll() is None  # the target is untouched
+    finally:
+        p.kill()
+        p.wait()
 
 
 def test_bad_targets_are_exit_2_with_one_line(pyspy):

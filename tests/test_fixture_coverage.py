@@ -28,6 +28,8 @@ NO_SICK_FIXTURE = {
     # `dist` self-test (no user script) and launch environment
     "collective-selftest-failed": "dist self-test worker failing: tests/test_dist_selftest.py",
     "allreduce-bandwidth-low": "dist self-test bandwidth on GPUs (NCCL): tests/test_dist_selftest.py",
+    "collectives-exposed": "judged on CUDA (NCCL) only: the rule on synthetic tables in "
+                           "tests/test_dist_comm.py, the NCCL FSDP2 run there with -m multigpu",
     "dist-env-inconsistent": "launch environment of the ranks: tests/test_dist_env.py",
     # multi-node jobs: two torchdoctor agents, which a fixture header (one command) cannot start
     "node-env-mismatch": "two simulated nodes, one with TORCH_DISTRIBUTED_DEBUG: tests/test_multinode_e2e.py",
@@ -37,9 +39,11 @@ NO_SICK_FIXTURE = {
     "inter-node-sockets": "NCCL transport lines of a multi-node self-test: tests/test_multinode.py",
     # `attach` on a running job (a PID, not a script a fixture header can run)
     "rank-waited-for": "attach, a rank still moving while the others wait: tests/test_attach_rules.py",
+    "rank-spinning": "attach on a real job, tests/fixtures/attach/spin_rank.py: tests/test_attach.py",
+    "gil-held-by-thread": "attach on a real process, tests/fixtures/attach/gil_thread.py: tests/test_attach.py",
     "dataloader-worker-stuck": "attach, a stuck worker under a waiting rank: tests/test_attach_rules.py",
-    "live-memory-growth": "attach, RSS rising over the window: tests/test_attach_rules.py",
-    "host-sync-stall": "attach on GPUs (NVML idle): tests/test_attach_rules.py, synthetic",
+    "live-memory-growth": "attach on a real process, tests/fixtures/attach/leak_steps.py: tests/test_attach.py",
+    "host-sync-stall": "attach on a GPU process, tests/fixtures/attach/host_sync_stall.py (gpu): tests/test_attach.py",
     # a bug of torchdoctor itself, by construction not raised by any healthy code path
     "internal-error": "a crashing rule (planted by tests): tests/test_profile_rules.py, test_env.py, test_checkpoint_hostile.py",
 }

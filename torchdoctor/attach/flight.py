@@ -1,14 +1,23 @@
 """NCCL Flight Recorder of a running job, when the job was started with it.
 
-A rank started with ``TORCH_NCCL_TRACE_BUFFER_SIZE=N`` (N > 0) and
-``TORCH_NCCL_DEBUG_INFO_PIPE_FILE=STEM`` opens a named pipe ``STEM{rank}.pipe``; writing to it makes
-the rank's NCCL watchdog write its trace (the last N collectives) to
-``TORCH_NCCL_DEBUG_INFO_TEMP_FILE`` (default ``/tmp/nccl_trace_rank_``) + rank. No signal is sent:
-the pipe is the rank's own, read by its own thread.
+A rank started with ``TORCH_NCCL_DEBUG_INFO_PIPE_FILE=STEM`` and a trace buffer (``TORCH_FR_BUFFER_SIZE``
+or ``TORCH_NCCL_TRACE_BUFFER_SIZE`` > 0; torch 2.13's default is 2000, older versions' 0) opens a
+named pipe ``STEM{global rank}.pipe`` (``DumpPipe`` in torch's ProcessGroupNCCL.hpp: mkfifo, opened
+O_RDONLY|O_NONBLOCK, polled by the rank's NCCL watchdog); writing to it makes the rank write its
+trace (the last N collectives) through its ``DebugInfoWriter``. No signal is sent: the pipe is the
+rank's own, read by its own thread.
 
-The dump is a pickle of plain containers; it is read with an unpickler that refuses every global
-(nothing in it is executed), and reduced to what the report needs: per rank the last completed
-collective and the first that is not (sequence number, op, sizes, state).
+Where the dump goes changed across torch versions: ``TORCH_FR_DUMP_TEMP_FILE`` or
+``TORCH_NCCL_DEBUG_INFO_TEMP_FILE`` + rank when set; otherwise ``/tmp/nccl_trace_rank_`` (older),
+``$HOME/.cache/torch/nccl_trace_rank_``, then ``${XDG_CACHE_HOME:-$HOME/.cache}/torch/comm_lib_trace_rank_``
+(2.13's FlightRecorder: the strings in libtorch_cpu.so). Every candidate is watched and the one
+written after the trigger is read.
+
+The dump is a pickle written by torch's own (TorchScript) pickler: plain containers, int/float/bool
+lists wrapped in ``torch.jit._pickle.build_intlist`` & co. and dicts in ``restore_type_tag``. It is
+read with an unpickler that maps exactly those to pure functions here and refuses every other
+global (nothing in it is executed, torch is not imported), and reduced to what the report needs: per
+rank the last completed collective and the first that is not (sequence number, op, sizes, state).
 """
 
 from __future__ import annotations
@@ -19,18 +28,33 @@ import pickle
 import stat
 import time
 
-DEFAULT_DUMP_STEM = "/tmp/nccl_trace_rank_"
-WAIT_S = 5.0  # how long a rank may take to write its dump after the pipe write
+DEFAULT_DUMP_STEM = "/tmp/nccl_trace_rank_"  # torch <= 2.5; see dump_candidates for the others
+WAIT_S = 10.0  # how long a rank may take to write its dump after the pipe write
 MAX_DUMP_BYTES = 256 * 1024 * 1024
 
 HOW_TO_ENABLE = ("start the next run with TORCH_NCCL_TRACE_BUFFER_SIZE=2000 "
                  "TORCH_NCCL_DEBUG_INFO_PIPE_FILE=/tmp/torchdoctor_fr_ (NCCL jobs) so that attach can "
                  "read the last collectives of every rank")
+BUFFER_KEYS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")  # newer name first
+DUMP_KEYS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+
+
+def _same(data, *_):
+    return data
+
+
+# the only globals torch's pickler writes into a trace: identity wrappers around plain values
+# (torch/jit/_pickle.py: build_intlist(data) returns data; restore_type_tag(value, type_str) returns value)
+_SAFE = {("torch.jit._pickle", n): _same for n in
+         ("build_intlist", "build_doublelist", "build_boollist", "restore_type_tag")}
 
 
 class _NoGlobals(pickle.Unpickler):
     def find_class(self, module, name):  # noqa: D401 - refuse code
-        raise pickle.UnpicklingError(f"global {module}.{name} refused")
+        fn = _SAFE.get((module, name))
+        if fn is None:
+            raise pickle.UnpicklingError(f"global {module}.{name} refused")
+        return fn
 
 
 def load_dump(raw: bytes):
@@ -42,41 +66,122 @@ def load_dump(raw: bytes):
     return _NoGlobals(io.BytesIO(raw)).load()
 
 
+def _brief(e: dict | None) -> dict | None:
+    if e is None:
+        return None
+    pg = e.get("process_group")
+    return {"seq": e.get("collective_seq_id"), "op": str(e.get("profiling_name", "?")),
+            "state": e.get("state"), "pg": list(pg) if isinstance(pg, (list, tuple)) else pg,
+            "input_sizes": e.get("input_sizes"), "output_sizes": e.get("output_sizes")}
+
+
+def _pg_name(e: dict) -> str:
+    pg = e.get("process_group")
+    return str(pg[0]) if isinstance(pg, (list, tuple)) and pg else str(e.get("pg_id", "?"))
+
+
+def _seq(e: dict) -> int:
+    s = e.get("collective_seq_id")
+    return s if isinstance(s, int) else -1
+
+
 def summarise(dump: dict) -> dict:
-    """Last completed and first pending collective of one rank's dump."""
-    entries = [e for e in (dump.get("entries") or []) if isinstance(e, dict)]
-    done = [e for e in entries if e.get("state") == "completed"]
-    pending = [e for e in entries if e.get("state") in ("scheduled", "started")]
+    """Last completed and first pending collective of one rank's dump, per process group (sequence
+    numbers count per group; point-to-point ops are left out: they count apart), and at the top
+    those of the default group ("0"), else of the group with the most entries."""
+    entries = [e for e in (dump.get("entries") or []) if isinstance(e, dict) and not e.get("is_p2p")]
+    pgs: dict[str, dict] = {}
+    for name in sorted({_pg_name(e) for e in entries}):
+        mine = [e for e in entries if _pg_name(e) == name]
+        done = [e for e in mine if e.get("state") == "completed"]
+        pending = [e for e in mine if e.get("state") in ("scheduled", "started")]
+        pgs[name] = {"entries": len(mine),
+                     "last_completed": _brief(max(done, key=_seq) if done else None),
+                     "first_pending": _brief(min(pending, key=_seq) if pending else None)}
+    main = "0" if "0" in pgs else max(pgs, key=lambda n: pgs[n]["entries"], default=None)
+    top = pgs.get(main) or {"last_completed": None, "first_pending": None}
+    return {"version": str(dump.get("version", "?")), "entries": len(entries), "pg": main,
+            "last_completed": top["last_completed"], "first_pending": top["first_pending"],
+            "pgs": pgs}
 
-    def brief(e: dict | None) -> dict | None:
-        if e is None:
-            return None
-        pg = e.get("process_group")
-        return {"seq": e.get("collective_seq_id"), "op": str(e.get("profiling_name", "?")),
-                "state": e.get("state"), "pg": list(pg) if isinstance(pg, (list, tuple)) else pg,
-                "input_sizes": e.get("input_sizes"), "output_sizes": e.get("output_sizes")}
 
-    return {"version": str(dump.get("version", "?")), "entries": len(entries),
-            "last_completed": brief(done[-1] if done else None),
-            "first_pending": brief(pending[0] if pending else None)}
+def _buffer_size(env: dict) -> int | None:
+    for k in BUFFER_KEYS:
+        if k in env:
+            try:
+                return int(env[k])
+            except ValueError:
+                return 0
+    return None  # unset: the version's default (2000 in torch 2.13, 0 before)
 
 
-def enabled(env: dict) -> bool:
+def pipe_path(env: dict, rank: int) -> str:
+    return f"{env.get('TORCH_NCCL_DEBUG_INFO_PIPE_FILE', '')}{rank}.pipe"
+
+
+def enabled(env: dict, rank: int | None = None) -> bool:
+    """The rank can be asked for a dump: a pipe stem and a trace buffer. With the buffer size unset
+    (the version's default decides), the pipe itself is the evidence: the rank made it."""
+    if not env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE"):
+        return False
+    size = _buffer_size(env)
+    if size is not None:
+        return size > 0
+    if rank is None:
+        return False
     try:
-        size = int(env.get("TORCH_NCCL_TRACE_BUFFER_SIZE", "0"))
-    except ValueError:
-        size = 0
-    return size > 0 and bool(env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE"))
+        return stat.S_ISFIFO(os.stat(pipe_path(env, rank)).st_mode)
+    except OSError:
+        return False
 
 
-def trigger_and_read(env: dict, rank: int) -> dict:
+def dump_candidates(env: dict, rank: int) -> list[str]:
+    """Where the rank may write its dump (its own environment's variables, newest name first)."""
+    for k in DUMP_KEYS:
+        if env.get(k):
+            return [f"{env[k]}{rank}"]
+    home = env.get("HOME") or "/tmp"
+    cache = env.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
+    return [os.path.join(cache, "torch", f"comm_lib_trace_rank_{rank}"),
+            os.path.join(home, ".cache", "torch", f"nccl_trace_rank_{rank}"),
+            f"{DEFAULT_DUMP_STEM}{rank}"]
+
+
+def _mtime(path: str) -> float | None:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+
+
+def _wait_written(paths: list[str], before: dict, wait_s: float) -> str | None:
+    """The first candidate written after the trigger, once its size stopped changing."""
+    deadline = time.monotonic() + wait_s
+    seen: dict[str, int] = {}
+    while time.monotonic() < deadline:
+        for p in paths:
+            m = _mtime(p)
+            if m is None or m == before.get(p):
+                continue
+            try:
+                size = os.path.getsize(p)
+            except OSError:
+                continue
+            if size > 0 and seen.get(p) == size:
+                return p
+            seen[p] = size
+        time.sleep(0.1)
+    return None
+
+
+def trigger_and_read(env: dict, rank: int, wait_s: float = WAIT_S) -> dict:
     """Write to the rank's pipe and read its dump; {"error": ...} when it cannot."""
-    pipe = f"{env['TORCH_NCCL_DEBUG_INFO_PIPE_FILE']}{rank}.pipe"
-    out_path = f"{env.get('TORCH_NCCL_DEBUG_INFO_TEMP_FILE') or DEFAULT_DUMP_STEM}{rank}"
+    pipe = pipe_path(env, rank)
+    paths = dump_candidates(env, rank)
     try:
         if not stat.S_ISFIFO(os.stat(pipe).st_mode):
             return {"error": f"{pipe} is not a named pipe"}
-        before = os.stat(out_path).st_mtime if os.path.exists(out_path) else None
+        before = {p: _mtime(p) for p in paths}
         fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)  # no reader: ENXIO, never blocks
         try:
             os.write(fd, b"1\n")
@@ -84,18 +189,9 @@ def trigger_and_read(env: dict, rank: int) -> dict:
             os.close(fd)
     except OSError as e:
         return {"error": f"could not trigger the dump through {pipe}: {e.strerror or e}"}
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        try:
-            st = os.stat(out_path)
-            if (before is None or st.st_mtime > before) and st.st_size > 0:
-                time.sleep(0.2)  # let the writer finish
-                break
-        except OSError:
-            pass
-        time.sleep(0.1)
-    else:
-        return {"error": f"rank {rank} wrote no dump to {out_path} within {WAIT_S:g} s"}
+    out_path = _wait_written(paths, before, wait_s)
+    if out_path is None:
+        return {"error": f"rank {rank} wrote no dump to {' or '.join(paths)} within {wait_s:g} s"}
     try:
         if os.path.getsize(out_path) > MAX_DUMP_BYTES:
             return {"error": f"{out_path} is larger than {MAX_DUMP_BYTES >> 20} MiB"}

@@ -47,7 +47,11 @@ def metrics(ev: dict) -> dict:
     for p, v in zip(ev.get("processes") or [], vs):
         reads = [s.get("read_s") for s in p.get("samples") or [] if isinstance(s.get("read_s"), float)]
         errors = [s["error"][:200] for s in p.get("samples") or [] if "error" in s]
+        gil = p.get("gil") or {}
         procs.append({**v.to_dict(), **_resources(ev, v.pid),
+                      "gil": ({"rate_hz": gil["rate_hz"], "seconds": gil["seconds"],
+                               "threads": gil["threads"][:8]} if "threads" in gil
+                              else {"error": str(gil.get("error", ""))[:200]} if gil else None),
                       "read_s_max": max(reads) if reads else None,
                       "errors": errors[:3], "stacks": _last_stacks(p)})
     res = ev.get("resources") or {}

@@ -25,6 +25,28 @@ def rss(pid: int) -> dict:
         return {"status": "denied"}
 
 
+def main_thread_counters(pid: int) -> dict | None:
+    """How often the process's main thread (task ``pid``) has been switched out, and its CPU time
+    in ns (``schedstat``, absent on kernels without it): read before and after each stack dump, so
+    that the wakes *between* dumps tell a thread blocked for good (none) from one that runs. A
+    blocking dump itself wakes a sleeping thread twice (measured: 10 switches for 5 dumps of a
+    thread blocked in a futex, 0 without dumps), which is why the dumps' own spans are left out.
+    None when /proc cannot be read (the process ended, another user's)."""
+    base = f"/proc/{pid}/task/{pid}"
+    try:
+        with open(f"{base}/status") as f:
+            switches = sum(int(line.split()[1]) for line in f if "ctxt_switches:" in line)
+    except (OSError, ValueError, IndexError):
+        return None
+    cpu_ns = None
+    try:
+        with open(f"{base}/schedstat") as f:
+            cpu_ns = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    return {"switches": switches, "cpu_ns": cpu_ns}
+
+
 def host_available() -> int | None:
     import psutil
 

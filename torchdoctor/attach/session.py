@@ -8,6 +8,8 @@ rank's own pipe. No signal is sent to any target. The evidence is a plain dict
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,11 +21,22 @@ from torchdoctor.errors import DoctorError
 STACK_SAMPLES = 5  # stack rounds over the window (first and last at its ends)
 RESOURCE_INTERVAL_S = 1.0  # RSS / NVML sampling period (one point per second for the trend)
 DUMP_TIMEOUT_S = 10.0  # one py-spy dump
+GIL_SLACK_S = 10.0  # a GIL record may end this long after its seconds (py-spy start-up on a busy box)
+
+
+def _dump(binary: str, pid: int, timeout: float, nonblocking: bool, native: bool) -> dict:
+    """One dump with the main thread's wake counters read just before and just after it."""
+    before = resources.main_thread_counters(pid)
+    d = sampler.dump(binary, pid, timeout, nonblocking, native)
+    after = resources.main_thread_counters(pid)
+    if before is not None and after is not None:
+        d["main_before"], d["main_after"] = before, after
+    return d
 
 
 def _round(binary: str, pids: list[int], timeout: float, nonblocking: bool, native: bool) -> dict:
     with ThreadPoolExecutor(max_workers=max(1, min(8, len(pids)))) as ex:
-        futs = {p: ex.submit(sampler.dump, binary, p, timeout, nonblocking, native) for p in pids}
+        futs = {p: ex.submit(_dump, binary, p, timeout, nonblocking, native) for p in pids}
         return {p: f.result() for p, f in futs.items()}
 
 
@@ -83,6 +96,9 @@ def collect(targets: list[Target], duration: float, timeout: float, *, nonblocki
     loop = _ResourceLoop(pids, gpus)
     loop.start()
     rounds = [first]
+    folder = tempfile.mkdtemp(prefix="torchdoctor-attach-")
+    gil = {t.pid: sampler.GilRecord(binary, t.pid, duration, folder) for t in targets}
+    completed = False
     try:
         for i in range(1, STACK_SAMPLES):
             due = start + duration * i / (STACK_SAMPLES - 1)
@@ -92,9 +108,16 @@ def collect(targets: list[Target], duration: float, timeout: float, *, nonblocki
             if due > now:
                 time.sleep(min(due, deadline) - now)
             rounds.append(_round(binary, pids, min(DUMP_TIMEOUT_S, left()), nonblocking, native))
+        completed = True
     finally:
         loop.stop.set()
         loop.join(timeout=5)
+        for pid, rec in gil.items():  # each record ends by itself after its whole seconds
+            if completed:
+                procs[pid]["gil"] = rec.finish(max(0.5, min(left(), rec.seconds + GIL_SLACK_S)))
+            else:  # interrupted (a stop signal, an error): no waiting for the records
+                rec.stop()
+        shutil.rmtree(folder, ignore_errors=True)
     for r in rounds:
         for p, d in r.items():
             procs[p]["samples"].append(d)
@@ -143,12 +166,12 @@ def _flight(targets: list[Target], wanted: bool, left) -> dict:
         return {"state": "off", "reason": "--no-flight-recorder"}
     if not ranked:
         return {"state": "not-applicable", "reason": "no rank among the targets"}
-    if not all(flight.enabled(t.env) for t in ranked):
+    if not all(flight.enabled(t.env, t.rank) for t in ranked):
         return {"state": "not-enabled", "how": flight.HOW_TO_ENABLE}
     per_rank = {}
     for t in ranked:
         if left() <= 0.5:
             per_rank[str(t.rank)] = {"error": "--timeout reached before the dump"}
             continue
-        per_rank[str(t.rank)] = flight.trigger_and_read(t.env, t.rank)
+        per_rank[str(t.rank)] = flight.trigger_and_read(t.env, t.rank, min(flight.WAIT_S, left()))
     return {"state": "read", "ranks": per_rank}

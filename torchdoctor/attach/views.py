@@ -14,6 +14,10 @@ import os
 from dataclasses import dataclass
 
 MIN_SAMPLES = 3  # samples needed before "the same stack in every sample" means stuck
+# seconds between dumps a waiting main thread must stay asleep before "blocked for good" is said: a
+# slow rank's Python-bound step took longer than a 3 s window on the loaded test box (its peer never
+# woke in 2.1 s between dumps), so a short window cannot tell a livelock from one long step
+MIN_QUIET_S = 5.0
 
 COLLECTIVES = frozenset({
     "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
@@ -125,6 +129,14 @@ class ProcView:
     status: str  # last psutil status ("zombie", "sleeping", ...), "" if unknown
     kinds_seen: frozenset = frozenset()  # the place kinds of every readable sample
     collective_share: float = 0.0  # share of the readable samples inside a collective
+    main_wakes: int | None = None  # main thread switched out between dumps (None: not read)
+    quiet_s: float = 0.0  # the time between dumps those wakes were counted over
+    cpu_s: float | None = None  # main thread CPU seconds from the first dump to the last
+
+    @property
+    def asleep(self) -> bool:
+        """The main thread never ran between dumps over at least MIN_QUIET_S: blocked for good."""
+        return self.main_wakes == 0 and self.quiet_s >= MIN_QUIET_S
 
     @property
     def stuck(self) -> bool:
@@ -140,7 +152,9 @@ class ProcView:
                 "line": self.place.line, "function": self.place.function,
                 "samples": self.samples, "distinct_stacks": self.distinct,
                 "same_for_s": round(self.same_for_s, 1), "stuck": self.stuck, "gone": self.gone,
-                "status": self.status}
+                "status": self.status, "main_wakes": self.main_wakes,
+                "quiet_s": round(self.quiet_s, 2),
+                "cpu_s": None if self.cpu_s is None else round(self.cpu_s, 3)}
 
 
 def view(proc: dict) -> ProcView:
@@ -165,10 +179,25 @@ def view(proc: dict) -> ProcView:
         if sig != last_sig:
             break
         first_t = t
+    wakes, quiet, cpu = wake_counts(readable)
     return ProcView(pid, proc.get("rank"), proc.get("role", "process"), proc.get("parent"),
                     place, len(sigs), len({s for _, s, _ in sigs}), last_t - first_t, window,
                     gone, str(proc.get("status", "")), frozenset(p.kind for _, _, p in sigs),
-                    sum(p.kind == "collective" for _, _, p in sigs) / len(sigs))
+                    sum(p.kind == "collective" for _, _, p in sigs) / len(sigs), wakes, quiet, cpu)
+
+
+def wake_counts(samples: list[dict]) -> tuple[int | None, float, float | None]:
+    """(switches of the main thread between consecutive dumps, the seconds between them, its CPU
+    seconds from the first dump to the last); (None, 0, None) when a counter is missing."""
+    if len(samples) < 2 or any("main_before" not in s for s in samples):
+        return None, 0.0, None
+    wakes, quiet = 0, 0.0
+    for a, b in zip(samples, samples[1:]):
+        wakes += max(0, b["main_before"]["switches"] - a["main_after"]["switches"])
+        quiet += max(0.0, b["t"] - (a["t"] + float(a.get("read_s") or 0.0)))
+    first, last = samples[0]["main_before"].get("cpu_ns"), samples[-1]["main_after"].get("cpu_ns")
+    cpu = (last - first) / 1e9 if isinstance(first, int) and isinstance(last, int) else None
+    return wakes, quiet, cpu
 
 
 def last_main_frames(proc: dict) -> list[dict]:

@@ -11,49 +11,39 @@ showed the same stack in every one of at least ``MIN_SAMPLES`` samples over the 
   changes) and was never seen in a collective: the job is slow, not hung, and that rank is the one
   every step waits for. (A rank seen in a collective too takes turns waiting with the others: a
   balanced job sampled when one rank happened to wait every time is not a straggler.)
+- ``rank-spinning``: the same picture, but the waiting ranks' main threads did not run once
+  between the dumps (blocked for good: no step ends) while the other rank burns CPU in Python:
+  a livelock (a polling loop whose condition never comes), not a slow step.
 - ``collective-mismatch`` (declared there too): every rank stuck in a collective, but not the same
   one (op, or the same op at different lines).
 - ``dataloader-worker-stuck``: a rank stuck in ``DataLoader.__next__`` whose worker is dead
   (zombie, ended) or stuck at one line.
-- ``host-sync-stall``: every rank stuck in a host sync (``.item()``, ``synchronize``) while NVML
-  shows its GPUs idle: the device waits for something that does not come.
-- ``live-memory-growth``: a process's RSS grows over the window (the growth judgment of
-  ``memory``, :mod:`torchdoctor.memory.growth`, with seconds for steps).
+- ``host-sync-stall``, ``gil-held-by-thread``, ``live-memory-growth``: one process's health, in
+  :mod:`torchdoctor.rules.attach_process`.
 """
 
 from __future__ import annotations
 
-from torchdoctor.attach.views import (MIN_SAMPLES, ProcView, describe, groups, last_main_frames, ranks_text,
-                                      sync_call, views)
+from torchdoctor.attach.views import MIN_QUIET_S, MIN_SAMPLES, ProcView, describe, groups, ranks_text, views
 from torchdoctor.catalog import declare
 from torchdoctor.findings import Finding, finding
 from torchdoctor.judge import NotApplicable, rule
-from torchdoctor.memory import growth
-from torchdoctor.memory.trend import fit_trend
 from torchdoctor.rules.ranks_collectives import COLLECTIVE_HANG, COLLECTIVE_MISMATCH
-from torchdoctor.skills import DISTRIBUTED, PERFORMANCE, TENSOR_MEMORY
+from torchdoctor.skills import DISTRIBUTED, PERFORMANCE
 
 SLOW_MAX_COLLECTIVE_SHARE = 0.2  # the slow rank was inside a collective in at most this share of samples
 RANK_WAITED_FOR = declare(
     "rank-waited-for", DISTRIBUTED, "warning",
     "a running job's ranks wait in a collective for a rank that is still working: slow, not stuck",
     thresholds={"MIN_SAMPLES": MIN_SAMPLES, "SLOW_MAX_COLLECTIVE_SHARE": SLOW_MAX_COLLECTIVE_SHARE})
+RANK_SPINNING = declare(
+    "rank-spinning", DISTRIBUTED, "error",
+    "a rank runs Python without end while the others wait in a collective that never completes",
+    thresholds={"MIN_SAMPLES": MIN_SAMPLES, "MIN_QUIET_S": MIN_QUIET_S})
 DATALOADER_WORKER_STUCK = declare(
     "dataloader-worker-stuck", PERFORMANCE, "error",
     "a rank waits for its next batch while a DataLoader worker is dead or stuck at one line",
     thresholds={"MIN_SAMPLES": MIN_SAMPLES})
-LIVE_MEMORY_GROWTH = declare(
-    "live-memory-growth", TENSOR_MEMORY, "warning",
-    "a running process's resident memory (RSS) grows steadily over the attach window",
-    thresholds={"NOISY_MIN_SLOPE": growth.NOISY_MIN_SLOPE, "GROWTH_MIN_RISE": growth.GROWTH_MIN_RISE,
-                "GROWTH_MIN_CONSISTENCY": growth.GROWTH_MIN_CONSISTENCY})
-
-IDLE_UTIL = 10  # percent: a GPU at or under this utilisation over the whole window is idle
-HOST_SYNC_STALL = declare(
-    "host-sync-stall", PERFORMANCE, "error",
-    "every rank waits for its GPU in a host sync (.item(), synchronize) while the GPUs are idle",
-    thresholds={"IDLE_UTIL": IDLE_UTIL, "MIN_SAMPLES": MIN_SAMPLES})
-
 PEEK_FIX = "Attach again with --duration 30 to see whether it moves; "
 
 
@@ -66,11 +56,11 @@ def _ranked(ev: dict) -> list[ProcView]:
     return vs
 
 
-def _where(v: ProcView) -> str:
+def place_text(v: ProcView) -> str:
     p = v.place
     state = ("ended" if v.gone else "stuck" if v.stuck else "moving")
     at = f"{p.op} at {p.file}:{p.line}" if p.file else p.op or p.kind
-    return f"{at} ({state}: {v.distinct} distinct stacks in {v.samples} samples, pid {v.pid})"
+    return f"{at} ({state}: {v.distinct} distinct stacks in {v.samples} samples, pid {v.pid}){_wakes(v)}"
 
 
 def _fr_evidence(ev: dict) -> dict:
@@ -82,6 +72,41 @@ def _fr_evidence(ev: dict) -> dict:
                                 for r, d in (fr.get("ranks") or {}).items()}}
 
 
+def _spinning(ev: dict, vs: list[ProcView], waiting: list[ProcView],
+              busy: list[ProcView]) -> list[Finding]:
+    """The waiting ranks are stuck in a collective and their main threads never ran between the
+    dumps; the busy ranks moved through Python and were never seen in a collective."""
+    if not all(v.stuck and v.asleep for v in waiting) or any(v.collective_share > 0 for v in busy):
+        return []
+    quiet = min(v.quiet_s for v in waiting)
+    parts = [describe(p, m) + f", {'its' if len(m) == 1 else 'their'} main thread"
+             f"{'' if len(m) == 1 else 's'} not woken once in {quiet:.1f} s between samples"
+             for p, m in groups(waiting)]
+    for p, m in groups(busy):
+        cpu = "; ".join(f"{v.label} used {v.cpu_s:.1f} s of CPU in {v.window_s:.1f} s" for v in m
+                        if v.cpu_s is not None)
+        parts.append(describe(p, m) + ", never in a collective" + (f" ({cpu})" if cpu else ""))
+    who = ranks_text(busy)
+    return [finding("rank-spinning",
+                    f"{who} spin{'s' if len(busy) == 1 else ''} in Python while the others wait: "
+                    + "; ".join(parts),
+                    {**{v.label: place_text(v) for v in vs}, **_fr_evidence(ev)},
+                    fix=f"{who} loops without reaching the collective the others wait in: a polling "
+                        "loop whose condition never comes true (a flag only another rank sets, a "
+                        "file that never appears, a retry without a bound), or a loop whose exit "
+                        "depends on the rank. Read the loop at the line named; a bound on the "
+                        "loop and a timeout on init_process_group turn the livelock into an error. "
+                        f"(One step of {who} longer than this window reads the same: attach again "
+                        "with a longer --duration; a livelock still shows.)")]
+
+
+def _wakes(v: ProcView) -> str:
+    if v.main_wakes is None:
+        return ""
+    cpu = f", {v.cpu_s:.2f} s CPU" if v.cpu_s is not None else ""
+    return f"; main thread switched {v.main_wakes} times in {v.quiet_s:.1f} s between samples{cpu}"
+
+
 def _slow(ev: dict, vs: list[ProcView], slow: list[ProcView]) -> list[Finding]:
     """Every other rank was inside a collective in every sample (the same one or not: each step
     it waits again) while the slow ranks moved and were never seen in one."""
@@ -91,6 +116,9 @@ def _slow(ev: dict, vs: list[ProcView], slow: list[ProcView]) -> list[Finding]:
     if not waiting or any(v.kinds_seen != frozenset({"collective"}) or v.samples < MIN_SAMPLES
                           for v in waiting):
         return []
+    spinning = _spinning(ev, vs, waiting, slow)
+    if spinning:
+        return spinning
     n = min(v.samples for v in waiting)
     parts = [f"{ranks_text(m)} wait{'s' if len(m) == 1 else ''} in a collective in all {n} samples "
              f"({p.op} at {p.at} at the last)" for p, m in groups(waiting)]
@@ -98,15 +126,69 @@ def _slow(ev: dict, vs: list[ProcView], slow: list[ProcView]) -> list[Finding]:
                                 else ", rarely in a collective") for p, m in groups(slow)]
     who = ranks_text(slow)
     return [finding("rank-waited-for", f"{who} {'is' if len(slow) == 1 else 'are'} slow, not stuck: "
-                    + "; ".join(parts), {**{v.label: _where(v) for v in vs}, **_fr_evidence(ev)},
+                    + "; ".join(parts), {**{v.label: place_text(v) for v in vs}, **_fr_evidence(ev)},
                     fix=f"{PEEK_FIX}profile {who}'s work at the line named (its data, a "
                         "rank-dependent branch, a slower device); the others wait for it in "
                         "every step.")]
 
 
-@rule("attach-collective-hang", probes={"attach"}, raises=[COLLECTIVE_HANG, RANK_WAITED_FOR])
+def _fr_hang(ev: dict, vs: list[ProcView]) -> list[Finding]:
+    """Every rank stuck, and the Flight Recorder shows ranks with collective N pending while other
+    ranks of the same group completed only up to N-1 and have nothing pending at N: they never
+    called it. (On NCCL a collective returns at once, so the waiting rank's Python stack is past it,
+    at its next sync: only the recorder names the collective.)"""
+    fr = ev.get("flight_recorder") or {}
+    ranks = fr.get("ranks") or {}
+    if fr.get("state") != "read" or len(ranks) < 2 or any("error" in d for d in ranks.values()):
+        return []
+    if not vs or not all(v.stuck for v in vs):
+        return []  # a job that moves has collectives in flight: a snapshot of them is no hang
+    pending = {r: d["first_pending"] for r, d in ranks.items()
+               if d.get("first_pending") and isinstance(d["first_pending"].get("seq"), int)}
+    if not pending:
+        return []
+    n = min(p["seq"] for p in pending.values())
+    first = next(p for p in pending.values() if p["seq"] == n)
+    waiting = sorted((r for r, p in pending.items() if p["seq"] == n and p.get("pg") == first.get("pg")),
+                     key=int)
+    missing = []
+    for r, d in sorted(ranks.items(), key=lambda kv: int(kv[0])):
+        if r in waiting:
+            continue
+        last = d.get("last_completed") or {}
+        if last.get("pg") not in (None, first.get("pg")):
+            continue
+        seq = last.get("seq")
+        if not isinstance(seq, int) or seq < n:
+            missing.append((r, last))
+    if not missing:
+        return []
+    by_rank = {str(v.rank): v for v in vs}
+    who_w = f"rank{'s' if len(waiting) > 1 else ''} {', '.join(waiting)}"
+    who_m = f"rank{'s' if len(missing) > 1 else ''} {', '.join(r for r, _ in missing)}"
+    parts = [f"{who_w} wait{'s' if len(waiting) == 1 else ''} in {first['op']} seq {n} "
+             f"(Flight Recorder: {first.get('state')}, input sizes {first.get('input_sizes')})"]
+    for r, last in missing:
+        done = (f"its last collective is seq {last['seq']} ({last.get('op')}, {last.get('state')})"
+                if last.get("seq") is not None else "it completed no collective")
+        parts.append(f"rank {r} never called seq {n}: {done}")
+    for p, m in groups([by_rank[r] for r in by_rank]):
+        parts.append(describe(p, m))
+    return [finding("collective-hang", "; ".join(parts),
+                    {**{v.label: place_text(v) for v in vs}, **_fr_evidence(ev)},
+                    fix=f"{who_m} skipped the collective the others wait in (a rank-dependent branch, "
+                        "an early break, an uneven last batch) or is blocked before it at the line "
+                        "named. Every rank must call the same collectives in the same order; "
+                        "TORCH_DISTRIBUTED_DEBUG=DETAIL checks this at every call, and a timeout on "
+                        "init_process_group ends a hang with an error.")]
+
+
+@rule("attach-collective-hang", probes={"attach"}, raises=[COLLECTIVE_HANG, RANK_WAITED_FOR, RANK_SPINNING])
 def rank_waited_for(ev: dict) -> list[Finding]:
     vs = _ranked(ev)
+    from_recorder = _fr_hang(ev, vs)
+    if from_recorder:
+        return from_recorder
     others = [v for v in vs if v.place.kind != "collective" or v.gone]
     if not others:
         return []
@@ -128,7 +210,7 @@ def rank_waited_for(ev: dict) -> list[Finding]:
     if any(v.gone for v in others):
         fix = (f"{who} ended (crashed or returned early) while the others wait: read its log for an "
                "exception; with torchrun the agent tears the job down only when a rank fails.")
-    return [finding("collective-hang", title, {**{v.label: _where(v) for v in vs}, **_fr_evidence(ev)},
+    return [finding("collective-hang", title, {**{v.label: place_text(v) for v in vs}, **_fr_evidence(ev)},
                     fix=fix)]
 
 
@@ -143,7 +225,7 @@ def collective_mismatch(ev: dict) -> list[Finding]:
         return []
     title = "ranks wait in different collectives: " + "; ".join(describe(p, m) for p, m in gs)
     return [finding("collective-mismatch", title,
-                    {**{v.label: _where(v) for v in vs}, **_fr_evidence(ev)},
+                    {**{v.label: place_text(v) for v in vs}, **_fr_evidence(ev)},
                     fix="The ranks called different collectives (or the same one from different "
                         "lines), so they were matched out of order: find the rank-dependent branch "
                         "before the lines named (a skipped or extra collective on some ranks) and "
@@ -176,100 +258,10 @@ def dataloader_worker_stuck(ev: dict) -> list[Finding]:
         out.append(finding(
             "dataloader-worker-stuck",
             f"{m.label} waits in DataLoader.__next__ at {m.place.at} for {m.same_for_s:.1f} s; {what}",
-            {m.label: _where(m), **{f"worker {w.pid}": _where(w) + (f", {w.status}" if w.status else "")
+            {m.label: place_text(m), **{f"worker {w.pid}": place_text(w) + (f", {w.status}" if w.status else "")
                                     for w in workers}},
             fix="A worker that blocks forever (a lock taken before fork, a network read without a "
                 "timeout, a queue never fed) stalls the loop: fix the line named; pass "
                 "DataLoader(timeout=SECONDS) so a stuck worker raises instead of hanging. A dead "
                 "worker was usually killed by the host OOM killer (dmesg) or crashed in native code."))
     return out
-
-
-def _rss_series(ev: dict, pid: int) -> tuple[list[float], list[float]]:
-    ts, ys = [], []
-    for snap in (ev.get("resources") or {}).get("series") or []:
-        p = (snap.get("procs") or {}).get(str(pid)) or {}
-        if isinstance(p.get("rss"), int):
-            ts.append(snap["t"])
-            ys.append(float(p["rss"]))
-    return ts, ys
-
-
-@rule("live-memory-growth", probes={"attach"}, raises=[LIVE_MEMORY_GROWTH])
-def live_memory_growth(ev: dict) -> list[Finding]:
-    out, judged = [], 0
-    for v in views(ev):
-        if v.role == "worker":
-            continue
-        ts, ys = _rss_series(ev, v.pid)
-        if len(ts) < 2:
-            continue
-        secs = [round(t - ts[0]) for t in ts]  # one second is the "step" of the judgment
-        fit = fit_trend(secs, ys)
-        if fit is None:
-            continue
-        judged += 1
-        room = (ev.get("resources") or {}).get("host_available")
-        verdict = growth.judge(fit, noisy=True, room=room if isinstance(room, int) else None,
-                               step_s=1.0)
-        if not verdict.credible or verdict.severity not in ("warning", "error"):
-            continue
-        rate = fit.slope  # bytes per second
-        out.append(finding(
-            "live-memory-growth",
-            f"{v.label}: resident memory grows {rate / 2**20:.1f} MiB/s over the {v.window_s:.0f} s "
-            f"window ({ys[0] / 2**30:.2f} → {ys[-1] / 2**30:.2f} GiB)",
-            {"pid": v.pid, "rank": v.rank, "bytes_per_s": round(rate), "fit": fit.to_dict(),
-             "bytes_per_hour": verdict.bytes_per_hour, "horizon": verdict.horizon},
-            fix="Run `torchdoctor memory SCRIPT` on the same script to name the lines that keep "
-                "memory alive (tensors kept across steps, a growing list of losses, a cache).",
-            severity=verdict.severity))
-    if not judged:
-        raise NotApplicable("too few RSS samples to fit a trend (use a longer --duration)")
-    return out
-
-
-def _gpu_utils(ev: dict, pid: int) -> list[float]:
-    out = []
-    for snap in (ev.get("resources") or {}).get("series") or []:
-        for g in ((snap.get("procs") or {}).get(str(pid)) or {}).get("gpu") or []:
-            if isinstance(g.get("util"), (int, float)):
-                out.append(float(g["util"]))
-    return out
-
-
-@rule("host-sync-stall", probes={"attach"}, raises=[HOST_SYNC_STALL])
-def host_sync_stall(ev: dict) -> list[Finding]:
-    if not (ev.get("resources") or {}).get("nvml"):
-        raise NotApplicable("needs NVML (an NVIDIA driver) to tell a host waiting on an idle GPU "
-                            "from one waiting on a busy GPU")
-    procs = [p for p in ev.get("processes") or [] if p.get("role") != "worker"]
-    by_pid = {v.pid: v for v in views(ev)}
-    stalled = []
-    for p in procs:
-        v = by_pid[int(p["pid"])]
-        src = (p.get("source") or {}).get(f"{v.place.file}:{v.place.line}", "")
-        call = sync_call(last_main_frames(p), src) if v.stuck else None
-        if call is None:
-            return []
-        util = _gpu_utils(ev, v.pid)
-        if not util:
-            raise NotApplicable(f"{v.label} holds no GPU memory that NVML reports")
-        if max(util) > IDLE_UTIL:
-            return []  # the GPU works: a long kernel, slow not stuck
-        stalled.append((v, call, max(util), src))
-    if not stalled:
-        return []
-    v0, call, _, src = stalled[0]
-    who = ranks_text([v for v, *_ in stalled])
-    top = max(u for _, _, u, _ in stalled)
-    return [finding(
-        "host-sync-stall",
-        f"{who} wait{'s' if len(stalled) == 1 else ''} for the GPU in {call} at {v0.place.at}, "
-        f"unchanged for {min(v.same_for_s for v, *_ in stalled):.1f} s, while the GPUs are idle "
-        f"(utilisation at most {top:g}% over the window)",
-        {**{v.label: f"{_where(v)}: {s}" for v, _, _, s in stalled}},
-        fix="The host waits for device work that never runs: a collective kernel waiting for a peer "
-            "(a rank on another node: attach there too), a stream waiting on an event never recorded, "
-            "or a hung device (nvidia-smi, dmesg for Xid errors). `--native` shows the CUDA call; "
-            "NCCL_DEBUG=INFO and the Flight Recorder name the collective.")]
