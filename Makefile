@@ -21,8 +21,9 @@ demo: venv
 test: venv
 	$(PY) -m pytest -q -p no:cacheprovider
 
+# the fast lane: no test that starts a Python process (tests/spawn_watch.py fails one that does)
 test-fast: venv
-	$(PY) -m pytest -q -p no:cacheprovider -m "not slow"
+	TD_SPAWN_STRICT=1 $(PY) -m pytest -q -p no:cacheprovider -m "not slow"
 
 # On a GPU machine (torch already installed there): the GPU-marked tests only.
 test-gpu:
