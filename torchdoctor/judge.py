@@ -103,7 +103,7 @@ def apply(r: Rule, evidence: Any) -> tuple[list[Finding], str | None]:
 
 
 def crash_finding(name: str, e: BaseException) -> Finding:
-    from torchdoctor.report.safe import visible
+    from torchdoctor.safe import visible
 
     msg = "recursion too deep" if isinstance(e, RecursionError) else str(e)
     tb = traceback.format_exception(type(e), e, e.__traceback__, limit=-6)

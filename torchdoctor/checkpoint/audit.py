@@ -195,7 +195,7 @@ def _step(rep: Report, name: str, fn):
 
         from torchdoctor.checkpoint.values import brief
         from torchdoctor.findings import internal_finding
-        from torchdoctor.report.safe import visible
+        from torchdoctor.safe import visible
 
         rep.add(internal_finding(
             f"checkpoint audit stage '{name}' failed: {type(e).__name__}",

@@ -18,7 +18,7 @@ from torchdoctor.checkpoint.errors import Unreadable
 from torchdoctor.checkpoint.fsutil import kind, open_regular
 from torchdoctor.checkpoint.values import Contents, brief
 from torchdoctor.errors import DoctorError
-from torchdoctor.report.safe import visible
+from torchdoctor.safe import visible
 
 CKPT_EXT = (".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".tar", ".pkl", ".pickle", ".model")
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin", "adapter_model.safetensors", "adapter_model.bin")

@@ -16,7 +16,7 @@ from torchdoctor.checkpoint.errors import Unreadable
 from torchdoctor.checkpoint.fsutil import not_regular, open_regular
 from torchdoctor.checkpoint.values import Contents, brief
 from torchdoctor.errors import DoctorError
-from torchdoctor.report.safe import visible
+from torchdoctor.safe import visible
 
 
 def read_index(path: str, c: Contents) -> None:

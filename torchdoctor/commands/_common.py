@@ -39,8 +39,8 @@ def debug_enabled() -> bool:
 def eprint(msg: str) -> None:
     """One line of torchdoctor's own on stderr. Its untrusted parts (a script or file name, an
     exception's text) are data: control bytes, bidi overrides and lone surrogates are escaped
-    here, the one stderr writer of the commands (report/safe.py)."""
-    from torchdoctor.report.safe import visible
+    here, the one stderr writer of the commands (safe.py)."""
+    from torchdoctor.safe import visible
 
     print(visible(msg, keep_newlines=True), file=sys.stderr, flush=True)
 
@@ -66,7 +66,7 @@ def guarded(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from torchdoctor.report.safe import harden_output
+        from torchdoctor.safe import harden_output
         from torchdoctor.runner.signals import Stopped, raising
 
         from torchdoctor.runner.outdir import release_all

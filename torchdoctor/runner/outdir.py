@@ -123,6 +123,6 @@ def write_file(path: str | os.PathLike, text: str) -> None:
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     fd = os.open(p, flags, 0o644)
     # backslashreplace: a lone surrogate that reached the text is written as an escape, never
-    # raised on after the whole run (report/safe.py OUTPUT_ERRORS; runner/ does not import report/)
+    # raised on after the whole run (safe.py OUTPUT_ERRORS; runner/ does not import report/)
     with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as f:
         f.write(text)
