@@ -277,7 +277,6 @@ ALLOWED_UP: dict[tuple[str, str], str] = {}
 MAX_UP = 5
 # cycles and upward imports being broken by issue 31 (this list only shrinks; empty at its end)
 KNOWN_CYCLES: list[list[str]] = [
-    ["torchdoctor.catalog", "torchdoctor.findings", "torchdoctor.judge", "torchdoctor.rules"],
     ["torchdoctor.checkpoint.dcp", "torchdoctor.checkpoint.detect", "torchdoctor.checkpoint.folders",
      "torchdoctor.checkpoint.pickle_globals", "torchdoctor.checkpoint.torch_legacy",
      "torchdoctor.checkpoint.torch_zip"],
@@ -292,7 +291,6 @@ TO_FIX: set[tuple[str, str]] = {
     ("torchdoctor.distributed.memranks", "torchdoctor.evidence"),
     ("torchdoctor.distributed.merge", "torchdoctor.evidence"),
     ("torchdoctor.distributed.probe", "torchdoctor.commands._common"),
-    ("torchdoctor.judge", "torchdoctor.rules"),
     ("torchdoctor.memory.series", "torchdoctor.evidence"),
     ("torchdoctor.rules.misplaced", "torchdoctor.cli"),
     ("torchdoctor.rules.perf_step", "torchdoctor.pipeline.steps"),
