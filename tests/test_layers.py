@@ -277,12 +277,8 @@ ALLOWED_UP: dict[tuple[str, str], str] = {}
 MAX_UP = 5
 # cycles and upward imports being broken by issue 31 (this list only shrinks; empty at its end)
 KNOWN_CYCLES: list[list[str]] = [
-    ["torchdoctor.checkpoint.dcp", "torchdoctor.checkpoint.detect", "torchdoctor.checkpoint.folders",
-     "torchdoctor.checkpoint.pickle_globals", "torchdoctor.checkpoint.torch_legacy",
-     "torchdoctor.checkpoint.torch_zip"],
     ["torchdoctor.distributed.jobreport", "torchdoctor.distributed.ranked", "torchdoctor.pipeline.run"],
     ["torchdoctor.distributed.selftest_nodes", "torchdoctor.distributed.selftest_worker"],
-    ["torchdoctor.pipeline", "torchdoctor.pipeline.registry"],
     ["torchdoctor.runner.core", "torchdoctor.runner.harness", "torchdoctor.runner.stepclock"],
 ]
 TO_FIX: set[tuple[str, str]] = {
