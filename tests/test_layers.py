@@ -276,9 +276,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
 ALLOWED_UP: dict[tuple[str, str], str] = {}
 MAX_UP = 5
 # cycles and upward imports being broken by issue 31 (this list only shrinks; empty at its end)
-KNOWN_CYCLES: list[list[str]] = [
-    ["torchdoctor.distributed.jobreport", "torchdoctor.distributed.ranked", "torchdoctor.pipeline.run"],
-]
+KNOWN_CYCLES: list[list[str]] = []
 TO_FIX: set[tuple[str, str]] = {
     ("torchdoctor.compilecheck.summary", "torchdoctor.pipeline.steps"),
     ("torchdoctor.distributed.gather", "torchdoctor.distributed.peer"),

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from torchdoctor.errors import DoctorError
@@ -126,3 +127,11 @@ def write_file(path: str | os.PathLike, text: str) -> None:
     # raised on after the whole run (safe.py OUTPUT_ERRORS; runner/ does not import report/)
     with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as f:
         f.write(text)
+
+
+def new_run_dir(out: str | None) -> tuple[Path, bool]:
+    """(run dir, is_temporary). Under --out (a folder torchdoctor owns) the run dir ``run`` of an
+    earlier run there is replaced; without it, a new temporary folder."""
+    if out:
+        return fresh_subdir(out, "run"), False
+    return Path(tempfile.mkdtemp(prefix="torchdoctor-run-")), True

@@ -192,7 +192,7 @@ class Trials:
         Raises :class:`torchdoctor.runner.signals.Stopped` (nothing started) once a stop signal
         arrived: the command reports what ran, status ``interrupted``."""
         from torchdoctor.pipeline.registry import armed_needs
-        from torchdoctor.pipeline.run import QUIET_PATTERNS
+        from torchdoctor.runner.childio import QUIET_PATTERNS
         from torchdoctor.runner import signals
         from torchdoctor.runner.launch import launch
 
