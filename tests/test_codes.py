@@ -123,7 +123,7 @@ def test_every_declared_code_is_raised_by_a_rule_or_said_where():
 
 # kinds that no instrument produces: the harness core and step clock (runner/core.py,
 # runner/cudaclock.py, runner/harness.py) and the parent's merge of a ranked run's rank folders
-# (distributed/merge.py)
+# (evidence/ranks.py)
 CORE_KINDS = {"step", "step_device", "dataloader", "model", "env", "device", "script_start"}
 PARENT_KINDS = {"rank_result", "rank_stacks"}
 

@@ -180,21 +180,3 @@ def emit(report, as_json: bool, fail_on: str = "error", out_dir: str | Path | No
 
         render(report, make_console())
     raise typer.Exit(report.exit_code(fail_on))
-
-
-def default_context() -> dict:
-    """Header facts every report carries: python, torch version, device (imports torch)."""
-    import platform
-
-    ctx = {"python": platform.python_version()}
-    try:
-        import torch
-
-        ctx["torch"] = torch.__version__
-        if torch.cuda.is_available():
-            ctx["device"] = f"cuda ({torch.cuda.get_device_name(0)})"
-        else:
-            ctx["device"] = "cpu"
-    except Exception as e:  # noqa: BLE001
-        ctx["torch"] = f"unavailable ({type(e).__name__})"
-    return ctx

@@ -28,7 +28,7 @@ SYMPTOM_CODES = ("script-hung", "killed-by-signal", "script-crashed")
 
 def judge(probe: str, target: str, run_dir: str | Path, nproc: int) -> Report:
     """The merged report of a ranked run dir (pure apart from reading the files)."""
-    from torchdoctor.distributed.merge import merged_evidence
+    from torchdoctor.evidence.ranks import merged_evidence
 
     per, merged = merged_evidence(run_dir, nproc)
     return assemble(probe, target, per, judge_ranks(probe, per), merged, nproc)
@@ -64,7 +64,7 @@ def assemble(probe: str, target: str, per: dict[int, Evidence], rank_reports: di
         report.metrics.update(scratch.metrics)
         report.findings.extend(f for f in scratch.findings if f.code == "internal-error")
         if isinstance(report.metrics.get("memory"), dict):
-            from torchdoctor.distributed.memranks import memory_by_rank
+            from torchdoctor.evidence.memranks import memory_by_rank
 
             by_rank = memory_by_rank(per)  # each rank's peak, which rank is highest, the skew
             if by_rank:
