@@ -4,7 +4,7 @@
 
 The parent launches this file under torchrun (NVLink multicast off). Every rank, in the
 same processes and alternating ``--rounds`` times, times one all-reduce size two ways:
-- selftest: ``torchdoctor.distributed.selftest_worker.time_all_reduce`` (CUDA events, barrier,
+- selftest: ``torchdoctor.distributed.timing.time_all_reduce`` (CUDA events, barrier,
   warm-up, median of repetitions) — what `torchdoctor dist` reports;
 - plain: ``synchronize; perf_counter; for _ in range(iters): dist.all_reduce(x); synchronize``.
 Times are averaged over ranks, busbw = bytes/time * 2(n-1)/n (nccl-tests). Rank 0 prints
@@ -47,7 +47,8 @@ def worker(args) -> None:
     import torch.distributed as dist
 
     from torchdoctor.distributed.busbw import allreduce_bandwidth
-    from torchdoctor.distributed.selftest_worker import iters_for, time_all_reduce
+    from torchdoctor.distributed.selftest_worker import iters_for
+    from torchdoctor.distributed.timing import time_all_reduce
 
     local = int(os.environ["LOCAL_RANK"])
     if args.backend == "nccl":

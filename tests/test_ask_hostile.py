@@ -22,7 +22,7 @@ import time
 import pytest
 
 from conftest import ROOT
-from torchdoctor.report.safe import _BIDI
+from torchdoctor.safe import _BIDI
 from torchdoctor.errortext.table import BY_ID, KNOWN
 from torchdoctor.triage.matcher import triage
 

@@ -127,7 +127,7 @@ def test_rules_are_pure_functions_of_the_evidence(fx):
     """Judging the same evidence twice, or one rule alone, gives the same findings: no shared state."""
     from torchdoctor.checkpoint.audit import _judged
     from torchdoctor.checkpoint.derive import derive
-    from torchdoctor.checkpoint.detect import read
+    from torchdoctor.checkpoint.reader import read
     from torchdoctor.checkpoint.evidence import CheckpointEvidence
     from torchdoctor.checkpoint.roles import recognise
     from torchdoctor.checkpoint.scan import scan_tensors

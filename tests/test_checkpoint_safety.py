@@ -135,7 +135,7 @@ class _Null:
 
 
 def test_weights_only_verdict_matches_torch_load():
-    from torchdoctor.checkpoint.detect import read
+    from torchdoctor.checkpoint.reader import read
 
     paths = {k: v for k, v in builders.cached("all").items() if k != "_marker"}
     checked = 0

@@ -9,7 +9,7 @@ import torch
 
 from torchdoctor.checkpoint import scan as scan_mod
 from torchdoctor.checkpoint.compare import compare_optimizer, compare_state
-from torchdoctor.checkpoint.detect import read
+from torchdoctor.checkpoint.reader import read
 from torchdoctor.checkpoint.roles import recognise
 from torchdoctor.checkpoint.scan import scan_tensors
 from torchdoctor.checkpoint.values import Storage, TensorInfo

@@ -123,7 +123,7 @@ def test_every_declared_code_is_raised_by_a_rule_or_said_where():
 
 # kinds that no instrument produces: the harness core and step clock (runner/core.py,
 # runner/cudaclock.py, runner/harness.py) and the parent's merge of a ranked run's rank folders
-# (distributed/merge.py)
+# (evidence/ranks.py)
 CORE_KINDS = {"step", "step_device", "dataloader", "model", "env", "device", "script_start"}
 PARENT_KINDS = {"rank_result", "rank_stacks"}
 
@@ -187,3 +187,13 @@ def test_a_rule_needs_every_kind_it_reads():
     for r in all_rules().values():
         read = _kinds_read(sys.modules[r.fn.__module__], r.fn.__name__)
         assert read <= r.needs, (r.name, sorted(read - r.needs))
+
+
+def test_finding_takes_the_code_object():
+    # issue 31: a rule may pass its declaration itself (no lookup through the catalogue)
+    from torchdoctor.findings import finding
+
+    info = catalog()["internal-error"]
+    f = finding(info, "t", {"k": 1})
+    assert (f.code, f.skill, f.severity, f.docs) == (info.code, info.skill, info.severity, info.docs)
+    assert finding("internal-error", "t", {"k": 1}) == f

@@ -296,7 +296,7 @@ def test_saved_tensor_counter_holds_a_tensor_without_a_readable_storage():
 
 
 def test_memory_by_rank_names_the_highest_rank_and_the_skew():
-    from torchdoctor.distributed.memranks import memory_by_rank
+    from torchdoctor.evidence.memranks import memory_by_rank
     from torchdoctor.evidence import Evidence
 
     def ev(*rss, cuda=None):

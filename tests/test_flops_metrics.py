@@ -13,7 +13,7 @@ from torchdoctor.evidence import Evidence
 from torchdoctor.perf.flops import CPU_NO_MFU, mfu
 from torchdoctor.perf.peaks import PEAKS, lookup, peak_flops
 from torchdoctor.pipeline.flops_metrics import flops_metrics, flops_metrics_with
-from torchdoctor.pipeline.steps import judged_steps, step_summary
+from torchdoctor.evidence.steps import judged_steps, step_summary
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 

@@ -192,7 +192,7 @@ def test_script_probe_html_beside_report_json_and_the_script_keeps_its_arguments
 
 
 def test_the_step_series_is_bounded_and_keeps_the_last_step():
-    from torchdoctor.pipeline.steps import SERIES_MAX, step_series
+    from torchdoctor.evidence.steps import SERIES_MAX, step_series
 
     steps = [{"step": i, "wall_s": 0.01, "data_s": 0.002} for i in range(1, 5001)]
     s = step_series(steps)

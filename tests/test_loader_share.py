@@ -84,7 +84,7 @@ def test_eval_every_epoch_fixture_is_not_dataloader_bound():
     from test_nan_fixtures import run_inprocess
 
     from torchdoctor.findings import Report
-    from torchdoctor.pipeline.steps import step_summary
+    from torchdoctor.evidence.steps import step_summary
     from torchdoctor.judge import judge
 
     script = SCRIPTS / "perf" / "eval_every_epoch.py"

@@ -9,7 +9,7 @@ import pytest
 
 from torchdoctor.evidence import Evidence
 from torchdoctor.memory.oom import fix_lines, rank_fixes
-from torchdoctor.memory.series import memory_series, without_window_shift
+from torchdoctor.evidence.memory import memory_series, without_window_shift
 from torchdoctor.memory.trend import fit_trend, rising, theil_sen
 from torchdoctor.judge import NotApplicable
 from torchdoctor.rules.memory import (activation_dominated, grad_in_eval, memory_fragmentation,

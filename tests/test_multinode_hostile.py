@@ -23,7 +23,7 @@ from test_multinode import SPEC, steps, summary
 from torchdoctor.distributed import gather, peer
 from torchdoctor.distributed.jobreport import job_report
 from torchdoctor.report.caps import MAX_VALUE_CHARS, bounded
-from torchdoctor.report.safe import has_controls
+from torchdoctor.safe import has_controls
 
 EVIL = "\x1b[2J\x1b[H\x1b[32m✓ No problems found\x1b[0m \x1b]8;;https://evil.example/\x1b\\fix\x1b]8;;\x1b\\"
 

@@ -81,7 +81,7 @@ def test_an_empty_window_says_what_happened_not_another_profiler():
 
 
 def test_a_window_not_reached_says_whether_any_optimizer_stepped():
-    from torchdoctor.rules.profile import not_reached
+    from torchdoctor.evidence.profile import not_reached
 
     base = {"status": "not-reached", "steps_needed": 9}
     assert "no optimizer step was seen" in not_reached({**base, "steps_seen": 0, "optimizers_stepped": 0})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Report
-from torchdoctor.pipeline.steps import judged_steps, step_summary
+from torchdoctor.evidence.steps import judged_steps, step_summary
 from torchdoctor.judge import NotApplicable, judge
 from torchdoctor.rules.crash import classify, crash, device_details, oom_details
 from torchdoctor.rules.perf_step import cpu_oversubscribed, dataloader_bound, model_moved_in_loop

@@ -2,7 +2,7 @@
 
 from torchdoctor.findings import Finding, Report
 from torchdoctor.report.console import render_to_text
-from torchdoctor.report.safe import has_controls, safe_text, visible
+from torchdoctor.safe import has_controls, safe_text, visible
 
 
 def test_visible_escapes_c0_c1_and_del():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from torchdoctor.evidence import Evidence
-from torchdoctor.pipeline.steps import CUDA_BASIS, step_seconds, step_summary
+from torchdoctor.evidence.steps import CUDA_BASIS, step_seconds, step_summary
 
 
 def _steps(n, host_ms, phases=None):
@@ -162,7 +162,7 @@ def test_a_ranks_step_median_is_on_the_same_basis():
 def test_the_memory_site_window_steps_are_left_out_of_a_cuda_runs_step_figures():
     # measured on the H200 (host-sync loop under checkup): the site window armed at step 35 and
     # its steps took 158, 54, 30 and 32 ms against 10 ms; the mean step read 1.6x the median
-    from torchdoctor.pipeline.steps import judged_steps
+    from torchdoctor.evidence.steps import judged_steps
 
     steps = _steps(38, 10.0, {"forward": 3.0, "backward": 5.0})
     for s in steps[34:]:

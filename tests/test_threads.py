@@ -81,7 +81,7 @@ def test_main_thread_is_stopped_at_its_boundary_while_workers_finish(capsys):
 
 def test_device_facts_do_not_fork(monkeypatch):
     """emit_device ran `uname -p` (platform.processor) at step 1, while other threads trained."""
-    from torchdoctor.runner.harness import emit_device
+    from torchdoctor.runner.device import emit_device
 
     def no_fork(*a, **k):
         raise AssertionError("torchdoctor forked inside the script's process")

@@ -148,7 +148,7 @@ PERF = SCRIPTS / "perf"
 
 def test_dataloader_bound_names_the_training_loop_and_transforms_are_not_models():
     script = PERF / "imagenet_style_eval.py"
-    from torchdoctor.pipeline.steps import step_summary
+    from torchdoctor.evidence.steps import step_summary
     from test_nan_fixtures import run_inprocess
 
     ev = run_inprocess("checkup", script, options={"steps": 16})
@@ -192,7 +192,7 @@ def test_step_table_uses_one_statistic_and_says_which():
     from rich.console import Console
 
     from torchdoctor.findings import Report
-    from torchdoctor.pipeline.steps import step_summary
+    from torchdoctor.evidence.steps import step_summary
     from torchdoctor.report.sections.steps import step_breakdown
 
     m = step_summary(_skewed_steps())
@@ -242,7 +242,7 @@ def test_profile_hotspot_of_a_running_main_is_defined_at_its_def_line():
 def test_shares_add_up_even_when_phases_nest():
     """LBFGS-style closure: forward and backward run inside optimizer.step()."""
     from torchdoctor.evidence import Evidence
-    from torchdoctor.pipeline.steps import step_summary
+    from torchdoctor.evidence.steps import step_summary
 
     events = [{"kind": "step", "step": n, "wall_s": 0.010, "data_s": 0.001, "forward_s": 0.003,
                "backward_s": 0.004, "optimizer_s": 0.008, "other_s": 0.0, "batches": 1,

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, run_cli
-from torchdoctor.report.safe import harden_stream, json_visible, visible
+from torchdoctor.safe import harden_stream, json_visible, visible
 
 PROTO2 = b"\x80\x02"
 

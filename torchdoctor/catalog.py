@@ -10,7 +10,8 @@ A rule module declares its codes at import time::
 ``thresholds`` names the module constants the rule compares against; the code's docs page
 states each one as ```NAME` = value`` and ``tests/test_codes.py`` checks that the page and the
 constants agree. Which probes judge a code is derived from the rules that raise it
-(:func:`probes_of`), never written twice. :func:`catalog` imports every rule module once.
+(:func:`torchdoctor.judge.probes_of`), never written twice. :func:`catalog` imports every rule
+module once, by discovery: the catalogue sits below the judge and the rules that declare into it.
 """
 
 from __future__ import annotations
@@ -57,10 +58,16 @@ def declare(code: str, skill: str, severity: str, summary: str,
     return info
 
 
+def load_rules() -> None:
+    """Import every rule module once (they declare their codes and register their rules)."""
+    import torchdoctor.rules as pkg  # an empty package: the rule modules are discovered by name
+    from torchdoctor.discovery import import_submodules
+
+    import_submodules(pkg.__name__, pkg.__path__)
+
+
 def catalog() -> dict[str, CodeInfo]:
     """All declared codes, importing every rule module on first call (torch is not imported)."""
-    from torchdoctor.judge import load_rules
-
     load_rules()
     return dict(_CODES)
 
@@ -71,13 +78,3 @@ def lookup(code: str) -> CodeInfo:
         catalog()
     return _CODES[code]
 
-
-def probes_of(code: str) -> frozenset[str]:
-    """The probes whose rules raise ``code`` (derived from the rules' ``raises``)."""
-    from torchdoctor.judge import all_rules
-
-    out: set[str] = set()
-    for r in all_rules().values():
-        if code in r.raises:
-            out |= r.probes
-    return frozenset(out)

@@ -73,7 +73,7 @@ its evidence says so, and the page says when):
 | `info` | a fact worth knowing, not a defect | 0 |
 
 The *probes* column lists the probes whose rules declare the code in their `raises` (derived by
-`torchdoctor.catalog.probes_of`): the script probes `run` (every script probe), `checkup`, `profile`,
+`torchdoctor.judge.probes_of`): the script probes `run` (every script probe), `checkup`, `profile`,
 `memory`, `nan`, `ranks` (the cross-rank view of a run with `--nproc-per-node` or `dist SCRIPT`), and
 `checkpoint-audit`, `env`, `dist` (the collective self-test), `dist-env` (the launch environment). A
 dash: no rule declares it (`internal-error` is raised by the judge itself, under any probe, when a
@@ -93,8 +93,9 @@ def _number(value: float | int) -> str:
 
 
 def catalogue_markdown() -> str:
-    """The catalogue page, from :func:`torchdoctor.catalog.catalog` and :func:`~torchdoctor.catalog.probes_of`."""
-    from torchdoctor.catalog import catalog, probes_of
+    """The catalogue page, from :func:`torchdoctor.catalog.catalog` and :func:`~torchdoctor.judge.probes_of`."""
+    from torchdoctor.catalog import catalog
+    from torchdoctor.judge import probes_of
     from torchdoctor.skills import ALL_SKILLS
 
     codes = catalog()

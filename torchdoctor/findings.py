@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchdoctor import __version__
+from torchdoctor.catalog import CodeInfo, lookup
 from torchdoctor.errors import EXIT_FINDINGS, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK
 
 SCHEMA = 1
@@ -40,14 +41,13 @@ class Finding:
         }
 
 
-def finding(code: str, title: str, evidence: dict[str, Any] | None = None, fix: str = "",
+def finding(code: CodeInfo | str, title: str, evidence: dict[str, Any] | None = None, fix: str = "",
             severity: str | None = None, skill: str | None = None) -> Finding:
-    """Build a Finding for a declared code; skill, severity and docs come from the catalog."""
-    from torchdoctor.catalog import lookup
-
-    info = lookup(code)
+    """Build a Finding for a declared code (its :class:`CodeInfo`, or its name, looked up in the
+    catalogue); skill, severity and docs come from the declaration."""
+    info = code if isinstance(code, CodeInfo) else lookup(code)
     return Finding(
-        code=code,
+        code=info.code,
         skill=skill or info.skill,
         severity=severity or info.severity,
         title=title,

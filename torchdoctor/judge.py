@@ -29,8 +29,9 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from torchdoctor.catalog import CodeInfo
+from torchdoctor.catalog import CodeInfo, load_rules
 from torchdoctor.findings import Finding, Report, internal_finding
+from torchdoctor.safe import visible
 
 
 class NotApplicable(Exception):
@@ -66,17 +67,18 @@ def rule(name: str, *, probes: Iterable[str], needs: Iterable[str] = (),
     return deco
 
 
-def load_rules() -> None:
-    """Import every rule module once (they declare their codes and register their rules)."""
-    import torchdoctor.rules as pkg
-    from torchdoctor.discovery import import_submodules
-
-    import_submodules(pkg.__name__, pkg.__path__)
-
-
 def all_rules() -> dict[str, Rule]:
-    load_rules()
+    load_rules()  # the catalogue's discovery of the rule modules (re-exported here)
     return dict(_RULES)
+
+
+def probes_of(code: str) -> frozenset[str]:
+    """The probes whose rules raise ``code`` (derived from the rules' ``raises``)."""
+    out: set[str] = set()
+    for r in all_rules().values():
+        if code in r.raises:
+            out |= r.probes
+    return frozenset(out)
 
 
 def rules_for(probe: str) -> list[Rule]:
@@ -103,8 +105,6 @@ def apply(r: Rule, evidence: Any) -> tuple[list[Finding], str | None]:
 
 
 def crash_finding(name: str, e: BaseException) -> Finding:
-    from torchdoctor.report.safe import visible
-
     msg = "recursion too deep" if isinstance(e, RecursionError) else str(e)
     tb = traceback.format_exception(type(e), e, e.__traceback__, limit=-6)
     return internal_finding(f"rule {name} failed: {type(e).__name__}: {visible(msg)[:300]}",

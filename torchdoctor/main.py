@@ -23,7 +23,7 @@ def _asks_for_help(args: list[str]) -> bool:
 
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
-    from torchdoctor.report.safe import harden_output
+    from torchdoctor.safe import harden_output
 
     harden_output()  # every output stream with an error handler that cannot raise (lone surrogates)
     if args and args[0] in FAST_PATHS and not _asks_for_help(args[1:]):

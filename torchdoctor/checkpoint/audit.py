@@ -74,12 +74,12 @@ def unreadable_report(path: str, e: Unreadable, seen: list | None = None) -> Rep
 
 def _read(path: str, seen: list):
     """The reader, with every failure it can have on crafted bytes turned into :class:`Unreadable`."""
-    from torchdoctor.checkpoint import detect
+    from torchdoctor.checkpoint import reader
     from torchdoctor.checkpoint.values import brief
     from torchdoctor.errors import DoctorError
 
     try:
-        return detect.read(path)
+        return reader.read(path)
     except (Unreadable, DoctorError):
         raise
     except RecursionError:
@@ -195,7 +195,7 @@ def _step(rep: Report, name: str, fn):
 
         from torchdoctor.checkpoint.values import brief
         from torchdoctor.findings import internal_finding
-        from torchdoctor.report.safe import visible
+        from torchdoctor.safe import visible
 
         rep.add(internal_finding(
             f"checkpoint audit stage '{name}' failed: {type(e).__name__}",

@@ -40,7 +40,7 @@ def _attr(obj: Any, name: str, default: Any = None) -> Any:
 
 def read_dcp(path: str, contents: Contents) -> Any:
     """Fill ``contents`` (files, pickles, problems) and return the reconstructed state dict."""
-    from torchdoctor.checkpoint.detect import MAX_PICKLE
+    from torchdoctor.checkpoint.limits import MAX_PICKLE
 
     mpath = metadata_file(path)
     if mpath is None:

@@ -5,25 +5,25 @@ Files: torch.save zip, legacy torch.save, safetensors, a plain pickle, a Hugging
 shards, a Hugging Face Trainer ``checkpoint-N/`` folder (model + optimizer.pt +
 scheduler.pt + rng_state.pth + trainer_state.json …) read as one checkpoint, or a folder
 holding exactly one checkpoint file. The file extension is never trusted over the bytes.
-This module reads one file; folders and shard indexes are read by ``folders.py``.
+This module reads one file, and a shard index with its shards; folders are read by ``folders.py``,
+and :func:`torchdoctor.checkpoint.reader.read` opens either.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import stat
+from collections import OrderedDict
 from typing import Any
 
 from torchdoctor.checkpoint.errors import Unreadable
-from torchdoctor.checkpoint.fsutil import kind, open_regular
+from torchdoctor.checkpoint.fsutil import kind, not_regular, open_regular
+from torchdoctor.checkpoint.limits import MAX_FILES, MAX_JSON, MAX_PICKLE, MAX_SNIFF_PICKLE, PARTIAL_SCAN
 from torchdoctor.checkpoint.values import Contents, brief
 from torchdoctor.errors import DoctorError
-from torchdoctor.report.safe import visible
+from torchdoctor.safe import visible
 
-CKPT_EXT = (".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".tar", ".pkl", ".pickle", ".model")
-HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin", "adapter_model.safetensors", "adapter_model.bin")
-TRAINER_FILES = ("optimizer.pt", "optimizer.bin", "scheduler.pt", "scheduler.bin", "scaler.pt", "sampler.bin",
-                 "trainer_state.json", "training_args.bin", "rng_state.pth", "random_states_0.pkl")
 _MAGIC = [
     (b"GGUF", "GGUF file (llama.cpp), not a PyTorch checkpoint"),
     (b"\x89HDF\r\n\x1a\n", "HDF5 file (Keras/h5py), not a PyTorch checkpoint"),
@@ -62,18 +62,7 @@ def check_path(path: str) -> None:
         raise DoctorError(f"ckpt-unreadable: cannot open {shown}: {visible(e.strerror or e)}") from None
 
 
-def read(path: str) -> Contents:
-    """Read ``path`` into :class:`Contents`; raises :class:`Unreadable` or DoctorError."""
-    check_path(path)
-    if os.path.isdir(path):
-        from torchdoctor.checkpoint.folders import read_dir
-
-        return read_dir(path)
-    _prefetch(path)
-    return read_file(path)
-
-
-def _prefetch(path: str) -> None:
+def prefetch(path: str) -> None:
     """Ask the kernel to start reading the file's head now: the disk works while Python parses."""
     from torchdoctor.checkpoint.scan import AHEAD
 
@@ -111,12 +100,6 @@ def _sniff(path: str) -> tuple[str, bytes, int]:
     if size <= MAX_SNIFF_PICKLE and _parses_as_pickle(path, size):
         return "pickle", head, size  # protocol 0/1 pickles have no PROTO opcode to sniff
     return "unknown", head, size
-
-
-MAX_PICKLE = 64 << 20  # a pickle read into memory (data.pkl, plain pickle, DCP .metadata): larger is refused
-MAX_SNIFF_PICKLE = 8 << 20  # protocol 0/1 pickles (no PROTO opcode) are recognised up to this size
-MAX_JSON = 16 << 20  # shard indexes, trainer_state.json
-PARTIAL_SCAN = 8 << 20  # of an oversized plain pickle, this much is still scanned for globals
 
 
 def _read_bounded(path: str, limit: int) -> bytes:
@@ -169,8 +152,6 @@ def read_file(path: str, allow_index: bool = True) -> Contents:
 
         c.root, c.metadata = read_safetensors(path)
     elif fmt == "json":
-        from torchdoctor.checkpoint.folders import read_index
-
         read_index(path, c)
     elif fmt == "tar":
         if _is_tar(path):
@@ -223,3 +204,76 @@ def _read_plain_pickle(path: str):
                          pickles=[info]) from None
     info.unsupported_ops = info.unsupported_ops or ["(not written by torch.save)"]
     return ZipRead(root=root, pickle=info)
+
+
+def read_index(path: str, c: Contents) -> None:
+    """A Hugging Face ``*.index.json``: ``{"metadata": {...}, "weight_map": {key: shard file}}``."""
+    idx = load_json(path)
+    wm = idx.get("weight_map") if isinstance(idx, dict) else None
+    if not isinstance(wm, dict) or not wm:
+        raise Unreadable("not a checkpoint", "JSON file without a weight_map (not a shard index)", path)
+    c.format = "hf-index"
+    c.metadata = idx.get("metadata") if isinstance(idx.get("metadata"), dict) else {}
+    folder = os.path.dirname(os.path.abspath(path))
+    merged: OrderedDict = OrderedDict()
+    shards = list(OrderedDict.fromkeys(str(v) for v in wm.values()))
+    for shard in shards[:MAX_FILES]:
+        spath = os.path.join(folder, shard)
+        if "\x00" in shard or os.path.dirname(os.path.normpath(spath)) != os.path.normpath(folder):
+            c.problems.append({"what": shard, "reason": "shard path leaves the index's folder"})
+            continue
+        if not os.path.lexists(spath):
+            c.problems.append({"what": shard, "reason": "shard listed in the index is missing"})
+            continue
+        sub = read_part(spath, folder, shard, c, allow_index=False)
+        if sub is None:
+            continue
+        c.files.extend(sub.files)
+        c.pickles.extend(sub.pickles)
+        c.problems.extend(sub.problems)
+        if isinstance(sub.root, dict):
+            merged.update(sub.root)
+    listed = set(wm)
+    if len(shards) > MAX_FILES:
+        c.problems.append({"what": "index", "reason": f"{len(shards)} shard files listed; only the first "
+                                                      f"{MAX_FILES} were read"})
+    failed = {p["what"] for p in c.problems}
+    missing = [k for k in wm if k not in merged and str(wm[k]) not in failed]
+    if missing:
+        c.problems.append({"what": "index", "reason": f"{len(missing)} keys of the weight_map are in no shard "
+                                                      f"(first: {missing[0]})"})
+    extra = [k for k in merged if k not in listed]
+    if extra:
+        c.notes.append(f"{len(extra)} tensors in the shards are not listed in the index (first: {extra[0]})")
+    c.root = merged
+
+
+def load_json(path: str) -> object:
+    size = os.path.getsize(path)
+    if size > MAX_JSON:
+        raise Unreadable("oversized JSON", f"{size} bytes, above the {MAX_JSON >> 20} MiB limit for an index", path)
+    try:
+        with open_regular(path) as f:
+            return json.loads(f.read(MAX_JSON).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise Unreadable("not a checkpoint", f"JSON file that does not parse ({type(e).__name__}: "
+                         f"{brief(str(e), 160)})", path) from None
+
+
+def read_part(full: str, folder: str, name: str, c: Contents, allow_index: bool = False) -> Contents | None:
+    """Read one file of a multi-file checkpoint; a failure becomes a problem of ``c`` (not an exception).
+
+    The pickles a failing part had already scanned are kept in ``c`` (judged for safety).
+    """
+    why = not_regular(full, folder)
+    if why is not None:
+        c.problems.append({"what": name, "reason": why})
+        return None
+    try:
+        return read_file(full, allow_index=allow_index)
+    except Unreadable as e:
+        c.problems.append({"what": name, "reason": f"{e.what}: {e.detail}"})
+        c.pickles.extend(e.pickles)
+    except OSError as e:
+        c.problems.append({"what": name, "reason": f"cannot read: {e.strerror or type(e).__name__}"})
+    return None

@@ -1,4 +1,4 @@
-"""Read checkpoint folders and shard indexes: a Hugging Face ``*.index.json`` of shards, a DCP folder,
+"""Read checkpoint folders: a folder with a Hugging Face ``*.index.json`` of shards, a DCP folder,
 a Trainer/accelerate folder read as one checkpoint, or a folder holding exactly one checkpoint file.
 
 Each file of a folder is read by :func:`torchdoctor.checkpoint.detect.read_file` (its bytes decide its
@@ -7,92 +7,16 @@ format); a part that cannot be read is noted as a problem of the whole (``Conten
 
 from __future__ import annotations
 
-import json
 import os
 from collections import OrderedDict
 
-from torchdoctor.checkpoint.detect import CKPT_EXT, HF_WEIGHTS, MAX_JSON, TRAINER_FILES, read_file
+from torchdoctor.checkpoint.detect import load_json, read_file, read_index, read_part
 from torchdoctor.checkpoint.errors import Unreadable
-from torchdoctor.checkpoint.fsutil import not_regular, open_regular
-from torchdoctor.checkpoint.values import Contents, brief
+from torchdoctor.checkpoint.fsutil import not_regular
+from torchdoctor.checkpoint.limits import CKPT_EXT, HF_WEIGHTS, MAX_FILES, TRAINER_FILES
+from torchdoctor.checkpoint.values import Contents
 from torchdoctor.errors import DoctorError
-from torchdoctor.report.safe import visible
-
-
-def read_index(path: str, c: Contents) -> None:
-    """A Hugging Face ``*.index.json``: ``{"metadata": {...}, "weight_map": {key: shard file}}``."""
-    idx = _load_json(path)
-    wm = idx.get("weight_map") if isinstance(idx, dict) else None
-    if not isinstance(wm, dict) or not wm:
-        raise Unreadable("not a checkpoint", "JSON file without a weight_map (not a shard index)", path)
-    c.format = "hf-index"
-    c.metadata = idx.get("metadata") if isinstance(idx.get("metadata"), dict) else {}
-    folder = os.path.dirname(os.path.abspath(path))
-    merged: OrderedDict = OrderedDict()
-    shards = list(OrderedDict.fromkeys(str(v) for v in wm.values()))
-    for shard in shards[:MAX_FILES]:
-        spath = os.path.join(folder, shard)
-        if "\x00" in shard or os.path.dirname(os.path.normpath(spath)) != os.path.normpath(folder):
-            c.problems.append({"what": shard, "reason": "shard path leaves the index's folder"})
-            continue
-        if not os.path.lexists(spath):
-            c.problems.append({"what": shard, "reason": "shard listed in the index is missing"})
-            continue
-        sub = _read_part(spath, folder, shard, c, allow_index=False)
-        if sub is None:
-            continue
-        c.files.extend(sub.files)
-        c.pickles.extend(sub.pickles)
-        c.problems.extend(sub.problems)
-        if isinstance(sub.root, dict):
-            merged.update(sub.root)
-    listed = set(wm)
-    if len(shards) > MAX_FILES:
-        c.problems.append({"what": "index", "reason": f"{len(shards)} shard files listed; only the first "
-                                                      f"{MAX_FILES} were read"})
-    failed = {p["what"] for p in c.problems}
-    missing = [k for k in wm if k not in merged and str(wm[k]) not in failed]
-    if missing:
-        c.problems.append({"what": "index", "reason": f"{len(missing)} keys of the weight_map are in no shard "
-                                                      f"(first: {missing[0]})"})
-    extra = [k for k in merged if k not in listed]
-    if extra:
-        c.notes.append(f"{len(extra)} tensors in the shards are not listed in the index (first: {extra[0]})")
-    c.root = merged
-
-
-MAX_FILES = 512  # files of one folder or shards of one index that are read
-
-
-def _load_json(path: str) -> object:
-    size = os.path.getsize(path)
-    if size > MAX_JSON:
-        raise Unreadable("oversized JSON", f"{size} bytes, above the {MAX_JSON >> 20} MiB limit for an index", path)
-    try:
-        with open_regular(path) as f:
-            return json.loads(f.read(MAX_JSON).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise Unreadable("not a checkpoint", f"JSON file that does not parse ({type(e).__name__}: "
-                         f"{brief(str(e), 160)})", path) from None
-
-
-def _read_part(full: str, folder: str, name: str, c: Contents, allow_index: bool = False) -> Contents | None:
-    """Read one file of a multi-file checkpoint; a failure becomes a problem of ``c`` (not an exception).
-
-    The pickles a failing part had already scanned are kept in ``c`` (judged for safety).
-    """
-    why = not_regular(full, folder)
-    if why is not None:
-        c.problems.append({"what": name, "reason": why})
-        return None
-    try:
-        return read_file(full, allow_index=allow_index)
-    except Unreadable as e:
-        c.problems.append({"what": name, "reason": f"{e.what}: {e.detail}"})
-        c.pickles.extend(e.pickles)
-    except OSError as e:
-        c.problems.append({"what": name, "reason": f"cannot read: {e.strerror or type(e).__name__}"})
-    return None
+from torchdoctor.safe import visible
 
 
 def read_dir(path: str) -> Contents:
@@ -158,7 +82,7 @@ def _read_composite(path: str, names: list[str], indexes: list[str], ckpts: list
         c.problems.append({"what": "folder", "reason": f"{len(others)} checkpoint files; only the first "
                                                        f"{MAX_FILES} were read"})
     for n in others[:MAX_FILES]:
-        sub = _read_part(os.path.join(path, n), path, n, c)
+        sub = read_part(os.path.join(path, n), path, n, c)
         if sub is None:
             continue
         _absorb(c, sub)
@@ -171,7 +95,7 @@ def _read_composite(path: str, names: list[str], indexes: list[str], ckpts: list
             c.problems.append({"what": n, "reason": why})
         else:
             try:
-                c.root[n] = _load_json(full)
+                c.root[n] = load_json(full)
                 c.files.append({"path": full, "bytes": os.path.getsize(full), "format": "json"})
             except Unreadable as e:
                 c.problems.append({"what": n, "reason": f"cannot parse: {e.detail}"})

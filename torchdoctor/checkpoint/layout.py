@@ -79,7 +79,7 @@ def _folder_reads_as_one(layout: str, names: list[str]) -> bool:
     DCP folders and folders with Trainer/accelerate state files are; a DeepSpeed folder is not (its
     ranks' files are read one by one).
     """
-    from torchdoctor.checkpoint.detect import TRAINER_FILES
+    from torchdoctor.checkpoint.limits import TRAINER_FILES
 
     if layout == "dcp":
         return True

@@ -29,7 +29,7 @@ def looks_legacy(head: bytes) -> bool:
 
 
 def read_torch_legacy(path: str) -> ZipRead:
-    from torchdoctor.checkpoint.detect import MAX_PICKLE
+    from torchdoctor.checkpoint.limits import MAX_PICKLE
 
     size = os.path.getsize(path)
     with open_regular(path) as f:

@@ -66,7 +66,7 @@ def read_torch_zip(path: str, base: int = 0, length: int | None = None, label: s
     inside the file; a storage record whose claimed size runs past the end of the file is
     reported and never scanned.
     """
-    from torchdoctor.checkpoint.detect import MAX_PICKLE
+    from torchdoctor.checkpoint.limits import MAX_PICKLE
 
     label = label or path
     size = os.path.getsize(path)

@@ -54,8 +54,8 @@ def debug_enabled() -> bool:
 def eprint(msg: str) -> None:
     """One line of torchdoctor's own on stderr. Its untrusted parts (a script or file name, an
     exception's text) are data: control bytes, bidi overrides and lone surrogates are escaped
-    here, the one stderr writer of the commands (report/safe.py)."""
-    from torchdoctor.report.safe import visible
+    here, the one stderr writer of the commands (safe.py)."""
+    from torchdoctor.safe import visible
 
     print(visible(msg, keep_newlines=True), file=sys.stderr, flush=True)
 
@@ -81,7 +81,7 @@ def guarded(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from torchdoctor.report.safe import harden_output
+        from torchdoctor.safe import harden_output
         from torchdoctor.runner.signals import Stopped, raising
 
         from torchdoctor.runner.outdir import release_all
@@ -210,21 +210,3 @@ def emit(report, as_json: bool, fail_on: str = "error", out_dir: str | Path | No
 
         render(report, make_console())
     raise typer.Exit(report.exit_code(fail_on))
-
-
-def default_context() -> dict:
-    """Header facts every report carries: python, torch version, device (imports torch)."""
-    import platform
-
-    ctx = {"python": platform.python_version()}
-    try:
-        import torch
-
-        ctx["torch"] = torch.__version__
-        if torch.cuda.is_available():
-            ctx["device"] = f"cuda ({torch.cuda.get_device_name(0)})"
-        else:
-            ctx["device"] = "cpu"
-    except Exception as e:  # noqa: BLE001
-        ctx["torch"] = f"unavailable ({type(e).__name__})"
-    return ctx

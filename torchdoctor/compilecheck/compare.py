@@ -16,7 +16,7 @@ from torchdoctor.evidence import Evidence
 def compare_eager(m: dict[str, Any], eager: Evidence, failure: str | None) -> dict[str, Any]:
     """The keys to add to the ``compile`` section: eager_step_ms, eager_steps, speedup (or
     eager_skipped, why there is no comparison)."""
-    from torchdoctor.pipeline.steps import judged_steps, step_seconds
+    from torchdoctor.evidence.steps import judged_steps, step_seconds
 
     if failure:
         return {"eager_skipped": f"the eager run failed: {failure}"}

@@ -39,7 +39,7 @@ def compile_steps(ev: Evidence) -> list[int]:
 
 def _median_ms(ev: Evidence, steps: list[dict[str, Any]]) -> float | None:
     """Median step time by the one step-time basis (on CUDA: host wall or device span)."""
-    from torchdoctor.pipeline.steps import step_seconds
+    from torchdoctor.evidence.steps import step_seconds
 
     walls = step_seconds(ev, [s for s in steps if s.get("wall_s") is not None])[0]
     return round(statistics.median(walls) * 1e3, 3) if walls else None
@@ -47,7 +47,7 @@ def _median_ms(ev: Evidence, steps: list[dict[str, Any]]) -> float | None:
 
 def steady_steps(ev: Evidence) -> list[dict[str, Any]]:
     """The judged steps (warm-up left out) in which nothing was compiled."""
-    from torchdoctor.pipeline.steps import judged_steps
+    from torchdoctor.evidence.steps import judged_steps
 
     skip = set(compile_steps(ev))
     return [s for s in judged_steps(ev) if int(s.get("step", 0)) not in skip]
@@ -125,7 +125,7 @@ def limit_hits(ev: Evidence) -> list[dict[str, Any]]:
 def around(ev: Evidence, step: int) -> dict[str, Any]:
     """Median step ms before ``step`` (those steps compiled: their time includes it) and after
     it (steps that compiled nothing), with how many steps each side has."""
-    from torchdoctor.pipeline.steps import judged_steps
+    from torchdoctor.evidence.steps import judged_steps
 
     skip = set(compile_steps(ev))
     js = judged_steps(ev)

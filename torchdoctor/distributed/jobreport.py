@@ -52,7 +52,7 @@ def preload() -> None:
 
 def run_node(probe: str, target: str, run_dir: Path, nproc: int, node: Any) -> Report:
     from torchdoctor.distributed import gather
-    from torchdoctor.distributed.merge import merged_evidence, rank_labels
+    from torchdoctor.evidence.ranks import merged_evidence, rank_labels
     from torchdoctor.distributed.ranked import judge_ranks
 
     per, merged = merged_evidence(run_dir, nproc, rank_labels(run_dir, nproc))

@@ -6,7 +6,7 @@ JSON items, nesting depth) and :func:`check` keeps only what fits the schema tha
 :func:`torchdoctor.distributed.jobreport.node_summary` writes (version 1):
 
 - every string: lone surrogates written as ``\\udXXX`` text (nothing downstream can fail to
-  encode it), capped; control bytes are escaped where it is rendered (``report/safe.py``);
+  encode it), capped; control bytes are escaped where it is rendered (``safe.py``);
 - finding codes: only the catalogue's, with the catalogue's severity, skill and docs; evidence
   bounded like every renderer bounds it (``report/caps.py``);
 - rank keys: ASCII digits of a rank the node holds; events: the shipped kinds of those ranks,
@@ -27,7 +27,7 @@ import re
 from typing import Any
 
 from torchdoctor.report.caps import bounded, cut_text
-from torchdoctor.report.safe import visible
+from torchdoctor.safe import visible
 
 VERSION = 1
 MAX_BYTES = 8 * 1024 * 1024  # one node's summary

@@ -100,7 +100,6 @@ def topology_summary(topo: dict) -> dict:
 
 
 def run_dist(opts: DistOptions) -> Report:
-    from torchdoctor.commands._common import default_context
     from torchdoctor.distributed import selftest, topology
     from torchdoctor.distributed.evidence import LaunchEvidence, SelftestEvidence
     from torchdoctor.distributed.facts import gather_facts
@@ -170,3 +169,21 @@ def run_dist(opts: DistOptions) -> Report:
         r.pop("error_full", None)
         r.pop("stack", None)
     return report
+
+
+def default_context() -> dict:
+    """Header facts of the ``dist`` report: python, torch version, device (imports torch)."""
+    import platform
+
+    ctx = {"python": platform.python_version()}
+    try:
+        import torch
+
+        ctx["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            ctx["device"] = f"cuda ({torch.cuda.get_device_name(0)})"
+        else:
+            ctx["device"] = "cpu"
+    except Exception as e:  # noqa: BLE001
+        ctx["torch"] = f"unavailable ({type(e).__name__})"
+    return ctx

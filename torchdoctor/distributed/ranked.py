@@ -1,7 +1,8 @@
-"""A script probe on N ranks (``--nproc-per-node N``): launch under torchrun, one merged report.
+"""A script probe on N ranks (``--nproc-per-node N``): one merged report from the rank dirs.
 
-Flow: run dir ``D`` (temporary, or ``--out DIR`` → ``DIR/run``) → :func:`launch` with a
-:class:`RankSet` (the harness on every rank, ``D/rank{R}``) → per rank, the pipeline of a
+Flow (launched by :func:`torchdoctor.pipeline.run.run_ranked`): run dir ``D`` (temporary, or
+``--out DIR`` → ``DIR/run``) → ``launch`` with a ``RankSet`` (the harness on every rank,
+``D/rank{R}``) → here: per rank, the pipeline of a
 single run (``pipeline/judging.py``: rules of ``"run"`` and the probe; follow-ups listed as
 skipped, since a re-run would need the whole torchrun) → findings merged across ranks (one finding
 per code, with the ranks that raised it) → cross-rank rules (probe ``"ranks"``: collectives,
@@ -13,8 +14,6 @@ metrics (rank 0's families, plus ``ranks``: per-rank step times and arrival lags
 from __future__ import annotations
 
 import dataclasses
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -27,39 +26,9 @@ DIST_CODES = ("collective-hang", "collective-mismatch")
 SYMPTOM_CODES = ("script-hung", "killed-by-signal", "script-crashed")
 
 
-def run_ranked(probe: str, target: str, argv: list[str], *, module: bool, opts: dict[str, Any],
-               timeout: float | None, show: bool | None) -> Report:
-    from torchdoctor.distributed.multinode import NodeSpec
-    from torchdoctor.distributed.torchrun import RankSet, quiet_patterns
-    from torchdoctor.pipeline.registry import armed_needs
-    from torchdoctor.pipeline.run import QUIET_PATTERNS, _run_dir
-    from torchdoctor.runner.launch import launch
-
-    n = int(opts["nproc_per_node"])
-    node = NodeSpec.from_dict(opts.get("node"))  # one node of a multi-node job, or None
-    run_dir, is_tmp = _run_dir(opts.get("out"))  # fresh: no rank dir of an earlier run
-    if node is not None:  # the node's facts need torch here: import it while the ranks run
-        from torchdoctor.distributed.jobreport import preload
-
-        preload()
-    try:
-        launch(run_dir, probe, argv, module=module, options=opts, timeout=timeout,
-               quiet_patterns=QUIET_PATTERNS + quiet_patterns(dict(os.environ)), show_progress=show,
-               ranks=RankSet(run_dir, n, node=node), needs=armed_needs(probe))
-        label = " ".join(["-m", target] if module else [target])
-        if node is not None:
-            from torchdoctor.distributed.jobreport import run_node
-
-            return run_node(probe, label, run_dir, n, node)
-        return judge(probe, label, run_dir, n)
-    finally:
-        if is_tmp and not os.environ.get("TORCHDOCTOR_KEEP_RUN"):
-            shutil.rmtree(run_dir, ignore_errors=True)
-
-
 def judge(probe: str, target: str, run_dir: str | Path, nproc: int) -> Report:
     """The merged report of a ranked run dir (pure apart from reading the files)."""
-    from torchdoctor.distributed.merge import merged_evidence
+    from torchdoctor.evidence.ranks import merged_evidence
 
     per, merged = merged_evidence(run_dir, nproc)
     return assemble(probe, target, per, judge_ranks(probe, per), merged, nproc)
@@ -95,7 +64,7 @@ def assemble(probe: str, target: str, per: dict[int, Evidence], rank_reports: di
         report.metrics.update(scratch.metrics)
         report.findings.extend(f for f in scratch.findings if f.code == "internal-error")
         if isinstance(report.metrics.get("memory"), dict):
-            from torchdoctor.distributed.memranks import memory_by_rank
+            from torchdoctor.evidence.memranks import memory_by_rank
 
             by_rank = memory_by_rank(per)  # each rank's peak, which rank is highest, the skew
             if by_rank:

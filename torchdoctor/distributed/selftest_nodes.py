@@ -20,6 +20,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from torchdoctor.distributed.timing import time_all_reduce
+
 JOB_FILE = "job.json"
 NET_LINE = re.compile(r"NCCL INFO .*Using network (\w+)")
 VIA = re.compile(r"NCCL INFO Channel \d+/\d+ : \d+\[\d+\] -> \d+\[\d+\] (?:\[\w+\] )?via (\S+)")
@@ -42,8 +44,6 @@ class _Group:
 def node_sweep(dist, torch, rec, device, nbytes: int, warmup: int, reps: int, iters: int) -> None:
     """Intra- and inter-node all-reduce of ``nbytes`` (every rank calls this: new_group is
     collective). Writes ``node_sweep`` into the rank's record."""
-    from torchdoctor.distributed.selftest_worker import time_all_reduce
-
     world, rank = dist.get_world_size(), dist.get_rank()
     local = int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
     if local < 1 or world % local:

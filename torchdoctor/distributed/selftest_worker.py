@@ -32,6 +32,7 @@ from pathlib import Path
 
 from torchdoctor.distributed.procs import die_with_parent
 from torchdoctor.distributed.rankdir import NODE_ENV
+from torchdoctor.distributed.timing import time_all_reduce
 
 CHECK_NUMEL = (1 << 16) + 3  # odd on purpose: catches padding/chunking bugs
 
@@ -131,40 +132,6 @@ def run_checks(dist, torch, rec: RankRecord, rank: int, n: int, device) -> None:
         rec.update(checks=results)
         if entry["error"]:
             raise RuntimeError(f"{op} failed: {entry['error']}")
-
-
-# --------------------------------------------------------------------------- timing
-def time_all_reduce(dist, torch, x, iters: int, warmup: int, reps: int) -> list[float]:
-    """Seconds per all-reduce of ``x``: one value per repetition of ``iters`` calls.
-
-    GPU: CUDA events on the current stream bracket the loop (ProcessGroupNCCL makes the
-    current stream wait on its comm stream after each call). CPU: perf_counter (gloo
-    calls block until done). A barrier before each repetition aligns the ranks, as
-    nccl-tests does.
-    """
-    cuda = x.is_cuda
-    for _ in range(warmup):
-        dist.all_reduce(x)
-    if cuda:
-        torch.cuda.synchronize()
-    out = []
-    for _ in range(reps):
-        dist.barrier()
-        if cuda:
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                dist.all_reduce(x)
-            end.record()
-            end.synchronize()
-            out.append(start.elapsed_time(end) / 1e3 / iters)
-        else:
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                dist.all_reduce(x)
-            out.append((time.perf_counter() - t0) / iters)
-    return out
 
 
 def iters_for(nbytes: int, cuda: bool) -> int:

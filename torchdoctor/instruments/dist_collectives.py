@@ -217,7 +217,7 @@ def dump_flight_recorder(run_dir: Any) -> dict[str, Any]:
 class CollectiveRecorder(Instrument):
     name = "dist_collectives"
     # inert unless the run is ranked; "collective" and "fr_entries" are its files, which the
-    # parent merges into events (distributed/merge.py)
+    # parent merges into events (evidence/ranks.py)
     produces = frozenset({"collectives", "dist_init", "collective", "fr_entries"})
     priority = 15
 

@@ -14,7 +14,7 @@ matmuls, ``torch.backends.cudnn.allow_tf32`` for convolutions, read at the count
 end of step ``c`` (the same interval the step clock times), ``c`` = the first step >= 2 (step 1 is
 the warm-up) that the profiler window does not touch when a ``profile`` run arms one (its plan is
 computed from the same options, ``_profile_plan.plan_window``), and before ``--steps``. The step-time
-statistics leave step ``c`` out (``pipeline/steps.py`` ``judged_steps``, ``rules/profile.py``
+statistics leave step ``c`` out (``evidence/steps.py`` ``judged_steps``, ``evidence/profile.py``
 ``bare_clock``): the counter costs host time on every op of that step (see docs/yardstick.md for
 the measured cost), not numerics (it reads shapes; the ops run unchanged).
 

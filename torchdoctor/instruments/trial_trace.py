@@ -18,7 +18,7 @@ Armed by the trials layer (``torchdoctor/trials``: treat, repro, compile) throug
   (after the warm-up step and the FLOP counter's step) and one at the end of the last step
   (``--steps``): ``trial_window`` {from_step, to_step, steps, wall_s} — steps / wall is exact.
   The two syncs fall between steps (outside every step's timing); without a step bound the
-  run has no window and its steps are timed by the step-time basis (``pipeline/steps.py``).
+  run has no window and its steps are timed by the step-time basis (``evidence/steps.py``).
 
 Events: ``trial_window`` (above), ``loss_trace`` {steps: [...], losses: [...]} (a non-finite loss is the string
 ``"nan"``, ``"inf"`` or ``"-inf"``: JSON has no such numbers) and ``peak_memory`` {cuda: {dev: bytes},

@@ -8,7 +8,6 @@ evidence they ``need``; the instruments a probe arms are derived from those need
 instruments, loads the Evidence, runs the rules and returns the Report. Families add report
 metrics with ``@metrics_provider(name, needs=...)`` (:mod:`torchdoctor.pipeline.registry`) and
 follow-up runs with ``@followup(code)`` (:mod:`torchdoctor.pipeline.followups`), in modules of this
-package (discovered automatically).
+package (discovered automatically). This package imports nothing (the registry discovers its
+modules by name; a re-export here made the registry and the package import each other).
 """
-
-from torchdoctor.pipeline.registry import metrics_provider  # noqa: F401  (re-export)

@@ -38,7 +38,7 @@ from typing import Any
 
 from torchdoctor.evidence import Evidence
 from torchdoctor.pipeline.registry import metrics_provider
-from torchdoctor.pipeline.steps import counted_steps, judged_steps, step_seconds
+from torchdoctor.evidence.steps import counted_steps, judged_steps, step_seconds
 
 COUNTER = "torch.utils.flop_counter.FlopCounterMode"
 
@@ -48,7 +48,7 @@ def plain_steps(ev: Evidence) -> list[dict[str, Any]]:
     steps = judged_steps(ev)
     w = ev.last("profile_window")
     if w and w.get("status") in ("ok", "partial"):
-        from torchdoctor.rules.profile import touched_steps
+        from torchdoctor.evidence.profile import touched_steps
 
         touched = touched_steps(w)
         steps = [s for s in steps if s.get("step") not in touched] or steps

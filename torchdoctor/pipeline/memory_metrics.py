@@ -9,7 +9,7 @@ from typing import Any
 
 from torchdoctor.evidence import Evidence
 from torchdoctor.memory.growth import judge
-from torchdoctor.memory.series import cuda_end_stats, memory_series, room_left, step_seconds, thin
+from torchdoctor.evidence.memory import cuda_end_stats, memory_series, room_left, step_seconds, thin
 from torchdoctor.memory.trend import fit_trend
 from torchdoctor.pipeline.registry import metrics_provider
 

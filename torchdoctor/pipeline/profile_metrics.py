@@ -29,19 +29,16 @@ def profile_metrics(ev: Evidence) -> dict[str, Any] | None:
     if (w.get("device") or {}).get("name"):
         out["gpu"] = w["device"]["name"]
     if w.get("status") == "not-reached":
-        from torchdoctor.rules.profile import not_reached
+        from torchdoctor.evidence.profile import not_reached
 
         out["reason"] = not_reached(w)
     if w.get("status") not in ("ok", "partial"):
         return out
-    from torchdoctor.judge import NotApplicable
-    from torchdoctor.rules.profile import bare_clock
+    from torchdoctor.evidence.profile import bare_clock
 
-    try:
-        clock = bare_clock(ev, w)
+    clock = bare_clock(ev, w)
+    if clock is not None:
         out["step_ms"] = clock["step_ms"]
-    except NotApplicable:
-        clock = None
     recorded = [float(s["wall_s"]) * 1e3 for s in ev.of("step") if s.get("step") in set(w.get("steps") or [])]
     if recorded and clock and clock["source"] == "bare" and clock["step_ms"] > 0:
         med = sorted(recorded)[len(recorded) // 2]

@@ -2,8 +2,8 @@
 
 Flow: make the run dir (a temp dir, or ``--out DIR`` → ``DIR/run``) → launch the child
 harness (``runner.launch``) → load :class:`Evidence` → :func:`judging.judge_run` (rules,
-follow-up runs, metrics) → :class:`Report`. Under ``--nproc-per-node`` the launch goes through
-torchrun and ``distributed/ranked.py`` judges each rank with the same pipeline. The parent
+follow-up runs, metrics) → :class:`Report`. Under ``--nproc-per-node`` :func:`run_ranked` launches
+through torchrun and ``distributed/ranked.py`` judges each rank with the same pipeline. The parent
 never imports torch here: the header (torch version, device) comes from the child's evidence.
 """
 
@@ -20,12 +20,12 @@ from torchdoctor.errors import DoctorError
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Report
 from torchdoctor.pipeline.judging import DEFAULT_STEPS, judge_run
+from torchdoctor.runner.childio import QUIET_PATTERNS
+from torchdoctor.runner.outdir import new_run_dir
 from torchdoctor.runner.rundir import EVENTS, META, RESULT, STACKS
 
 RUN_FILES = (META, EVENTS, RESULT, STACKS)
 DEFAULT_TIMEOUT_S = 300.0
-# output lines of libraries that are not the script's (Kineto's profiler start/stop notes)
-QUIET_PATTERNS: list[str] = [r"^STAGE:\d{4}-\d\d-\d\d .*ActivityProfilerController\.cpp"]
 
 
 def check_target(target: str, module: bool) -> None:
@@ -67,16 +67,6 @@ def find_top_module(top: str):
         sys.path[:] = saved
 
 
-def _run_dir(out: str | None) -> tuple[Path, bool]:
-    """(run dir, is_temporary). Under --out (a folder torchdoctor owns, see runner.outdir) the
-    run dir ``run`` of an earlier run there is replaced."""
-    if out:
-        from torchdoctor.runner.outdir import fresh_subdir
-
-        return fresh_subdir(out, "run"), False
-    return Path(tempfile.mkdtemp(prefix="torchdoctor-run-")), True
-
-
 def run_probe(probe: str, target: str, script_args: list[str], options: dict[str, Any]) -> Report:
     """Run ``target`` (a script path, or a module with ``options['module']``) under ``probe``.
 
@@ -107,10 +97,8 @@ def run_probe(probe: str, target: str, script_args: list[str], options: dict[str
         return Evidence.load(d)
 
     if opts.get("nproc_per_node"):  # torchrun: the harness on every rank, one merged report
-        from torchdoctor.distributed.ranked import run_ranked
-
         return run_ranked(probe, target, argv, module=module, opts=opts, timeout=timeout, show=show)
-    run_dir, is_tmp = _run_dir(opts.get("out"))
+    run_dir, is_tmp = new_run_dir(opts.get("out"))
     if is_tmp:
         tmp_dirs.append(run_dir)
     try:
@@ -148,3 +136,36 @@ def run_probe(probe: str, target: str, script_args: list[str], options: dict[str
         if not os.environ.get("TORCHDOCTOR_KEEP_RUN"):
             for d in tmp_dirs:
                 shutil.rmtree(d, ignore_errors=True)
+
+
+def run_ranked(probe: str, target: str, argv: list[str], *, module: bool, opts: dict[str, Any],
+               timeout: float | None, show: bool | None) -> Report:
+    """A script probe on ``opts['nproc_per_node']`` ranks under torchrun (one node of a multi-node
+    job with ``opts['node']``): launch, then :mod:`torchdoctor.distributed.ranked` merges the ranks
+    (or :mod:`torchdoctor.distributed.jobreport` the nodes)."""
+    from torchdoctor.distributed.multinode import NodeSpec
+    from torchdoctor.distributed.ranked import judge
+    from torchdoctor.distributed.torchrun import RankSet, quiet_patterns
+    from torchdoctor.pipeline.registry import armed_needs
+    from torchdoctor.runner.launch import launch
+
+    n = int(opts["nproc_per_node"])
+    node = NodeSpec.from_dict(opts.get("node"))  # one node of a multi-node job, or None
+    run_dir, is_tmp = new_run_dir(opts.get("out"))  # fresh: no rank dir of an earlier run
+    if node is not None:  # the node's facts need torch here: import it while the ranks run
+        from torchdoctor.distributed.jobreport import preload
+
+        preload()
+    try:
+        launch(run_dir, probe, argv, module=module, options=opts, timeout=timeout,
+               quiet_patterns=QUIET_PATTERNS + quiet_patterns(dict(os.environ)), show_progress=show,
+               ranks=RankSet(run_dir, n, node=node), needs=armed_needs(probe))
+        label = " ".join(["-m", target] if module else [target])
+        if node is not None:
+            from torchdoctor.distributed.jobreport import run_node
+
+            return run_node(probe, label, run_dir, n, node)
+        return judge(probe, label, run_dir, n)
+    finally:
+        if is_tmp and not os.environ.get("TORCHDOCTOR_KEEP_RUN"):
+            shutil.rmtree(run_dir, ignore_errors=True)

@@ -12,7 +12,7 @@ from rich.text import Text
 
 from torchdoctor.findings import MARKS, Finding, Report
 from torchdoctor.report.caps import bounded
-from torchdoctor.report.safe import safe_text, visible
+from torchdoctor.safe import safe_text, visible
 
 STYLES = {"error": "bold red", "warning": "bold yellow", "info": "bold cyan"}
 

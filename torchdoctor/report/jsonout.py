@@ -23,7 +23,7 @@ def _clean(obj: Any) -> Any:
 
 
 def dumps(data: dict[str, Any]) -> str:
-    from torchdoctor.report.safe import json_visible
+    from torchdoctor.safe import json_visible
 
     return json_visible(json.dumps(_clean(data), indent=2, ensure_ascii=False))
 

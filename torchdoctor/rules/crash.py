@@ -19,7 +19,7 @@ from torchdoctor.errortext import match
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Finding, finding
 from torchdoctor.judge import rule
-from torchdoctor.report.safe import visible
+from torchdoctor.safe import visible
 from torchdoctor.rules.run import INTERNAL_ERROR
 from torchdoctor.runner.frames import short_path
 from torchdoctor.skills import CHECKPOINTING, CUSTOM_AUTOGRAD, DEBUGGING

@@ -32,7 +32,7 @@ from torchdoctor.memory import growth
 from torchdoctor.memory.growth import (FIT_MIN_R2, SEVERITY_ORDER, SITE_MIN_SHARE, UNATTRIBUTED_MIN_STEPS,
                                        evidence_cap, judge, with_graph_floor)
 from torchdoctor.memory.oom import fix_lines, rank_fixes
-from torchdoctor.memory.series import cuda_end_stats, memory_series, room_left, step_seconds
+from torchdoctor.evidence.memory import cuda_end_stats, memory_series, room_left, step_seconds
 from torchdoctor.memory.trend import MIN_POINTS, fit_trend, warmup_count
 from torchdoctor.memory.units import MiB, human_bytes
 from torchdoctor.skills import TENSOR_MEMORY

@@ -28,7 +28,7 @@ from torchdoctor.catalog import declare
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Finding, finding
 from torchdoctor.judge import NotApplicable, rule
-from torchdoctor.pipeline.steps import device_summary, judged_steps
+from torchdoctor.evidence.steps import device_summary, judged_steps
 from torchdoctor.runner.frames import short_path
 from torchdoctor.skills import PERFORMANCE
 

@@ -9,11 +9,12 @@ with each code below (why these values: ``docs/findings/<code>.md``).
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 from torchdoctor.catalog import declare
 from torchdoctor.evidence import Evidence
+from torchdoctor.evidence.profile import bare_clock as measured_clock
+from torchdoctor.evidence.profile import not_reached
 from torchdoctor.findings import Finding, finding, internal_finding
 from torchdoctor.judge import NotApplicable, rule
 from torchdoctor.rules.perf_step import DATA_SHARE
@@ -65,55 +66,12 @@ def window(ev: Evidence) -> dict[str, Any]:
     return w
 
 
-def not_reached(w: dict[str, Any]) -> str:
-    """What kept the window from its steps, in words (issue 27: say what really happened)."""
-    seen, need = int(w.get("steps_seen") or 0), w.get("steps_needed")
-    if seen:
-        return (f"the run completed {seen} training steps; the profiler window needs {need} "
-                f"(lower --skip or raise --steps)")
-    stepped = w.get("optimizers_stepped")
-    if stepped:  # optimizers stepped, yet no step boundary: a cycle of several never learned
-        return (f"{stepped} optimizers stepped but no training step was completed: with several "
-                f"optimizers a step ends once their cycle is known (the first comes back after the "
-                f"others, or one steps 9 times), and the run ended first; the window needs {need} steps")
-    return (f"no optimizer step was seen (the script never called optimizer.step(), or the run ended "
-            f"before training began); the window needs {need} steps")
-
-
-def touched_steps(w: dict[str, Any]) -> set[int]:
-    """Steps whose wall time the profiler changed: the counted step, warm-up, active, the one after."""
-    first = int(w.get("first_step") or 1)
-    # the step before the warm-up counted the Python calls for the budget (a profile function)
-    counted = 1 if (w.get("budget") or {}).get("py_calls_per_step") else 0
-    return set(range(first - int(w.get("warmup", 1)) - counted, first + int(w.get("active", 1)) + 1))
-
-
 def bare_clock(ev: Evidence, w: dict[str, Any]) -> dict[str, Any]:
-    """Median step time (ms) and data-wait share of the un-profiled steps (step 1 left out).
-
-    Falls back to the profiled steps when the run had no other step (``source``: "profiled").
-    """
-    from torchdoctor.pipeline.steps import counted_steps
-
-    steps = ev.of("step")
-    skip = touched_steps(w) | counted_steps(ev)  # and the FLOP counter's step
-    bare = [s for s in steps if s.get("step") != 1 and s.get("step") not in skip]
-    source = "bare"
-    if not bare:
-        bare = [s for s in steps if s.get("step") in skip] or steps
-        source = "profiled"
-    if not bare:
+    """:func:`torchdoctor.evidence.profile.bare_clock`, or NotApplicable without a step time."""
+    clock = measured_clock(ev, w)
+    if clock is None:
         raise NotApplicable("no step time was measured")
-    from torchdoctor.evidence import step_seconds
-
-    walls = step_seconds(ev, bare)[0]  # on CUDA: the longer of host wall and device span
-    total = sum(walls) or 1e-12
-    data = sum(float(s.get("data_s", 0.0)) for s in bare)
-    no_data = [w - float(s.get("data_s", 0.0)) for w, s in zip(walls, bare)]
-    return {"step_ms": round(statistics.median(walls) * 1e3, 4), "data_share": round(data / total, 4),
-            "data_ms": round(data / len(bare) * 1e3, 4), "min_step_ms": round(min(walls) * 1e3, 4),
-            "min_step_no_data_ms": round(min(no_data) * 1e3, 4),
-            "steps": len(bare), "source": source}
+    return clock
 
 
 def gpu_window(ev: Evidence) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -1,7 +1,7 @@
 """Shared helpers of the cross-rank rules (probe ``"ranks"``): the ranks' results, stacks and
 outcomes in words, and the lines of their errors that the error-text table recognises.
 
-The rules judge the merged Evidence of :mod:`torchdoctor.distributed.merge` (every event carries
+The rules judge the merged Evidence of :mod:`torchdoctor.evidence.ranks` (every event carries
 its ``rank``): ``ranks_collectives`` (collective-hang, collective-mismatch), ``ranks_samplers``
 (missing-distributed-sampler, sampler-epoch-not-set), ``ranks_stragglers`` (rank-straggler).
 This module registers no rule.

@@ -20,6 +20,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
+# output lines of libraries that are not the script's (Kineto's profiler start/stop notes)
+QUIET_PATTERNS: list[str] = [r"^STAGE:\d{4}-\d\d-\d\d .*ActivityProfilerController\.cpp"]
+
 STOP_GRACE_MIN_S = 2.0  # a progressing run's clean stop after --timeout: at least this long
 TAIL_LINES = 40
 TAIL_LINE_MAX = 2000  # characters kept of each tail line (its end)

@@ -35,6 +35,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from torchdoctor.runner.device import emit_device
 from torchdoctor.runner.rundir import META, RESULT, STACKS, EvidenceWriter, read_json, write_json
 
 EXIT_INTERRUPTED = 130
@@ -241,21 +242,6 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
     return int(result.get("exit_code") or 0)
-
-
-def emit_device(ctx) -> None:
-    """The device the script used (never initialises CUDA itself)."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return
-    if torch.cuda.is_initialized():
-        i = torch.cuda.current_device()
-        ctx.emit("device", device=f"cuda:{i}", name=torch.cuda.get_device_name(i),
-                 capability=list(torch.cuda.get_device_capability(i)))
-    else:
-        # not platform.processor(): it runs `uname -p` in a subprocess, a fork while the
-        # script's other threads may be inside autograd
-        ctx.emit("device", device="cpu", name=platform.machine())
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from torchdoctor.errors import DoctorError
@@ -123,6 +124,14 @@ def write_file(path: str | os.PathLike, text: str) -> None:
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     fd = os.open(p, flags, 0o644)
     # backslashreplace: a lone surrogate that reached the text is written as an escape, never
-    # raised on after the whole run (report/safe.py OUTPUT_ERRORS; runner/ does not import report/)
+    # raised on after the whole run (safe.py OUTPUT_ERRORS; runner/ does not import report/)
     with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as f:
         f.write(text)
+
+
+def new_run_dir(out: str | None) -> tuple[Path, bool]:
+    """(run dir, is_temporary). Under --out (a folder torchdoctor owns) the run dir ``run`` of an
+    earlier run there is replaced; without it, a new temporary folder."""
+    if out:
+        return fresh_subdir(out, "run"), False
+    return Path(tempfile.mkdtemp(prefix="torchdoctor-run-")), True

@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 from torchdoctor.runner.context import StopRun
+from torchdoctor.runner.device import emit_device
 
 _perf = time.perf_counter
 _get_ident = threading.get_ident
@@ -260,8 +261,6 @@ class StepClock:
         self.batches -= batches
         self.backwards -= backwards
         if step == 1:
-            from torchdoctor.runner.harness import emit_device
-
             self._safe("stepclock", "device", emit_device, ctx)
         if step == DISCOVERY_STEPS:
             self._switch_to_root_hooks()

@@ -97,7 +97,7 @@ def json_text(obj) -> str:
     (untrusted text from a pasted log) become ``\\uXXXX`` too, so stdout never carries them raw."""
     import json
 
-    from torchdoctor.report.safe import json_visible
+    from torchdoctor.safe import json_visible
 
     return json_visible(json.dumps(obj, indent=2, ensure_ascii=False))
 
@@ -158,7 +158,7 @@ def main(argv: list[str]) -> int:
         sys.stdout.flush()
         return code
     except DoctorError as e:
-        from torchdoctor.report.safe import visible  # a path or pasted text in the message is data
+        from torchdoctor.safe import visible  # a path or pasted text in the message is data
 
         print(visible(f"torchdoctor: error: {e.message}"), file=sys.stderr)
         if e.hint:
@@ -175,7 +175,7 @@ def main(argv: list[str]) -> int:
             import traceback
 
             traceback.print_exc()
-        from torchdoctor.report.safe import visible
+        from torchdoctor.safe import visible
 
         print(visible(f"torchdoctor: internal error: {type(e).__name__}: {e}"), file=sys.stderr)
         print(f"  This is a bug in torchdoctor, not in your code. Please report it at {ISSUES_URL}",

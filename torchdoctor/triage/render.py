@@ -2,7 +2,7 @@
 
 Everything that comes from the input (the query, quoted log lines, file paths and names of frames,
 numbers' text values, the why that quotes them, SCRIPT) is untrusted: it goes through
-``report.safe.visible`` (control bytes shown as ``\\x1b``, tabs as spaces) and into ``Text``,
+``safe.visible`` (control bytes shown as ``\\x1b``, tabs as spaces) and into ``Text``,
 never parsed as markup.
 """
 
@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from torchdoctor.report.safe import visible
+from torchdoctor.safe import visible
 from torchdoctor.triage.answer import Answer
 from torchdoctor.errortext.numbers import human
 

@@ -45,9 +45,9 @@ class TrialRun:
 
     def step_ms(self, exclude: Collection[int] = ()) -> list[float]:
         """Time of each judged step (warm-up left out), in ms, by the one step-time basis (on
-        CUDA the longer of host wall and device span: ``pipeline/steps.py``); ``exclude``: step
+        CUDA the longer of host wall and device span: ``evidence/steps.py``); ``exclude``: step
         numbers left out too (e.g. the steps in which torch.compile compiled)."""
-        from torchdoctor.pipeline.steps import judged_steps, step_seconds
+        from torchdoctor.evidence.steps import judged_steps, step_seconds
 
         steps = [s for s in judged_steps(self.evidence) if int(s.get("step", 0)) not in exclude]
         return [t * 1e3 for t in step_seconds(self.evidence, steps)[0]]
@@ -58,7 +58,7 @@ class TrialRun:
         w = self.evidence.last("trial_window")
         if not w or not w.get("steps") or not w.get("wall_s"):
             return None
-        from torchdoctor.pipeline.steps import counted_steps
+        from torchdoctor.evidence.steps import counted_steps
 
         lo, hi = int(w["from_step"]), int(w["to_step"])
         if any(lo <= int(s) <= hi for s in [*exclude, *counted_steps(self.evidence)]):
@@ -76,7 +76,7 @@ class TrialRun:
         return median(self.step_ms(exclude))
 
     def time_basis(self, exclude: Collection[int] = ()) -> str:
-        from torchdoctor.pipeline.steps import judged_steps, step_seconds
+        from torchdoctor.evidence.steps import judged_steps, step_seconds
 
         if self.window(exclude) is not None:
             return "synchronised window (steps / wall between two cuda synchronize)"
@@ -192,7 +192,7 @@ class Trials:
         Raises :class:`torchdoctor.runner.signals.Stopped` (nothing started) once a stop signal
         arrived: the command reports what ran, status ``interrupted``."""
         from torchdoctor.pipeline.registry import armed_needs
-        from torchdoctor.pipeline.run import QUIET_PATTERNS
+        from torchdoctor.runner.childio import QUIET_PATTERNS
         from torchdoctor.runner import signals
         from torchdoctor.runner.launch import launch
 

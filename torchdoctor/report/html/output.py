@@ -94,7 +94,7 @@ def write_html(path: Path, text: str) -> None:
     """Replace ``path`` atomically (temp file in the same folder, then rename)."""
     fd, tmp = tempfile.mkstemp(prefix=".torchdoctor-", suffix=".html", dir=path.parent)
     try:
-        from torchdoctor.report.safe import OUTPUT_ERRORS
+        from torchdoctor.safe import OUTPUT_ERRORS
 
         with os.fdopen(fd, "w", encoding="utf-8", errors=OUTPUT_ERRORS) as f:
             f.write(text)

@@ -18,7 +18,7 @@ import html
 import math
 from typing import Sequence
 
-from torchdoctor.report.safe import visible
+from torchdoctor.safe import visible
 
 W, H = 640, 220
 PAD_L, PAD_R, PAD_T, PAD_B = 64, 16, 18, 34

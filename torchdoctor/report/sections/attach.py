@@ -10,7 +10,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from torchdoctor.report.safe import visible
+from torchdoctor.safe import visible
 from torchdoctor.report.sections import section
 
 GIB = 1024 ** 3

@@ -1,7 +1,7 @@
 """Console section of `checkpoint-audit`: what the checkpoint holds, per top-level entry.
 
 Every key, type name, value, dtype and device here comes from the file: each cell is a
-:func:`~torchdoctor.report.safe.safe_text` (control bytes shown as ``\\x1b``, never parsed
+:func:`~torchdoctor.safe.safe_text` (control bytes shown as ``\\x1b``, never parsed
 as markup), so a crafted key can neither move the cursor nor break the table.
 """
 
@@ -11,7 +11,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from torchdoctor.report.safe import safe_text, visible
+from torchdoctor.safe import safe_text, visible
 from torchdoctor.report.sections import section
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from torchdoctor.report.safe import visible
+from torchdoctor.safe import visible
 from torchdoctor.report.sections import section
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from torchdoctor.report.safe import visible
+from torchdoctor.safe import visible
 from torchdoctor.report.sections import section
 
 _UNITS = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))

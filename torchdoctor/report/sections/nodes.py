@@ -2,14 +2,14 @@
 report is (every other node's own section).
 
 Reads ``report.metrics["nodes"]`` / ``["node"]`` (torchdoctor/distributed/jobreport.py). Host
-names, GPU models and errors came from other machines: rendered through ``report/safe.py``.
+names, GPU models and errors came from other machines: rendered through ``safe.py``.
 """
 
 from __future__ import annotations
 
 from rich.table import Table
 
-from torchdoctor.report.safe import safe_text, visible
+from torchdoctor.safe import safe_text, visible
 from torchdoctor.report.sections import section
 
 

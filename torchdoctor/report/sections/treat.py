@@ -14,7 +14,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from torchdoctor.report.safe import safe_text
+from torchdoctor.safe import safe_text
 from torchdoctor.report.sections import section
 
 STYLE = {"adopt": "bold green", "noise": "dim", "reject": "yellow", "failed": "bold red",

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from torchdoctor.evidence import Evidence
-from torchdoctor.memory.series import cuda_end_stats
+from torchdoctor.evidence.memory import cuda_end_stats
 
 BASES = ("cuda_peak_allocated", "host_rss_peak", "host_heap_peak")
 EVEN_SKEW = 1.05  # max / min below this: the ranks' peaks are even (noise), no rank named

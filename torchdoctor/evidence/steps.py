@@ -1,4 +1,5 @@
-"""Step-clock summaries (metrics ``steps`` and ``run``), shared by the report and the rules.
+"""Step-clock summaries, shared by the rules and the metrics ``steps`` and ``run``
+(``pipeline/steps_metrics.py``): derived views of the evidence, below both.
 
 Warm-up: the first step (lazy init, worker start-up, allocator growth, cuDNN autotune) is left
 out of the summary when at least WARMUP_MIN_STEPS steps were seen.
@@ -26,7 +27,6 @@ import statistics
 from typing import Any
 
 from torchdoctor.evidence import CUDA_BASIS, HOST_BASIS, Evidence, device_spans, step_seconds  # noqa: F401
-from torchdoctor.pipeline.registry import metrics_provider
 
 PHASES = ("data", "forward", "backward", "optimizer", "other")
 SERIES_MAX = 2000  # points of the per-step series kept in the report (every k-th step beyond)
@@ -184,25 +184,4 @@ def device_summary(ev: Evidence) -> dict[str, Any] | None:
         vals = [float(d[k]) for d in devs if d.get(k) is not None]
         if vals:  # phase times: means (they add up, as the host columns); busy: the median
             out[k] = round(statistics.median(vals) if k == "busy" else statistics.fmean(vals), 4)
-    return out
-
-
-@metrics_provider("steps", needs={"step", "step_device"})
-def steps_metrics(ev: Evidence) -> dict[str, Any] | None:
-    return step_summary(ev)
-
-
-@metrics_provider("run", needs={"step", "script_start"})
-def run_metrics(ev: Evidence) -> dict[str, Any] | None:
-    res = ev.result
-    if not res:
-        return None
-    out = {k: res[k] for k in ("outcome", "exit_code", "reason", "signal", "timeout_s", "wall_s",
-                               "steps", "interrupted", "interrupted_by", "killed_after_interrupt",
-                               "clean_stop_requested", "processes_left")
-           if res.get(k) is not None}
-    first = ev.of("step")
-    start = ev.last("script_start")
-    if first and start:
-        out["time_to_first_step_s"] = round(float(first[0]["t"]) - float(start["t"]), 3)
     return out
