@@ -1,6 +1,6 @@
 """The collectives table of a ranked run (issue 29 item 2): time per all-gather / reduce-scatter /
 all-reduce / all-to-all / broadcast, exposed vs overlapped, bytes and bus bandwidth, per rank and
-step (``instruments/_profile_comms.py``, ``distributed/commranks.py``), and the rule
+step (``instruments/_profile_comms.py``, ``evidence/commranks.py``), and the rule
 ``collectives-exposed`` (``rules/dist_comm.py``).
 
 Pure tests on synthetic flats; end to end: ``profile --nproc-per-node 2`` on an FSDP2 LM, the
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, run_cli
-from torchdoctor.distributed.commranks import collectives_by_rank
+from torchdoctor.evidence.commranks import collectives_by_rank
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Report
 from torchdoctor.instruments._profile_comms import (_length, _merge, _minus, bus_factor, collectives,

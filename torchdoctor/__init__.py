@@ -4,7 +4,7 @@ Diagnosis before solutions: route the symptom, measure the run, report findings.
 Nothing heavy is imported here: `torchdoctor --help` and `ask` must stay fast.
 """
 
-__version__ = "0.1.0"
+from torchdoctor.version import __version__  # noqa: F401
 
 # The Python API (torchdoctor/api.py), resolved on first use so that `import torchdoctor` imports
 # nothing more: torchdoctor.checkup("train.py", steps=50) runs the probe in a child process. The

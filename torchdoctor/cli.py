@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from torchdoctor import __version__
+from torchdoctor.version import __version__
 
 COMMAND_MODULES = [
     "ask",

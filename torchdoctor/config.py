@@ -73,7 +73,7 @@ def project_defaults(start: Path | None = None) -> tuple[Path | None, dict[str, 
     try:
         data = _load_toml(path)
     except (OSError, ValueError) as e:
-        from torchdoctor.report.safe import visible
+        from torchdoctor.safe import visible
 
         print(visible(f"torchdoctor: warning: {path} unreadable, no [tool.torchdoctor] defaults: {e}"),
               file=sys.stderr)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchdoctor import __version__
+from torchdoctor.version import __version__
 from torchdoctor.catalog import CodeInfo, lookup
 from torchdoctor.errors import EXIT_FINDINGS, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK
 

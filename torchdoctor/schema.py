@@ -63,7 +63,7 @@ def _object(cls: type, overrides: dict[str, dict] | None = None) -> dict:
 
 def report_schema() -> dict:
     """The schema of the JSON report (schema ``SCHEMA``)."""
-    from torchdoctor import __version__
+    from torchdoctor.version import __version__
     from torchdoctor.catalog import SEVERITIES, catalog
     from torchdoctor.findings import SCHEMA, STATUSES, Finding, Report, Skipped
     from torchdoctor.skills import ALL_SKILLS

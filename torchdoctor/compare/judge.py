@@ -274,7 +274,7 @@ def compare(before: dict, after: dict, before_path: str = "", after_path: str = 
     if sides[0]["target"] != sides[1]["target"]:
         notes.append("different targets: the comparison assumes the same training, changed")
     verdict = ("regression" if regressions else "improvement" if improvements else "within noise")
-    from torchdoctor import __version__
+    from torchdoctor.version import __version__
 
     return {"tool": "torchdoctor", "version": __version__, "command": "compare",
             "compare_schema": SCHEMA, "verdict": verdict,

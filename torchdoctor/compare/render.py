@@ -47,7 +47,7 @@ def render_console(cmp: dict, console) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from torchdoctor.report.safe import visible
+    from torchdoctor.safe import visible
 
     b, a = cmp["before"], cmp["after"]
     head = Text()

@@ -69,7 +69,7 @@ def assemble(probe: str, target: str, per: dict[int, Evidence], rank_reports: di
             by_rank = memory_by_rank(per)  # each rank's peak, which rank is highest, the skew
             if by_rank:
                 report.metrics["memory"]["by_rank"] = by_rank
-        from torchdoctor.distributed.commranks import collectives_by_rank
+        from torchdoctor.evidence.commranks import collectives_by_rank
 
         comm = collectives_by_rank(per)  # each rank's collectives: time, exposed, bytes, busbw
         if comm:

@@ -94,7 +94,7 @@ def to_junit(report: dict[str, Any]) -> ET.Element:
 
 
 def render(report: dict[str, Any]) -> str:
-    from torchdoctor.report.safe import visible
+    from torchdoctor.safe import visible
 
     root = to_junit(report)
     for el in root.iter():  # XML 1.0 cannot hold most control characters: make them visible

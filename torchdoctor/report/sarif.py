@@ -96,7 +96,7 @@ def _result(f: dict[str, Any], index: dict[str, int], target: str | None) -> dic
 
 
 def to_sarif(report: dict[str, Any]) -> dict[str, Any]:
-    from torchdoctor import __version__
+    from torchdoctor.version import __version__
 
     rules, index = _rules()
     target = _target_file(report)

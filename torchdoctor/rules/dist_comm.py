@@ -68,7 +68,7 @@ def _fix_key(kind: str, row: dict[str, Any]) -> str:
 
 def judged_table(ev: Evidence) -> tuple[dict[str, Any], float]:
     """(the rank's collectives table, its un-profiled step ms); NotApplicable when not judged."""
-    from torchdoctor.distributed.commranks import unprofiled_step_ms
+    from torchdoctor.evidence.commranks import unprofiled_step_ms
 
     t = ev.last("profile_collectives")
     if not t:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from torchdoctor import __version__
+from torchdoctor.version import __version__
 
 
 @dataclass

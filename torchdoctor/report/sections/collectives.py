@@ -1,5 +1,5 @@
 """Console section of a ranked run's collectives (``report.metrics["collectives"]``, from
-torchdoctor/distributed/commranks.py): per rank and kind, ms per recorded step, exposed vs
+torchdoctor/evidence/commranks.py): per rank and kind, ms per recorded step, exposed vs
 overlapped, bytes and bus bandwidth. None without it."""
 
 from __future__ import annotations

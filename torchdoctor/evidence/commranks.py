@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from torchdoctor.evidence import Evidence
+from torchdoctor.evidence.profile import bare_clock
 
 NOTES = {
     "device": "NCCL kernels on the GPU timeline; exposed = no other GPU work ran meanwhile",
@@ -34,16 +35,11 @@ NOTES = {
 
 def unprofiled_step_ms(ev: Evidence) -> float | None:
     """The rank's un-profiled median step time (ms), as the profile rules take it."""
-    from torchdoctor.judge import NotApplicable
-    from torchdoctor.rules.profile import bare_clock
-
     w = ev.last("profile_window")
     if not w:
         return None
-    try:
-        return float(bare_clock(ev, w)["step_ms"])
-    except NotApplicable:
-        return None
+    clock = bare_clock(ev, w)
+    return float(clock["step_ms"]) if clock else None
 
 
 def rank_row(rank: int, ev: Evidence) -> dict[str, Any] | None:
