@@ -239,6 +239,37 @@ def test_late_arrival_without_more_own_work_is_not_a_straggler():
     assert rank_straggler(ev(events)) == []
 
 
+def cpu_events(n, run_s, wait_s, other_load=1.9):
+    """Each rank's ``cpu`` event over steps 2..n: per-step seconds on a CPU and waiting for one."""
+    return [{"kind": "cpu", "rank": r, "window_steps": [2, n], "threads_on_cpu_s": run_s[r] * (n - 1),
+             "threads_runqueue_wait_s": wait_s[r] * (n - 1), "other_load_cores": other_load}
+            for r in (0, 1)]
+
+
+def test_a_rank_late_because_it_waited_for_a_cpu_on_a_loaded_host_is_not_a_straggler():
+    # issue 27 re-run: Lightning DDP (gloo) at load 18-23 on 2 cores, rank 1 33 ms late in its data
+    # phase in 92% of steps, in one run of two; both ranks do the same work
+    events = arrival_events(40, lag_s=0.033, own_extra_s=0.027, wall_s=0.1, own_s=0.02)
+    [f] = rank_straggler(ev(events))  # without the CPU measurement it looks like a straggler
+    starved = events + cpu_events(40, run_s={0: 0.015, 1: 0.016}, wait_s={0: 0.080, 1: 0.112})
+    with pytest.raises(NotApplicable, match="waited for a CPU 32 ms more per step .* the host is loaded"):
+        rank_straggler(ev(starved))
+    # the same waits on an otherwise idle host: the job's own processes, judged as before
+    idle = events + cpu_events(40, run_s={0: 0.015, 1: 0.016}, wait_s={0: 0.080, 1: 0.112}, other_load=0.2)
+    assert [g.code for g in rank_straggler(ev(idle))] == ["rank-straggler"]
+
+
+def test_a_rank_doing_more_cpu_work_on_a_loaded_host_is_still_a_straggler():
+    # 5 ms more on-CPU work per step; every thread waits 85% of its runnable time: the lag (33 ms)
+    # and the extra wait (28 ms) are that work stretched by the load, as on the other rank
+    events = arrival_events(40, lag_s=0.033, own_extra_s=0.033, wall_s=0.1, own_s=0.02)
+    loaded = events + cpu_events(40, run_s={0: 0.015, 1: 0.020}, wait_s={0: 0.085, 1: 0.113})
+    assert [g.code for g in rank_straggler(ev(loaded))] == ["rank-straggler"]
+    # a rank that sleeps (slow storage, the dist/straggler.py fixture) is not waiting for a CPU
+    sleeps = events + cpu_events(40, run_s={0: 0.015, 1: 0.015}, wait_s={0: 0.085, 1: 0.086})
+    assert [g.code for g in rank_straggler(ev(sleeps))] == ["rank-straggler"]
+
+
 def test_straggler_needs_enough_steps():
     with pytest.raises(NotApplicable):
         rank_straggler(ev(arrival_events(3, lag_s=0.01, own_extra_s=0.01)))

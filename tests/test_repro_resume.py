@@ -301,6 +301,29 @@ def test_a_callers_run_is_the_baseline_only_when_it_carries_the_resume_trace():
     assert t.ran == [] and section["status"] == "no-checkpoint"
 
 
+def test_saves_into_memory_buffers_are_not_called_no_save():
+    """Issue 27 re-run: LightningCLI's checkpoint (trainer.save_checkpoint: torch.save into io.BytesIO,
+    the bytes then written by fsspec) was reported as "the script saved no checkpoint to a file"."""
+    from torchdoctor.evidence import Evidence
+    from torchdoctor.reprocheck.resume import resume_check
+
+    class _Trials:
+        def __init__(self, events):
+            self.events = events
+
+        def run(self, variation, steps=None):
+            return TrialRun(variation, 0, Evidence.from_events(self.events, result={"outcome": "exit"}), 0.0)
+
+    steps = [{"kind": "step", "step": i} for i in range(1, 5)]
+    counted = steps + [{"kind": "save_sites", "sites": {"/w/train.py:132": 1}, "layouts": [], "renamed": []}]
+    _f, section = resume_check(_Trials(counted))
+    assert section["status"] == "no-checkpoint"
+    assert section["reason"].startswith("the script's 1 torch.save call(s) wrote into in-memory buffers")
+    assert "checkpoint-audit" in section["reason"]
+    _f, section = resume_check(_Trials(steps))
+    assert section["reason"] == "the script saved no checkpoint to a file"
+
+
 def test_the_users_checkpoint_after_the_resume_check_is_what_a_plain_run_writes(tmp_path):
     """Issue 27 item 4: the restarts (generators reset after the save at step 3, then on to step
     9) write the script's ckpt.pt again at steps 6 and 9 from a state torchdoctor altered; the

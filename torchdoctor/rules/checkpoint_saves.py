@@ -179,9 +179,14 @@ def _scheduler(save: dict, base: list[Finding], cev: Any) -> list[tuple]:
                  "Save scheduler.state_dict() and call scheduler.load_state_dict() after creating the scheduler "
                  "on resume.")]
     f = base[0]
-    if f.severity != "info":  # initial_lr in the saved optimizer: the family knows a scheduler ran
-        return [(f.severity, f"{f.title}" + (f" (live: {', '.join(scheds)})" if scheds else ""),
-                 {**f.evidence, **({"live_schedulers": scheds} if scheds else {})}, f.fix)]
+    if "initial_lr_vs_lr" in f.evidence:  # initial_lr in the saved optimizer: the family knows a scheduler ran
+        # The file hedges (info) when a counter is saved; the live run settles it: not counter-driven
+        # (above), so the schedule restarts.
+        title = ("an LR scheduler drove this optimizer (param_groups carry initial_lr) but its state was not "
+                 "saved: on resume the schedule restarts from step 0")
+        evid = {k: v for k, v in f.evidence.items() if k not in ("progress_saved", "mode")}
+        return [(fam.MISSING_SCHEDULER.severity, title + (f" (live: {', '.join(scheds)})" if scheds else ""),
+                 {**evid, **({"live_schedulers": scheds} if scheds else {})}, fam.SCHEDULER_FIX)]
     if not scheds:
         return []  # no optimizer state to tell, and no live scheduler: none was used
     return [(fam.MISSING_SCHEDULER.severity,

@@ -28,6 +28,9 @@ MISSING_SCALER = declare(
     "float16 training signs but no GradScaler state: a few skipped steps on resume (info unless --expect resume)",
     thresholds={"MAX_SIGNS_LISTED": MAX_SIGNS_LISTED})
 
+SCHEDULER_FIX = ("Save scheduler.state_dict() and call scheduler.load_state_dict() after creating the scheduler "
+                 "on resume (create it before loading, with the same arguments).")
+
 PROBES = {"checkpoint-audit"}
 NEEDS = {"roles", "mode"}
 
@@ -104,13 +107,30 @@ def missing_scheduler(ev) -> list[Finding]:
     if opt is None:  # no scheduler attached: metrics.checkpoint.facts.scheduler says so
         return []
     lrs = [(g.get("initial_lr"), g.get("lr")) for g in opt.param_groups if isinstance(g, dict)]
+    evidence = {"optimizer": opt.path or "<root>", "initial_lr_vs_lr": [f"{a} → {b}" for a, b in lrs[:4]]}
+    fix = SCHEDULER_FIX
+    if r.progress and ev.expect != "resume":
+        # A schedule set from the saved epoch/step (timm's lr_scheduler.step(start_epoch), a torch scheduler
+        # rebuilt with last_epoch=) resumes from the counter; one with a counter of its own restarts. The
+        # file cannot tell which (issue 27 item 5: a false warning on every timm checkpoint); the save
+        # audit (checkup, repro) sees the live scheduler and decides.
+        counters = ", ".join(f"{k} = {v}" for k, v in list(r.progress.items())[:3])
+        return [finding(
+            "ckpt-missing-scheduler",
+            f"an LR scheduler drove this optimizer (param_groups carry initial_lr) and its state was not saved, "
+            f"but the checkpoint holds {counters}: a schedule set from that counter (timm's "
+            f"scheduler.step(epoch), or a scheduler rebuilt with last_epoch=) resumes; one that keeps a counter "
+            f"of its own restarts from step 0. The file cannot tell which: checkup on the script judges it at "
+            f"the save",
+            {**evidence, "progress_saved": list(r.progress)[:3], "mode": _mode_text(ev)},
+            fix=fix + " If the LR is set from the saved epoch/step on resume, nothing is lost.",
+            severity="info",
+        )]
     return [finding(
         "ckpt-missing-scheduler",
         "an LR scheduler drove this optimizer (param_groups carry initial_lr) but its state was not saved: "
         "on resume the schedule restarts from step 0",
-        {"optimizer": opt.path or "<root>", "initial_lr_vs_lr": [f"{a} → {b}" for a, b in lrs[:4]]},
-        fix="Save scheduler.state_dict() and call scheduler.load_state_dict() after creating the scheduler on "
-            "resume (create it before loading, with the same arguments).",
+        evidence, fix=fix,
     )]
 
 
