@@ -3,7 +3,8 @@
 The H100 flats under tests/fixtures/scripts/profile/flats/ were recorded by `torchdoctor profile`
 on an H100 (torch 2.11.0+cu130) from the gpu_*.py fixture scripts beside them, then shrunk
 (Kineto nodes placed in the tree and library leaf C calls dropped); the *.events.json files hold
-the step-clock events of the same runs.
+the step-clock events of the same runs. h100_gpu_healthy is of gpu_healthy.py's first version
+(256 input features: on an H200 host a true dataloader-bound since, see that script).
 """
 
 from __future__ import annotations
@@ -341,6 +342,10 @@ def test_a_window_holding_only_the_teardown_is_not_judged():
     assert got == set(), got
     [w] = [e for e in merged if e["kind"] == "profile_window"]
     assert w["active_steps"] == 0 and w["status"] == "partial"
+    report = Report("profile")
+    judge("profile", Evidence.from_events(merged), report)
+    why = {s.rule: s.reason for s in report.skipped}
+    assert "the run ended inside it" in why["host-sync-in-loop"], why
 
 
 def test_a_partial_window_without_a_complete_step_is_not_judged():
