@@ -240,10 +240,20 @@ def _gpu_run(tmp_path: Path, cmd: str, script: str, *args: str, timeout: float =
 
 @pytest.mark.multigpu
 def test_nccl_fsdp2_planted_nan_is_named_by_fqn_and_rank(tmp_path):
+    """On 4xH200 this raised nonfinite-gradient (rank 0) and collective-hang: each rank read its
+    step-3 row when its own copy had landed, so rank 0 stopped at step 3 and rank 1 went on into
+    step 4's collectives alone. Rows are now read at the next row's close on every rank
+    (tests/test_nan_lockstep.py): both ranks stop at the end of step 4, rank 0's NaN gradient
+    shards folded into rank 1's finding."""
     r = _gpu_run(tmp_path, "nan", "fsdp2_nan.py")
     assert codes(r) == ["nonfinite-forward"], r["findings"]
-    assert r["findings"][0]["evidence"]["module"] == "model.blocks.0.attn"
-    assert r["findings"][0]["evidence"]["ranks"] == ["rank 1"]
+    [f] = r["findings"]
+    assert f["evidence"]["module"] == "model.blocks.0.attn"
+    assert f["evidence"]["ranks"] == ["rank 1"]
+    assert "received from rank 1 through the gradient reduction" in \
+        f["evidence"]["other_rank_outcomes"]["rank 0"]
+    ranks = r["metrics"]["run"]["ranks"]
+    assert [(x["outcome"], x["steps"]) for x in ranks] == [("stopped", 4), ("stopped", 4)], ranks
     assert r["context"]["device"].startswith("cuda")
 
 

@@ -3,7 +3,8 @@
 The H100 flats under tests/fixtures/scripts/profile/flats/ were recorded by `torchdoctor profile`
 on an H100 (torch 2.11.0+cu130) from the gpu_*.py fixture scripts beside them, then shrunk
 (Kineto nodes placed in the tree and library leaf C calls dropped); the *.events.json files hold
-the step-clock events of the same runs.
+the step-clock events of the same runs. h100_gpu_healthy is of gpu_healthy.py's first version
+(256 input features: on an H200 host a true dataloader-bound since, see that script).
 """
 
 from __future__ import annotations
@@ -263,3 +264,99 @@ def test_h100_sync_and_copy_sites_name_the_planted_lines():
     g = fp32["profile_gemm"]
     assert g["fp32_plain_ms"] / fp32["profile_device"]["gpu_busy_ms"] > 0.5
     assert any(k["name"].startswith("sm80_xmma_gemm_f32f32") for k in g["fp32_kernels"])
+
+
+# --------------------------------------------------------------------------- partial windows
+
+def _with_teardown(open_range: bool, steps: bool = True):
+    """The H100 healthy window (3 clean steps) as a run that ended inside the window: a 4th
+    ProfilerStep range opened at step 9's end and closed by the profiler's stop at teardown, in
+    which the script's `dist.destroy_process_group()` (line 59) waits for the GPU 8 times and
+    launches 14 tiny kernels on an otherwise idle GPU (the 4xH200 fsdp_tp_2d.py run). Without
+    ``steps`` the three step ranges are not the window's: the run ended right after the window
+    began (fsdp_tp_2d.py: 6 steps, recording from step 6's end), the open range is all there is."""
+    from torchdoctor.instruments.profiler_window import make_sources
+
+    flat = json.load(gzip.open(FLATS / "h100_gpu_healthy.flat.json.gz", "rt"))
+    events = json.loads((FLATS / "h100_gpu_healthy.events.json").read_text())
+    nodes = flat["nodes"]
+    t0 = max(n[6] for n in nodes if n[3].startswith("ProfilerStep#")) + 20_000
+    end = t0 + 2_000_000  # 2 ms of teardown
+    hook = next(n for n in nodes if n[3] == "ProfilerStep#8")[1]  # opened by our window's step
+    if not steps:
+        for n in nodes:
+            if n[3].startswith("ProfilerStep#"):
+                n[3] = "before the window"
+    nodes.append([len(nodes), hook, "op", "ProfilerStep#9", 1, t0, end,
+                  {"corr": 90_000, "in": [], "user": True}])
+    call = len(nodes)
+    nodes.append([call, 3, "py", "torch/distributed/distributed_c10d.py(2100): destroy_process_group",
+                  1, t0 + 1000, end - 1000, {"file": "gpu_healthy.py", "line": 59, "func": "<module>"}])
+    for i in range(14):
+        s = t0 + 10_000 + i * 100_000
+        corr = 90_100 + i
+        nodes.append([len(nodes), call, "op", "aten::fill_", 1, s, s + 20_000,
+                      {"corr": corr, "in": [], "user": False}])
+        flat["device"].append(["void at::native::vectorized_elementwise_kernel<fill>", "kernel",
+                               s + 5000, s + 9320, 7, corr, 7, None])
+        if i < 8:
+            flat["runtime"].append(["cudaStreamSynchronize", s + 30_000, s + 90_000, 1, 0, 1])
+    flat["last_step_open"] = open_range
+    window = next(e for e in events if e["kind"] == "profile_window")
+    window = {**window, "status": "partial" if open_range else "ok"}
+    payloads = analyze(flat, make_sources((str(SCRIPTS),)), window.get("flags"))
+    merged = [e for e in events if e["kind"] != "profile_window"]
+    merged.append({**window, **payloads.pop("profile_window")})
+    merged += [{"kind": k, **v} for k, v in payloads.items()]
+    report = Report("profile")
+    judge("profile", Evidence.from_events(merged), report)
+    return {f.code for f in report.findings}, merged
+
+
+def test_teardown_after_the_last_step_of_a_partial_window_is_not_a_step():
+    """4xH200 fsdp_tp_2d.py under `profile`: the run ended inside the window, whose last range
+    took in the DCP save and destroy_process_group; that teardown was judged as a step
+    (host-sync-in-loop "4x per step at fsdp_tp_2d.py:59 (dist.destroy_process_group())",
+    launch-bound "busy only 45% of the step"). The open range is not a step: same verdict and
+    numbers as the three complete steps alone."""
+    got, merged = _with_teardown(open_range=True)
+    assert got == set(), got
+    kinds = {e["kind"]: e for e in merged}
+    w = kinds["profile_window"]
+    assert (w["active_steps"], w["steps"], w["open_step_dropped"]) == (3, [7, 8, 9], True)
+    assert kinds["profile_syncs"]["per_step"] == [0, 0, 0]
+    assert not any(o["name"] == "aten::fill_" for o in kinds["profile_ops"]["by_self_cpu"])
+    assert "destroy_process_group" not in json.dumps(kinds["profile_python"])
+    _, clean = _h100("gpu_healthy")
+    same = ("gpu_busy_ms", "kernels_per_step", "kernel_ms", "median_kernel_us")
+    assert {k: kinds["profile_device"][k] for k in same} == {k: clean["profile_device"][k] for k in same}
+
+
+def test_a_window_holding_only_the_teardown_is_not_judged():
+    """The 4xH200 case itself: recording began at the last step's end, so the window's one range
+    was the teardown. Judged as a step it raised the reported false alarms (the test can fail);
+    as the open range it leaves no complete step, and no window rule judges."""
+    before, _ = _with_teardown(open_range=False, steps=False)
+    assert {"host-sync-in-loop", "launch-bound"} <= before, before
+    got, merged = _with_teardown(open_range=True, steps=False)
+    assert got == set(), got
+    [w] = [e for e in merged if e["kind"] == "profile_window"]
+    assert w["active_steps"] == 0 and w["status"] == "partial"
+    report = Report("profile")
+    judge("profile", Evidence.from_events(merged), report)
+    why = {s.rule: s.reason for s in report.skipped}
+    assert "the run ended inside it" in why["host-sync-in-loop"], why
+
+
+def test_a_partial_window_without_a_complete_step_is_not_judged():
+    f = Flat()
+    f.step(6, 6000, 7000)  # the only range: opened at step 6's end, closed by the stop
+    flat = {**f.flat(), "last_step_open": True}
+    out = analyze(flat, SRC)
+    assert out["profile_window"]["active_steps"] == 0 and set(out) == {"profile_window"}
+    from torchdoctor.judge import NotApplicable
+    from torchdoctor.rules.profile import window
+
+    with pytest.raises(NotApplicable, match="no complete step"):
+        window(Evidence.from_events([{"kind": "profile_window", "status": "partial",
+                                      **out["profile_window"]}]))

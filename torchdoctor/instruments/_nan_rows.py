@@ -183,8 +183,27 @@ class RowReader:
         if self.pending[-1].handle is None:
             if len(self.pending) >= self.every:
                 self._read()
+        elif self._lockstep():
+            # several ranks: when a device row is read must not depend on this rank's GPU
+            # timing (``Event.query``), or one rank stops on a verdict while its peers, whose
+            # copy had not landed yet, enter the next step's collectives alone (a hang). Every
+            # row but the newest is read now, waiting if need be: row N at row N+1's close, the
+            # same optimizer pre-step on every rank. Waiting for a row a step old costs ~nothing.
+            self._read(keep=1)
         else:
             self._read(block=len(self.pending) > MAX_PENDING)
+
+    def _lockstep(self) -> bool:
+        """True once this process is one rank of several (a default process group of world
+        size > 1): device rows are then read at a point the ranks share (:meth:`_maybe_read`)."""
+        if self.__dict__.get("_lockstep_on"):
+            return True
+        dist = getattr(self.torch, "distributed", None)
+        on = bool(dist is not None and dist.is_available() and dist.is_initialized()
+                  and dist.get_world_size() > 1)
+        if on:
+            self._lockstep_on = True  # (destroy_process_group at the end: the rows stay in step)
+        return on
 
     def _keep(self, v: Any) -> Any:
         """``v`` in float32, or float64 when it is float64: a finite float64 loss above
@@ -202,14 +221,14 @@ class RowReader:
             pos += 1 if info.scalar else 2
         return last
 
-    def _read(self, block: bool = True) -> None:
-        """Read pending rows in order (all of them, or with ``block=False`` only those already on
-        the host); localize the first non-finite one."""
-        if not self.pending:
+    def _read(self, block: bool = True, keep: int = 0) -> None:
+        """Read pending rows in order (all of them but the ``keep`` newest, or with
+        ``block=False`` only those already on the host); localize the first non-finite one."""
+        if len(self.pending) <= keep:
             return
         torch = self.torch
         rows: list[_Row] = []
-        while self.pending:
+        while len(self.pending) > keep:
             r = self.pending[0]
             if not block and r.handle is not None and not self.reader.ready(r.handle):
                 break

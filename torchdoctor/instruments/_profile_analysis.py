@@ -30,25 +30,29 @@ def window_summary(w: Window) -> dict[str, Any]:
     """
     ms = [_ms(e - s) for _n, s, e in w.steps]
     return {"active_steps": w.n_steps, "steps": [n + 1 for n, _s, _e in w.steps],
-            "profiled_step_ms": ms, "truncated": bool(w.flat.get("truncated"))}
+            "profiled_step_ms": ms, "truncated": bool(w.flat.get("truncated")),
+            "open_step_dropped": w.open_step_dropped}
 
 
 def top_ops(w: Window) -> dict[str, Any]:
     """Torch ops by self CPU time, and by device time of the kernels they launched."""
     n = max(1, w.n_steps)
     child_ops = defaultdict(int)
+    spans = [w.span_of(node) for node in w.nodes]  # None: after a partial window's last step
     for node in w.nodes:
-        if node[2] == "op" and node[1] >= 0 and w.nodes[node[1]][2] == "op":
-            child_ops[node[1]] += node[6] - node[5]
+        sp = spans[node[0]]
+        if sp and node[2] == "op" and node[1] >= 0 and w.nodes[node[1]][2] == "op":
+            child_ops[node[1]] += sp[1] - sp[0]
     dev_by_corr = defaultdict(int)
     for d in w.device:
         if d[5]:
             dev_by_corr[d[5]] += d[3] - d[2]
     agg: dict[str, list] = defaultdict(lambda: [0, 0, 0, 0])  # calls, self, total, device
     for node in w.nodes:
-        if node[2] != "op" or _is_annotation(node):
+        sp = spans[node[0]]
+        if sp is None or node[2] != "op" or _is_annotation(node):
             continue
-        dur = node[6] - node[5]
+        dur = sp[1] - sp[0]
         a = agg[node[3]]
         a[0] += 1
         a[1] += max(0, dur - child_ops.get(node[0], 0))
@@ -289,10 +293,12 @@ def python_hotspots(w: Window, src: Sources) -> dict[str, Any]:
     """
     n = max(1, w.n_steps)
     child = defaultdict(int)
+    spans = [w.span_of(node) for node in w.nodes]  # None: after a partial window's last step
     for node in w.nodes:
         p = node[1]
-        if p >= 0 and w.nodes[p][2] == "py":
-            child[p] += node[6] - node[5]
+        sp = spans[node[0]]
+        if sp and p >= 0 and w.nodes[p][2] == "py":
+            child[p] += sp[1] - sp[0]
     agg: dict[str, list] = {}
     # node name -> ("file:def line", func), None when not the user's; one source walk per name
     keys: dict[str, tuple[str, str] | None] = {}
@@ -304,7 +310,7 @@ def python_hotspots(w: Window, src: Sources) -> dict[str, Any]:
         if p >= 0:
             pn = w.nodes[p]
             in_data[node[0]] = in_data[p] or (pn[2] == "op" and pn[3].startswith("enumerate(DataLoader)"))
-        if node[2] != "py":
+        if node[2] != "py" or spans[node[0]] is None:
             continue
         if node[3] not in keys:
             m = PY_NAME.match(node[3])
@@ -316,7 +322,8 @@ def python_hotspots(w: Window, src: Sources) -> dict[str, Any]:
         if hit is None:
             continue
         key, func = hit
-        self_ns = max(0, node[6] - node[5] - child.get(node[0], 0))
+        sp = spans[node[0]]
+        self_ns = max(0, sp[1] - sp[0] - child.get(node[0], 0))
         a = agg.setdefault(key, [func, 0, 0, False])
         a[1] += 1
         a[2] += self_ns

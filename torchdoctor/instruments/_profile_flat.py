@@ -109,6 +109,15 @@ class Window:
         for st in sorted(steps, key=lambda x: (x[0], not x[3], x[1])):
             by_n.setdefault(st[0], st)
         self.steps = sorted((n, s, e) for n, s, e, _ours in by_n.values())
+        # a partial window (the run ended inside it): its last range was closed by the
+        # profiler's stop at teardown, not by a step end, so it holds no complete step but
+        # whatever followed the last one (checkpoint save, destroy_process_group, exit): not
+        # per-step work, so not a step of the window
+        self.open_step_dropped = bool(self.flat.get("last_step_open") and self.steps)
+        self.cut_ns: int | None = None  # host time from which nothing belongs to a step
+        if self.open_step_dropped:
+            self.cut_ns = self.steps[-1][1]
+            self.steps = self.steps[:-1]
         self.main_tid = max(tids, key=tids.get) if tids else None
         self._py_index: list | None = None
         # device activity: kernels, copies and memsets only. The GPU-side mirrors of
@@ -137,6 +146,15 @@ class Window:
                 return True
             p = a[1]
         return False
+
+    def span_of(self, node: list) -> tuple[int, int] | None:
+        """A node's host interval within the steps' time: cut at the dropped open range of a
+        partial window (None when the node starts there: teardown, not step work)."""
+        if self.cut_ns is None:
+            return node[5], node[6]
+        if node[5] >= self.cut_ns:
+            return None
+        return node[5], min(node[6], self.cut_ns)
 
     @property
     def n_steps(self) -> int:

@@ -20,7 +20,10 @@ At the optimizer pre-step the window is reduced on the device to a short row (fo
 ``(per-record values * 0).sum()``: NaN iff one is non-finite; the loss; the global grad norm).
 CPU rows are read with one ``.tolist()`` every ``check_every`` steps (1 for ``nan``, 8 for
 ``checkup``); CUDA rows are copied to pinned memory with ``non_blocking=True`` and read once
-their CUDA event has completed (``numerics/hostread.py``): no device sync in the loop.
+their CUDA event has completed (``numerics/hostread.py``): no device sync in the loop. With
+several ranks that moment would differ per rank (one stops, its peers enter the next step's
+collectives alone: a hang), so there row N is read at row N+1's close on every rank, waiting
+for its copy if need be (``_nan_rows.RowReader._maybe_read``).
 Both reductions are exact for finiteness (NaN propagates, an Inf is the min, max or max |x|;
 ``bench/reduce_kernels.py`` checks it per dtype), unlike a sum, which can overflow to Inf on
 finite values.

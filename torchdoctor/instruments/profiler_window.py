@@ -250,6 +250,8 @@ class ProfilerWindow(Instrument):
             if info.get("trace"):
                 ctx.emit("artifact", name="trace", path=info["trace"])
             flat = compat.collect(prof)
+            # the run ended inside the window: its last step range ends at the profiler's stop
+            flat["last_step_open"] = info["status"] == "partial"
             info["collect_s"] = round(time.perf_counter() - t0, 3)
             if ctx.options.get("profile_dump_flat") or os.environ.get("TORCHDOCTOR_PROFILE_FLAT"):
                 with gzip.open(Path(ctx.run_dir) / "profile_flat.json.gz", "wt") as f:

@@ -62,6 +62,11 @@ def window(ev: Evidence) -> dict[str, Any]:
     if status in ("unavailable", "failed", "empty"):
         raise NotApplicable(f"profiler {status}: {w.get('reason') or w.get('error')}")
     if not w.get("active_steps"):
+        if w.get("open_step_dropped"):
+            raise NotApplicable(
+                "the profiler window recorded no complete step: the run ended inside it, and what "
+                "followed the last step (checkpoint save, process-group teardown, exit) is not "
+                "per-step work")
         raise NotApplicable("the profiler window recorded no complete step")
     return w
 
