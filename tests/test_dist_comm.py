@@ -224,7 +224,16 @@ def test_overlapped_collectives_raise_nothing():
 def test_host_bound_gpu_is_not_judged():
     rep = _judged(_evidence("device", exposed_ms=30.0, busy=0.4))
     assert rep.findings == []
-    assert "host-bound" in rep.skipped[0].reason and "40%" in rep.skipped[0].reason
+    assert "host-bound" in rep.skipped[0].reason and "10%" in rep.skipped[0].reason  # 40 % busy, 30 exposed
+
+
+def test_nccl_waits_are_not_compute_and_no_exposure_beyond_the_step_is_judged():
+    """2xH200, session 9: a healthy small FSDP2 LM read 46.5 ms exposed in a 22.7 ms step and the
+    GPU 'busy' with the waiting NCCL kernels: collectives-exposed at 205% of the step."""
+    rep = _judged(_evidence("device", exposed_ms=46.5, step_ms=22.7, busy=2.2))
+    assert rep.findings == [] and "exceeds the un-profiled step" in rep.skipped[0].reason
+    rep = _judged(_evidence("device", exposed_ms=20.0, busy=0.6))  # 60 % busy of which 20 % waiting
+    assert rep.findings == [] and "computes 40%" in rep.skipped[0].reason
 
 
 def test_gloo_exposure_is_shown_not_judged():
