@@ -251,6 +251,8 @@ of the same code; each item was seen to differ on one of those fixtures):
 - memory/leak_loss_graph.py and the crash's memory section: the memory probe's time-budgeted
   tracemalloc window (its notes and the keys site_window / python_sites / skipped / partial /
   sites in metrics), non-growth reasons (not_growth), a growing graph's size at the last sample,
+  a memory-growth's `impact` (present when the measured rate does not fill memory within the
+  horizon: on a loaded box, 2026-11-28),
   the host heap trend's verdict (metrics.memory.trend.heap.growth: glibc's heap drifts by tens of
   KiB per step on a loaded box);
 - profile/cpu_healthy.py: rankings by measured time (top_ops, python_hotspots: "<ranked>") and the
@@ -271,7 +273,8 @@ VOLATILE_INT_KEYS = {
 }
 # keys whose presence or text depends on timing: the memory probe's time-budgeted tracemalloc
 # window (site_window, python_sites, skipped in metrics) and a non-growth reason on noisy heaps
-DROP_KEYS = {"site_window"}
+DROP_KEYS = {"site_window",
+             "impact"}  # memory-growth's "warning although not full within the horizon": the measured rate
 DROP_METRIC_KEYS = {"python_sites", "skipped", "partial",  # partial: a window cut by its time budget
                     "sites"}  # the memory site window: opened on early heap growth (timing)
 MASK_TEXT_KEYS = {"not_growth"}
