@@ -3,7 +3,7 @@
 A code counts as covered when:
 - a fixture script's `# expect:` header names it (tests/test_fixtures.py checks that the fixture
   really raises it: on CPU here, on the GPU box for `# requires: cuda` fixtures), or
-- a checkpoint fixture's golden (tests/golden/checkpoint/*.json, made from
+- a checkpoint fixture's expectation (tests/golden/checkpoint/*.expect.json, made from
   tests/fixtures/checkpoint/builders.py EXPECTED and compared by tests/test_fixtures.py) raises it.
 Everything else must be in NO_SICK_FIXTURE with the reason and the test that covers it instead.
 """
@@ -54,9 +54,9 @@ def _covered() -> dict[str, list[str]]:
     for h in headed_fixtures():
         for e in h.expect:
             by.setdefault(e.split("@")[0], []).append(h.rel)
-    for p in sorted((GOLDEN / "checkpoint").glob("*.json")):
-        for e in json.loads(p.read_text())["codes"]:
-            by.setdefault(e.split("@")[0], []).append(f"checkpoint/{p.stem}")
+    for p in sorted((GOLDEN / "checkpoint").glob("*.expect.json")):
+        for f in json.loads(p.read_text())["findings"]:
+            by.setdefault(f["code"], []).append(f"checkpoint/{p.name[:-len('.expect.json')]}")
     return by
 
 

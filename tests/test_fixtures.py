@@ -4,11 +4,15 @@ Each fixture under tests/fixtures/scripts/ with a `# torchdoctor: COMMAND` heade
 (the session cache: other tests that need the same run reuse it) with --json, and
 - the exact set of `code@severity` it raises equals its `# expect:` header (host-load
   cpu-oversubscribed aside);
-- its normalised report and exit code equal its golden file tests/golden/scripts/<path>.json
-  (regenerate with `.venv/bin/python tests/golden/regen.py PATH`, review the diff).
+- its exit code, status and findings, each as (code, severity, identifying evidence keys), equal
+  its findings-only expectation tests/golden/scripts/<path>.expect.json: no more, no fewer
+  (tests/golden/expect.py says which keys; regenerate with
+  `.venv/bin/python tests/golden/regen.py --findings PATH`, review the diff);
+- for the few contract fixtures (fixture_runs.CONTRACT: one per probe), its normalised whole
+  report also equals tests/golden/scripts/<path>.json (the JSON contract).
 GPU-only fixtures (`# requires: cuda` / `2 gpus`) are skipped without CUDA and have no golden
-(they are checked on their code set only). The checkpoint fixtures' goldens are compared by one
-test that audits them all in one process (tests/golden/ckpt_driver.py).
+(they are checked on their code set only). The checkpoint fixtures are compared the same way by
+one test that audits them all in one process (tests/golden/ckpt_driver.py).
 
 These tests run last (conftest.py); their runs, for the fixtures this session selected, start
 at collection in a background lane while the other tests run, and the main thread joins in as
@@ -24,10 +28,12 @@ from pathlib import Path
 
 import pytest
 
-from fixture_runs import GOLDEN, dumps, headed_fixtures, normalise, run_fixture
+from fixture_runs import CONTRACT, GOLDEN, dumps, headed_fixtures, normalise, run_fixture
 
 HERE = Path(__file__).resolve().parent
 HEADS = headed_fixtures()
+sys.path.insert(0, str(GOLDEN))
+from expect import differences, expectation  # noqa: E402
 
 
 def _marks(h):
@@ -44,23 +50,35 @@ def _marks(h):
 PARAMS = [pytest.param(h, id=h.rel, marks=_marks(h)) for h in HEADS]
 
 
+def expect_path(h) -> Path:
+    return h.golden.with_name(h.golden.name[:-len(".json")] + ".expect.json")
+
+
+def _whole_report_diff(golden: dict, got: dict) -> str:
+    import difflib
+
+    return "".join(difflib.unified_diff(dumps(golden).splitlines(True), dumps(got).splitlines(True),
+                                        "golden", "this run", n=2))
+
+
 @pytest.mark.parametrize("h", PARAMS)
-def test_fixture_raises_its_header_and_matches_its_golden(h):
+def test_fixture_raises_its_header_and_matches_its_expectation(h):
     run = run_fixture(h.rel)
     assert run.codes == h.expect, (
         f"{h.rel}: raised {sorted(run.codes)}, header says {sorted(h.expect)}; "
         + json.dumps([(f["code"], f["severity"], f["title"]) for f in run.report["findings"]])[:3000])
     if h.requires:
         return  # GPU fixtures: no golden (made on the GPU box, not here)
-    assert h.golden.exists(), f"no golden for {h.rel}: run .venv/bin/python tests/golden/regen.py {h.rel}"
-    golden = json.loads(h.golden.read_text())
-    got = {"exit": run.returncode, "codes": sorted(run.codes), "report": normalise(run.report)}
-    if got != golden:  # show a readable diff of the normalised reports
-        import difflib
-
-        diff = "".join(difflib.unified_diff(dumps(golden).splitlines(True), dumps(got).splitlines(True),
-                                            "golden", "this run", n=2))
-        pytest.fail(f"{h.rel} differs from {h.golden.relative_to(HERE.parent)}:\n{diff[:6000]}")
+    path = expect_path(h)
+    assert path.exists(), f"no expectation for {h.rel}: run .venv/bin/python tests/golden/regen.py {h.rel}"
+    diff = differences(expectation(run.returncode, run.report), json.loads(path.read_text()))
+    assert not diff, f"{h.rel} differs from {path.relative_to(HERE.parent)}:\n{diff[:6000]}"
+    if f"scripts/{h.rel}" in CONTRACT:
+        golden = json.loads(h.golden.read_text())
+        got = {"exit": run.returncode, "codes": sorted(run.codes), "report": normalise(run.report)}
+        if got != golden:
+            pytest.fail(f"{h.rel} differs from its whole-report golden {h.golden.relative_to(HERE.parent)}:\n"
+                        f"{_whole_report_diff(golden, got)[:6000]}")
 
 
 def test_every_runnable_fixture_script_has_a_header():
@@ -74,14 +92,49 @@ def test_every_runnable_fixture_script_has_a_header():
         assert rel in headed, f"{rel}: no `# torchdoctor:` header (or add it to the helpers here)"
 
 
-def test_every_cpu_golden_belongs_to_a_headed_fixture():
-    cpu = {h.golden for h in HEADS if not h.requires and not h.skip}
-    files = set((GOLDEN / "scripts").rglob("*.json"))
-    assert files == cpu, (sorted(map(str, files - cpu)), sorted(map(str, cpu - files)))
+def test_every_cpu_fixture_has_an_expectation_and_only_contract_fixtures_a_whole_report():
+    cpu = [h for h in HEADS if not h.requires and not h.skip]
+    expects = set((GOLDEN / "scripts").rglob("*.expect.json"))
+    assert expects == {expect_path(h) for h in cpu}, (
+        sorted(map(str, expects - {expect_path(h) for h in cpu})),
+        sorted(map(str, {expect_path(h) for h in cpu} - expects)))
+    reports = {p.relative_to(GOLDEN).as_posix()[:-len(".json")] for p in GOLDEN.rglob("*.json")
+               if not p.name.endswith(".expect.json")}
+    assert reports == set(CONTRACT), (sorted(reports - CONTRACT), sorted(CONTRACT - reports))
 
 
-def ckpt_goldens() -> dict[str, dict]:
-    return {p.stem: json.loads(p.read_text()) for p in sorted((GOLDEN / "checkpoint").glob("*.json"))}
+def test_expectations_agree_with_the_headers():
+    """Without running anything: a fixture's expectation raises exactly its header's codes."""
+    for h in HEADS:
+        if h.requires or h.skip:
+            continue
+        want = json.loads(expect_path(h).read_text())
+        codes = {f"{f['code']}@{f['severity']}" for f in want["findings"]}
+        assert codes == h.expect, f"{h.rel}: expectation has {sorted(codes)}, header says {sorted(h.expect)}"
+
+
+# Every probe and every metrics section a CPU fixture's report can have (docs/json.md), with
+# the contract fixture(s) that keep its whole report.
+PROBES = {"checkup", "profile", "memory", "nan", "repro", "compile", "dist", "gradcheck", "checkpoint-audit"}
+SECTIONS = {"run", "steps", "memory", "nan", "followups", "profile", "flops", "repro", "compile", "ranks",
+            "gradcheck", "checkpoint"}
+TOP_LEVEL = {"artifacts", "command", "context", "findings", "metrics", "schema", "skipped", "status",
+             "target", "tool", "version"}
+
+
+def test_the_contract_goldens_cover_every_probe_section_and_top_level_key():
+    reports = [json.loads((GOLDEN / f"{name}.json").read_text())["report"] for name in sorted(CONTRACT)]
+    assert {r["command"] for r in reports} >= PROBES
+    assert set().union(*(r["metrics"] for r in reports)) >= SECTIONS
+    assert all(set(r) == TOP_LEVEL for r in reports), [sorted(set(r) ^ TOP_LEVEL) for r in reports]
+    assert any(r["findings"] for r in reports) and any(r["artifacts"] for r in reports)
+    for r in reports:  # the skipped rules: their entries' keys only (a new rule rewrites nothing)
+        assert r["skipped"] == "<skipped: reason, rule>", r["skipped"]
+
+
+def ckpt_expectations() -> dict[str, dict]:
+    return {p.name[:-len(".expect.json")]: json.loads(p.read_text())
+            for p in sorted((GOLDEN / "checkpoint").glob("*.expect.json"))}
 
 
 def first_difference(a, b, path="") -> str:
@@ -99,18 +152,24 @@ def first_difference(a, b, path="") -> str:
     return f"{path}: got {str(a)[:300]!r}, golden {str(b)[:300]!r}"
 
 
-def test_checkpoint_fixtures_match_their_goldens():
+def test_checkpoint_fixtures_match_their_expectations():
     pytest.importorskip("torch")
     sys.path.insert(0, str(GOLDEN))
     import ckpt_driver
 
     b = ckpt_driver.load_builders()  # the same module the checkpoint tests load (one build per session)
     raw = ckpt_driver.audit_all(b.cached("all"))
-    golden = ckpt_goldens()
-    assert set(raw) == set(golden)
+    want = ckpt_expectations()
+    assert set(raw) == set(want)
     for name, r in raw.items():
-        got = {"args": r["args"], "exit": r["exit"],
-               "codes": sorted(f"{f['code']}@{f['severity']}" for f in r["report"]["findings"]),
-               "report": normalise(r["report"])}
-        assert got == golden[name], (f"checkpoint/{name} differs from its golden (tests/golden/regen.py "
-                                     f"--ckpt): {first_difference(got, golden[name])}")
+        got = {"args": r["args"], **expectation(r["exit"], r["report"])}
+        assert got["args"] == want[name]["args"], name
+        diff = differences(got, want[name])
+        assert not diff, f"checkpoint/{name} differs from its expectation (tests/golden/regen.py --ckpt):\n{diff}"
+        if f"checkpoint/{name}" in CONTRACT:
+            golden = json.loads((GOLDEN / "checkpoint" / f"{name}.json").read_text())
+            whole = {"args": r["args"], "exit": r["exit"],
+                     "codes": sorted(f"{f['code']}@{f['severity']}" for f in r["report"]["findings"]),
+                     "report": normalise(r["report"])}
+            assert whole == golden, (f"checkpoint/{name} differs from its whole-report golden: "
+                                     f"{first_difference(whole, golden)}")

@@ -1,44 +1,33 @@
-"""Regenerate the golden set: the normalised `--json` of every headed CPU fixture script and of
-every checkpoint fixture.
+"""Regenerate the goldens: every fixture's findings-only expectation, and the few whole-report
+goldens that guard the JSON contract.
 
-    .venv/bin/python tests/golden/regen.py                 # everything
+    .venv/bin/python tests/golden/regen.py                 # everything (scripts and checkpoints)
     .venv/bin/python tests/golden/regen.py nan/explode.py  # some scripts (relative to tests/fixtures/scripts)
+    .venv/bin/python tests/golden/regen.py --findings [...]  # the expectations only, no whole report
     .venv/bin/python tests/golden/regen.py --ckpt          # the checkpoint fixtures only
     .venv/bin/python tests/golden/regen.py --check [...]   # compare with the committed files, write nothing
     .venv/bin/python tests/golden/regen.py --out DIR       # write under DIR instead (run twice, diff)
 
-Scripts: each fixture's header (tests/fixture_runs.py) gives the command; the run's report is
-written, normalised, to tests/golden/scripts/<relative path>.json with the exit code. GPU-only
-fixtures (`# requires: cuda` / `2 gpus`) and `# e2e: skip` fixtures get no golden here.
-Checkpoints: tests/golden/ckpt_driver.py builds each fixture of builders.EXPECTED in a temp folder
-and audits it (`checkpoint-audit --json [args]`); one file per fixture name in
-tests/golden/checkpoint/<name>.json.
+What is written (tests/golden/expect.py, tests/fixture_runs.py CONTRACT):
+- for every headed CPU fixture script, tests/golden/scripts/<path>.expect.json: its exit code,
+  status and findings as (code, severity, identifying evidence keys: expect.IDENTIFYING), sorted;
+  for every checkpoint fixture (tests/golden/ckpt_driver.py, builders.EXPECTED),
+  tests/golden/checkpoint/<name>.expect.json, with the audit's args as well;
+- for the contract fixtures only (fixture_runs.CONTRACT: one per probe), the whole normalised
+  report too: tests/golden/scripts/<path>.json, tests/golden/checkpoint/<name>.json
+  (`{"exit", "codes", "report"}`; normalise() in tests/fixture_runs.py says what is masked, and
+  the skipped-rules list is reduced to its entries' keys, so a new rule does not rewrite them).
+GPU-only fixtures (`# requires: cuda` / `2 gpus`) and `# e2e: skip` fixtures get no file here:
+the GPU ones are checked on their header's code set on the GPU box.
 
-Masked (normalise() in tests/fixture_runs.py, whose NORMALISED text is the full list; found by
-running the whole regen twice and diffing, and once more on a calmer box):
-- the tool version and the context's python/torch/cuda versions;
-- every float (times, shares, losses, grad norms, measured bytes per step);
-- in text: numbers with a decimal point, a %, a byte or time unit (ms, s, min, h), numbers with
-  thousands separators; the checkout path, the Python install, temp folders, pids, memory
-  addresses, gloo ip:port (and a fixed-width cut after it);
-- integers under measured keys (heap, rss, *_bytes, *_ms, *_s, pid(s), time*, mem*, *until*,
-  samples, events, *_per_step);
-- in metrics: lists of numbers (timelines, series); artifact paths;
-- timing-dependent parts: the memory probe's time-budgeted tracemalloc window (its notes; keys
-  site_window, and python_sites / skipped in metrics), not_growth reasons, thread stacks of a
-  timed-out run ("<stack>"), rankings by measured time (top_ops, python_hotspots: "<ranked>");
-- a run killed at --timeout: its metrics and skipped rules ("<timeout-run>"), steps_done and
-  "killed after N steps";
-- findings that are host load (cpu-oversubscribed with other_processes_cores: the shared box,
-  not the script), and status "findings" when nothing else is left ("ok").
-Kept: codes, severities, skills, docs links, titles and fixes (numbers masked as above),
-skipped rules with their reasons, evidence keys and deterministic values (steps, lines, module
-names, counts), the metrics' key structure, status, exit code.
+A new finding on an existing probe changes the expectation of the fixture that raises it (and
+that fixture's whole-report golden if it is a contract fixture), nothing else: review the diff
+of `regen.py PATH` for that fixture.
 
 Load-sensitive (seen on the shared 2-core box): dist/hang.py (at --timeout 12 the ranks may
 still be importing torch: script-hung instead of collective-hang), memory/leak_buffers.py (the
-tracemalloc window runs out of budget: memory-growth info instead of error); the goldens are
-from runs where the box was calm enough. GPU-only fixtures have no golden (made here on CPU).
+tracemalloc window runs out of budget: memory-growth info instead of error); regenerate them on
+a calm box.
 """
 
 from __future__ import annotations
@@ -51,22 +40,59 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
 
-from fixture_runs import GOLDEN, SCRIPTS, dumps, headed_fixtures, launch, normalise, read_header  # noqa: E402
+from expect import expectation  # noqa: E402
+from fixture_runs import (CONTRACT, GOLDEN, SCRIPTS, dumps, headed_fixtures, launch, normalise,  # noqa: E402
+                          read_header)
 
 
-def script_golden(run) -> dict:
-    return {"exit": run.returncode, "codes": sorted(run.codes), "report": normalise(run.report)}
+def whole_report(exit_code: int, report: dict, codes) -> dict:
+    return {"exit": exit_code, "codes": sorted(codes), "report": normalise(report)}
 
 
-def ckpt_goldens() -> dict[str, dict]:
+def ckpt_codes(report: dict) -> list[str]:
+    return sorted(f"{f['code']}@{f['severity']}" for f in report["findings"])
+
+
+def ckpt_files(name: str, r: dict) -> dict[str, dict]:
+    """{relative path under GOLDEN: content} for one audited checkpoint fixture."""
+    out = {f"checkpoint/{name}.expect.json": {"args": r["args"], **expectation(r["exit"], r["report"])}}
+    if f"checkpoint/{name}" in CONTRACT:
+        out[f"checkpoint/{name}.json"] = {"args": r["args"], **whole_report(r["exit"], r["report"],
+                                                                             ckpt_codes(r["report"]))}
+    return out
+
+
+def audit_checkpoints() -> dict[str, dict]:
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "ck.json"
         subprocess.run([sys.executable, str(HERE / "ckpt_driver.py"), str(out)], check=True, timeout=600)
-        raw = json.loads(out.read_text())
-    return {name: {"args": r["args"], "exit": r["exit"],
-                   "codes": sorted(f"{f['code']}@{f['severity']}" for f in r["report"]["findings"]),
-                   "report": normalise(r["report"])} for name, r in raw.items()}
+        return json.loads(out.read_text())
+
+
+def script_files(h, run, findings_only: bool) -> dict[str, dict]:
+    rel = h.golden.relative_to(GOLDEN).as_posix()  # scripts/<path>.json
+    out = {rel[:-len(".json")] + ".expect.json": expectation(run.returncode, run.report)}
+    if not findings_only and f"scripts/{h.rel}" in CONTRACT:
+        out[rel] = whole_report(run.returncode, run.report, run.codes)
+    return out
+
+
+def write(files: dict[str, dict], out_root: Path, check: bool) -> int:
+    bad = 0
+    for rel, content in files.items():
+        target, text = out_root / rel, dumps(content)
+        if check:
+            same = target.exists() and target.read_text() == text
+            bad += not same
+            print(("same " if same else "DIFF ") + rel, flush=True)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+            print(f"{rel}: exit {content['exit']} {[f['code'] + '@' + f['severity'] for f in content.get('findings', [])]}"
+                  if "findings" in content else f"{rel}: whole report", flush=True)
+    return bad
 
 
 def main(argv: list[str]) -> int:
@@ -77,6 +103,7 @@ def main(argv: list[str]) -> int:
         argv = argv[:i] + argv[i + 2:]
     check = "--check" in argv
     ckpt_only = "--ckpt" in argv
+    findings_only = "--findings" in argv
     names = [a for a in argv if not a.startswith("--")]
     bad = 0
     if not ckpt_only:
@@ -84,29 +111,13 @@ def main(argv: list[str]) -> int:
         for h in heads:
             if h is None or h.requires or h.skip:
                 continue
-            run = launch(h)
-            text = dumps(script_golden(run))
-            target = out_root / h.golden.relative_to(GOLDEN)
-            if check:
-                same = target.exists() and target.read_text() == text
-                bad += not same
-                print(("same " if same else "DIFF ") + h.rel, flush=True)
-            else:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_text(text)
-                print(f"{h.rel}: exit {run.returncode} {sorted(run.codes)}", flush=True)
+            bad += write(script_files(h, launch(h), findings_only), out_root, check)
     if ckpt_only or not names:
-        for name, g in ckpt_goldens().items():
-            p = out_root / "checkpoint" / f"{name}.json"
-            text = dumps(g)
-            if check:
-                same = p.exists() and p.read_text() == text
-                bad += not same
-                print(("same " if same else "DIFF ") + f"checkpoint/{name}", flush=True)
-            else:
-                p.parent.mkdir(parents=True, exist_ok=True)
-                p.write_text(text)
-                print(f"checkpoint/{name}: exit {g['exit']} {g['codes']}", flush=True)
+        for name, r in audit_checkpoints().items():
+            files = ckpt_files(name, r)
+            if findings_only:
+                files = {k: v for k, v in files.items() if k.endswith(".expect.json")}
+            bad += write(files, out_root, check)
     return 1 if bad else 0
 
 
