@@ -9,7 +9,8 @@ are not the running test's — and:
 * ``TD_SPAWN_LOG=FILE``: writes one line per test that started a Python process (nodeid, how
   many, seconds), to grow ``tests/slow_tests.txt`` from a measured run;
 * ``TD_SPAWN_STRICT=1`` (``make test-fast``): fails a test outside the ``slow`` lane that starts
-  one, saying how to mark it, so the fast lane stays fast as tests are added.
+  one and takes ``SLOW_S`` or more, saying how to mark it, so the fast lane stays fast as tests are
+  added (``torchdoctor --help`` in a child, which imports no torch, costs ~0.3 s and may stay).
 
 Starting a non-Python program (``sleep``, ``sh -c true``) is not counted: it costs milliseconds.
 """
@@ -27,8 +28,9 @@ import pytest
 
 SLOW_LIST = Path(__file__).resolve().parent / "slow_tests.txt"
 LANE_PREFIX = "fixture-lane-"
+SLOW_S = 1.0  # a test that starts Python processes and takes this long belongs to the slow lane
 
-_state = {"node": None, "count": 0, "what": []}
+_state = {"node": None, "count": 0, "what": [], "t0": 0.0}
 _log: list[tuple[str, int, float, str]] = []
 
 
@@ -101,11 +103,11 @@ def listed_slow(nodeid: str, listed: set[str]) -> bool:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    _state.update(node=item.nodeid, count=0, what=[])
-    t0 = time.monotonic()
+    _state.update(node=item.nodeid, count=0, what=[], t0=time.monotonic())
     yield
     if _state["count"] and os.environ.get("TD_SPAWN_LOG"):
-        _log.append((item.nodeid, _state["count"], time.monotonic() - t0, ",".join(_state["what"])))
+        _log.append((item.nodeid, _state["count"], time.monotonic() - _state["t0"],
+                     ",".join(_state["what"])))
     _state["node"] = None
 
 
@@ -113,13 +115,15 @@ def pytest_runtest_protocol(item, nextitem):
 def pytest_runtest_makereport(item, call):
     outcome = yield
     rep = outcome.get_result()
-    if (call.when == "teardown" and rep.passed and _state["count"]
+    took = time.monotonic() - _state["t0"]
+    if (call.when == "teardown" and rep.passed and _state["count"] and took >= SLOW_S
             and os.environ.get("TD_SPAWN_STRICT") and item.get_closest_marker("slow") is None):
         rep.outcome = "failed"
         rep.longrepr = (f"{item.nodeid} started {_state['count']} Python process(es) "
-                        f"({', '.join(_state['what'])}) outside the slow lane: a process costs seconds "
-                        "of CPU here. Mark the test @pytest.mark.slow or list it in "
-                        "tests/slow_tests.txt (docs/testing.md, 'The fast lane').")
+                        f"({', '.join(_state['what'])}) and took {took:.1f} s outside the slow lane: a "
+                        "process importing torch costs seconds of CPU here. Mark the test "
+                        "@pytest.mark.slow or list it in tests/slow_tests.txt (docs/testing.md, "
+                        "'The fast lane').")
 
 
 def pytest_sessionfinish(session):
