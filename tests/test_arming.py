@@ -13,7 +13,9 @@ import pytest
 from torchdoctor.pipeline.registry import instruments_for
 
 ARMED = {
-    "run": ["dist_steps", "dist_collectives", "dist_sampler", "crashctx", "training_anomaly"],
+    # cpu: rank-straggler tells a rank's own extra work from its wait for a CPU on a loaded host
+    # (issue 27, the Lightning DDP run of session 9): two clock reads per step, /proc twice a run
+    "run": ["dist_steps", "dist_collectives", "dist_sampler", "cpu", "crashctx", "training_anomaly"],
     "checkup": ["data_source", "training_grads", "training_modes", "memory_sampler", "moved",
                 "nan_monitor", "cpu", "memory_grad_eval", "seeding", "save_audit", "dynamo_counters"],
     "profile": ["data_source", "moved", "cpu", "profiler_window", "flop_count"],  # + the yardstick
