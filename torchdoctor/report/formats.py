@@ -64,14 +64,16 @@ def check_target(name: str, path: str | None) -> Path | None:
     return p
 
 
-def write(name: str, path: Path, data: dict[str, Any]) -> None:
-    """Render ``data`` (a report's dict) in format ``name`` to ``path``, atomically."""
+def write_text(path: Path, text: str, suffix: str) -> None:
+    """Replace ``path`` atomically: a temp file in the same folder, then a rename (the one writer of
+    every report file)."""
     import tempfile
 
-    text = get(name).render(data)
-    fd, tmp = tempfile.mkstemp(prefix=".torchdoctor-", suffix=get(name).suffix, dir=path.parent)
+    from torchdoctor.safe import OUTPUT_ERRORS
+
+    fd, tmp = tempfile.mkstemp(prefix=".torchdoctor-", suffix=suffix, dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as f:
+        with os.fdopen(fd, "w", encoding="utf-8", errors=OUTPUT_ERRORS) as f:
             f.write(text)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
@@ -81,3 +83,9 @@ def write(name: str, path: Path, data: dict[str, Any]) -> None:
         except OSError:
             pass
         raise
+
+
+def write(name: str, path: Path, data: dict[str, Any]) -> None:
+    """Render ``data`` (a report's dict) in format ``name`` to ``path``, atomically."""
+    text = get(name).render(data)
+    write_text(path, text, get(name).suffix)

@@ -14,7 +14,6 @@ interrupted write leaves the old report, and a symlink at PATH is replaced, not 
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -92,20 +91,9 @@ def is_ours(path: Path) -> bool:
 
 def write_html(path: Path, text: str) -> None:
     """Replace ``path`` atomically (temp file in the same folder, then rename)."""
-    fd, tmp = tempfile.mkstemp(prefix=".torchdoctor-", suffix=".html", dir=path.parent)
-    try:
-        from torchdoctor.safe import OUTPUT_ERRORS
+    from torchdoctor.report.formats import write_text
 
-        with os.fdopen(fd, "w", encoding="utf-8", errors=OUTPUT_ERRORS) as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_text(path, text, ".html")
 
 
 def report_html(report: Any) -> str:
