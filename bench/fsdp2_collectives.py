@@ -1,7 +1,7 @@
 """The collectives table of ``profile --nproc-per-node N`` against torch.profiler, on an FSDP2 LM
 (issue 29 item 2 acceptance: exposed time within ±15 %).
 
-Three launches of one workload (an FSDP2 decoder LM written to a temp folder):
+Three launches of one workload (the FSDP2 decoder LM of bench/workloads/fsdp2_lm.py):
 
 1. ``torchdoctor profile --nproc-per-node N --out D``: the report's ``metrics.collectives`` per rank,
    and the Chrome trace the same window exported (``D/rank{R}/trace.json[.gz]``), read by
@@ -40,55 +40,7 @@ from trace_comms import trace_comms  # noqa: E402
 
 TOLERANCE = 0.15
 
-WORKLOAD = r'''
-import os, sys
-import torch, torch.distributed as dist
-import torch.nn as nn, torch.nn.functional as F
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-steps, cpu, plain = int(sys.argv[1]), sys.argv[2] == "cpu", sys.argv[3] if len(sys.argv) > 3 else ""
-dist.init_process_group("gloo" if cpu else "nccl")
-rank, world = dist.get_rank(), dist.get_world_size()
-dev = torch.device("cpu") if cpu else torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-if not cpu:
-    torch.cuda.set_device(dev)
-torch.set_num_threads(1)
-torch.manual_seed(0)
-d, layers, batch, t, vocab = (64, 2, 4, 32, 256) if cpu else (1024, 8, 8, 512, 32000)
-model = nn.Sequential(nn.Embedding(vocab, d),
-                      *[nn.TransformerEncoderLayer(d, max(1, d // 64), 4 * d, batch_first=True,
-                                                   norm_first=True) for _ in range(layers)],
-                      nn.LayerNorm(d), nn.Linear(d, vocab)).to(dev)
-mesh = init_device_mesh(dev.type, (world,))
-mp = MixedPrecisionPolicy() if cpu else MixedPrecisionPolicy(param_dtype=torch.bfloat16,
-                                                             reduce_dtype=torch.float32)
-for layer in model[1:1 + layers]:
-    fully_shard(layer, mesh=mesh, mp_policy=mp)
-fully_shard(model, mesh=mesh, mp_policy=mp)
-opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=not cpu)
-ids = torch.randint(0, vocab, (batch, t), device=dev)
-
-def step():
-    logits = model(ids)
-    loss = F.cross_entropy(logits.flatten(0, 1).float(), ids.flatten())
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    opt.step()
-
-if plain:  # the reference: torch.profiler alone, the window torchdoctor's profile uses
-    from torch.profiler import ProfilerActivity, profile, schedule
-    acts = [ProfilerActivity.CPU] + ([] if cpu else [ProfilerActivity.CUDA])
-    with profile(activities=acts, schedule=schedule(wait=5, warmup=1, active=3), record_shapes=True) as p:
-        for _ in range(steps):
-            step()
-            p.step()
-    p.export_chrome_trace(os.path.join(plain, f"plain.rank{rank}.json"))
-else:
-    for _ in range(steps):
-        step()
-dist.destroy_process_group()
-'''
+WORKLOAD = Path(__file__).resolve().parent / "workloads" / "fsdp2_lm.py"
 
 
 def _env() -> dict:
@@ -99,8 +51,8 @@ def profiled(work: Path, args) -> dict:
     out = work / "profile"
     t0 = time.perf_counter()
     p = subprocess.run([sys.executable, "-m", "torchdoctor", "profile", "--json", "--nproc-per-node",
-                        str(args.nproc), "--timeout", "240", "--out", str(out), str(work / "workload.py"),
-                        str(args.steps), "cpu" if args.cpu else "gpu"],
+                        str(args.nproc), "--timeout", "240", "--out", str(out), str(WORKLOAD),
+                        "--steps", str(args.steps), *(["--cpu"] if args.cpu else [])],
                        env=_env(), capture_output=True, text=True, timeout=300)
     wall = time.perf_counter() - t0
     if not p.stdout.strip():
@@ -126,8 +78,8 @@ def plain(work: Path, args) -> list[dict]:
     out = work / "plain"
     out.mkdir()
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                        f"--nproc-per-node={args.nproc}", str(work / "workload.py"), str(args.steps),
-                        "cpu" if args.cpu else "gpu", str(out)],
+                        f"--nproc-per-node={args.nproc}", str(WORKLOAD), "--steps", str(args.steps),
+                        *(["--cpu"] if args.cpu else []), "--trace", str(out)],
                        env={**_env(), "OMP_NUM_THREADS": "1", "NCCL_NVLS_ENABLE": "0"},
                        capture_output=True, text=True, timeout=300)
     got = [trace_comms(out / f"plain.rank{r}.json") for r in range(args.nproc)
@@ -162,7 +114,6 @@ def main() -> None:
     ap.add_argument("--no-selftest", action="store_true")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="fsdp2-comms-"))
-    (work / "workload.py").write_text(WORKLOAD)
     t0 = time.perf_counter()
     res: dict = {"nproc": args.nproc, "steps": args.steps, "tolerance": TOLERANCE}
     res["profile"] = prof = profiled(work, args)

@@ -1,7 +1,7 @@
 """In-step overhead of ``checkup`` on an FSDP2 decoder LM, side by side with the bare script,
 on N ranks (issue 29: ≤ 1.05x on 2×H200).
 
-The workload (written to a temp folder) times its own steady state: ``--measure`` optimizer
+The workload (bench/workloads/fsdp2_lm.py ``--timed``) times its own steady state: ``--measure`` optimizer
 steps after ``--warmup``, one device sync and a barrier before and after the timed block, never
 inside it; each rank writes its ms/step. Configurations, run alternately ``--rounds`` times so a
 busy neighbour slows all alike:
@@ -30,64 +30,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-WORKLOAD = r'''
-import json, os, sys, time
-import torch, torch.distributed as dist
-import torch.nn as nn, torch.nn.functional as F
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-out, warmup, measure, cpu = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "cpu"
-dist.init_process_group("gloo" if cpu else "nccl")
-rank, world = dist.get_rank(), dist.get_world_size()
-dev = torch.device("cpu") if cpu else torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-if not cpu:
-    torch.cuda.set_device(dev)
-torch.manual_seed(0)
-d, layers, batch, t, vocab = (64, 2, 4, 32, 256) if cpu else (1024, 8, 8, 1024, 32000)
-model = nn.Sequential(nn.Embedding(vocab, d),
-                      *[nn.TransformerEncoderLayer(d, max(1, d // 64), 4 * d, batch_first=True,
-                                                   norm_first=True) for _ in range(layers)],
-                      nn.LayerNorm(d), nn.Linear(d, vocab)).to(dev)
-mesh = init_device_mesh(dev.type, (world,))
-mp = MixedPrecisionPolicy() if cpu else MixedPrecisionPolicy(param_dtype=torch.bfloat16,
-                                                             reduce_dtype=torch.float32)
-for layer in model[1:1 + layers]:
-    fully_shard(layer, mesh=mesh, mp_policy=mp)
-fully_shard(model, mesh=mesh, mp_policy=mp)
-opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=not cpu)
-ids = torch.randint(0, vocab, (batch, t), device=dev)
-
-def step():
-    logits = model(ids)
-    loss = F.cross_entropy(logits.flatten(0, 1).float(), ids.flatten())
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    opt.step()
-
-def sync():
-    if not cpu:
-        torch.cuda.synchronize()
-    dist.barrier()
-
-for _ in range(warmup):
-    step()
-sync()
-t0 = time.perf_counter()
-for _ in range(measure):
-    step()
-sync()
-ms = (time.perf_counter() - t0) * 1000 / measure
-with open(os.path.join(out, f"ms.rank{rank}.json"), "w") as f:
-    json.dump({"ms_per_step": ms, "device": torch.cuda.get_device_name(dev) if not cpu else "cpu"}, f)
-dist.destroy_process_group()
-'''
+WORKLOAD = Path(__file__).resolve().parent / "workloads" / "fsdp2_lm.py"
 
 
 def run(cfg: str, work: Path, args) -> dict:
     out = Path(tempfile.mkdtemp(prefix=f"fsdp2-{cfg}-", dir=work))
-    tail = [str(work / "workload.py"), str(out), str(args.warmup), str(args.measure),
-            "cpu" if args.cpu else "gpu"]
+    tail = [str(WORKLOAD), "--seq", "1024", "--timed", str(out), "--warmup", str(args.warmup),
+            "--measure", str(args.measure), *(["--cpu"] if args.cpu else [])]
     if cfg == "bare":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={args.nproc}", *tail]
@@ -112,7 +61,6 @@ def main() -> None:
     ap.add_argument("--cpu", action="store_true")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="fsdp2-bench-"))
-    (work / "workload.py").write_text(WORKLOAD)
     times: dict[str, list[float]] = {"bare": [], "checkup": []}
     device = "?"
     for i in range(args.rounds):
