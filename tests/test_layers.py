@@ -258,7 +258,8 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
         "torchdoctor.treat.data", "torchdoctor.treat.model", "torchdoctor.treat.optim",
         "torchdoctor.treat.precision", "torchdoctor.treat.catalogue")),
     ("evidence: what a run measured, and the views derived from it that rules and metrics read", (
-        "torchdoctor.evidence", "torchdoctor.attach.views", "torchdoctor.compilecheck.summary")),
+        "torchdoctor.evidence", "torchdoctor.attach.views", "torchdoctor.compilecheck.summary",
+        "torchdoctor.distributed.stragglers")),
     ("the judge core: the catalogue, the report model, the rule contract", (
         "torchdoctor.catalog", "torchdoctor.findings", "torchdoctor.judge")),
     ("another node's summary, vetted against the catalogue (the cross-node rules read it)", (

@@ -22,6 +22,8 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
+from torchdoctor.evidence import spans_of
+
 PHASES = ("data", "forward", "backward", "optimizer", "other")
 WARMUP_STEPS = 1
 
@@ -130,11 +132,11 @@ def collective_s(events: list[dict[str, Any]]) -> dict[int, float]:
 
 def rank_spans(events: list[dict[str, Any]]) -> dict[int, dict[int, float]]:
     """{rank: {step: seconds}}: each rank's device span between step ends (CUDA runs)."""
-    out: dict[int, dict[int, float]] = defaultdict(dict)
+    rows: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for e in events:
-        if e.get("kind") == "step_device" and "rank" in e and e.get("span_ms") is not None:
-            out[int(e["rank"])][int(e.get("step") or 0)] = float(e["span_ms"]) / 1e3
-    return dict(out)
+        if e.get("kind") == "step_device" and "rank" in e:
+            rows[int(e["rank"])].append(e)
+    return {r: spans for r, got in rows.items() if (spans := spans_of(got))}
 
 
 def step_medians(steps: list[dict[str, Any]], spans: dict[int, float] | None = None

@@ -62,7 +62,13 @@ CUDA_BASIS = "device span between step ends (CUDA events; host wall where none w
 
 def device_spans(ev: Evidence) -> dict[int, float]:
     """Seconds of device time between consecutive step ends, by step (CUDA runs only)."""
-    return {int(d["step"]): float(d["span_ms"]) / 1e3 for d in ev.of("step_device")
+    return spans_of(ev.of("step_device"))
+
+
+def spans_of(rows: Any) -> dict[int, float]:
+    """{step: seconds} from ``step_device`` rows (one process's, or one rank's of a ranked run):
+    the device span between consecutive step ends, where one was read."""
+    return {int(d.get("step") or 0): float(d["span_ms"]) / 1e3 for d in rows
             if d.get("span_ms") is not None and d.get("step") is not None}
 
 
