@@ -176,7 +176,8 @@ class Harness:
             if len(win) == truth["steps"] and probe != "profile":  # the same steps as the workload's window, per-step basis
                 self.row(name, f"{probe}: step ms (its window's steps)", statistics.fmean(win),
                          truth["step_ms"], TOL_STEP, note=str(st.get("step_time_basis", "host wall")))
-            skipped = set(st.get("site_window_steps_skipped") or [])
+            # steps the probe's own measurement slowed, left out of its printed figures
+            skipped = set(st.get("site_window_steps_skipped") or []) | set(st.get("profiler_window_steps_skipped") or [])
             inside = sorted(x for x in skipped if lo <= x <= hi)
             ref, refnote = truth, ""
             if inside:

@@ -196,3 +196,42 @@ def test_the_device_columns_leave_out_the_same_site_window_steps():
     # without the window every step is in both
     plain = step_summary(Evidence.from_events(steps[:34] + dev[:34]))
     assert "site_window_steps_skipped" not in plain and plain["device"]["steps"] == 33
+
+
+def test_profiles_own_window_steps_are_left_out_of_the_step_figures_on_every_device():
+    # measured on the H200 (profile on the profile fixture's MLP, session 10): 6.3 ms a step
+    # plainly, the run's mean read 11.4 ms with the profiler's steps in it (median 6.1); on the
+    # 2-core CPU box 37.8 ms mean against 30.6 ms per un-profiled step
+    window = [{"kind": "profile_window", "status": "ok", "wait": 5, "warmup": 1, "active": 3}]
+    steps = _steps(20, 6.0, {"forward": 2.0, "backward": 3.0})
+    dev = _dev(20, 6.0, 2.0, 3.0, 0.5)
+    for s, d in zip(steps[4:10], dev[4:10]):  # steps 5-10: call count, warm-up, 3 recorded, export
+        s["wall_s"] = 0.060
+        d.update(span_ms=60.0, busy=1.0)
+    for events in (steps + dev + window, steps + window):  # CUDA, CPU
+        m = step_summary(Evidence.from_events(events))
+        assert m["profiler_window_steps_skipped"] == [5, 6, 7, 8, 9, 10]
+        assert m["judged"] == 13 and m["mean_step_ms"] == pytest.approx(6.0)
+    assert step_summary(Evidence.from_events(steps + dev + window))["device"]["steps"] == 13
+    # a window that never ran (unavailable: no wait/warm-up/active) leaves every step in
+    gone = [{"kind": "profile_window", "status": "unavailable", "reason": "another profiler"}]
+    assert "profiler_window_steps_skipped" not in step_summary(Evidence.from_events(steps + gone))
+    # a run too short to have other steps keeps them (the figures are then the profiled steps')
+    early = [{"kind": "profile_window", "status": "ok", "wait": 1, "warmup": 1, "active": 3}]
+    short = step_summary(Evidence.from_events(steps[:6] + early))
+    assert short["judged"] == 5 and "profiler_window_steps_skipped" not in short
+
+
+def test_the_step_title_says_which_steps_torchdoctor_left_out():
+    from rich.console import Console
+
+    from torchdoctor.findings import Report
+    from torchdoctor.report.sections.steps import step_breakdown
+
+    window = [{"kind": "profile_window", "status": "ok", "wait": 5, "warmup": 1, "active": 3}]
+    r = Report(command="profile", target="x.py")
+    r.metrics["steps"] = step_summary(Evidence.from_events(_steps(20, 6.0) + window))
+    con = Console(width=200, record=True)
+    con.print(step_breakdown(r))
+    assert ("13 steps, first 1 left out as warm-up and 6 slowed by the profiler window"
+            in " ".join(con.export_text().split()))

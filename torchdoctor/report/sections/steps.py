@@ -17,12 +17,21 @@ def _bar(share: float) -> Text:
     return Text("█" * n + "·" * (BAR - n), style="cyan" if share < 0.3 else "yellow")
 
 
+# steps torchdoctor's own measurement slowed, left out of the figures (evidence/steps.py)
+OWN_STEPS = (("profiler_window_steps_skipped", "the profiler window"),
+             ("site_window_steps_skipped", "the allocation-site window"),
+             ("flop_count_step_skipped", "the FLOP counter"))
+
+
 @section("steps", order=20)
 def step_breakdown(report) -> Table | None:
     m = report.metrics.get("steps")
     if not m or not m.get("judged"):
         return None
     warm = f", first {m['warmup_skipped']} left out as warm-up" if m.get("warmup_skipped") else ""
+    own = [f"{len(v)} slowed by {what}" for key, what in OWN_STEPS if (v := m.get(key))]
+    if own:
+        warm += " and " + ", ".join(own) if warm else ", left out: " + ", ".join(own)
     t = Table(title=f"Step time: {m['judged']} steps{warm}; mean {m['mean_step_ms']:.3g} ms/step "
                     f"(median {m['median_step_ms']:.3g}, p90 {m['p90_step_ms']:.3g})",
               title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
