@@ -38,7 +38,7 @@ from torchdoctor.runner.rundir import EVENTS, RESULT, read_json, write_json
 
 # Never let anything we launch on GPUs use NVLink multicast (NVLS / symmetric memory).
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
-# Flight Recorder entries kept per process group: torch's own default since 2.6 (FlightRecorder.hpp),
+# Flight Recorder entries kept per process group: torch 2.13's own default (FlightRecorder.hpp),
 # the size PyTorch's Flight Recorder tutorial recommends; set under both names (2.11 and 2.13)
 FR_BUFFER = "2000"
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
