@@ -43,6 +43,30 @@ def test_a_nodes_summary_passes_node_0s_checks_unchanged():
     assert clean["resources"]["series"] == e["resources"]["series"]
 
 
+def test_a_nodes_flight_recorder_read_passes_and_joins_the_job_report():
+    """A real read's shape (flight.summarise of a torch dump, per process group too) is what a peer
+    sends; node 0 keeps each rank's recorder with the rank's node and judges them together."""
+    from torchdoctor.attach import flight
+
+    def dump(done, pending):
+        e = [{"collective_seq_id": s, "process_group": ["0", "default_pg"], "profiling_name": "nccl:all_reduce",
+              "input_sizes": [[1024]], "output_sizes": [[1024]], "state": st}
+             for s, st in [(i, "completed") for i in range(1, done + 1)] + [(p, "scheduled") for p in pending]]
+        return {"file": "/tmp/x", **flight.summarise({"version": "2.10", "entries": e})}
+
+    def read(r, d):
+        return {"state": "read", "ranks": {str(r): d}}
+
+    own = node_ev(proc(10, 0, [collective("all_reduce", 17)] * 5), fr_state=read(0, dump(5, [6])), world=2)
+    peer = node_ev(proc(30, 1, [code(71)] * 5), fr_state=read(1, dump(5, [])), world=2)
+    clean, reasons = nodecheck.parse(blob(peer, 1), 1)
+    assert reasons == [] and clean["flight_recorder"] == json.loads(json.dumps(peer["flight_recorder"]))
+    rep = nodes.job_report(own, {1: blob(peer, 1)}, {"port": 1}, NODE, "job", 1.0)
+    f = next(f for f in rep.findings if f.code == "collective-hang")
+    assert "seq 6" in f.title and "rank 1 (node 1) never called seq 6" in f.title, f.title
+    assert set(rep.metrics["attach"]["flight_recorder"]["ranks"]) == {"0", "1"}
+
+
 def test_the_job_report_groups_the_ranks_of_both_nodes_and_names_their_nodes():
     """Ranks 0, 1 on node 0 and 2, 3 on node 1 wait in all_reduce; rank 3 is stuck elsewhere:
     one collective-hang across the nodes, rank 3 named with its node. Same PIDs on both hosts

@@ -82,8 +82,10 @@ SNAPSHOT = _dict({"t": NUM, "procs": _map(("pidkey",), PROC_RES, MAX_PROCS)}, ("
 SIZES = _list(_list(_int(-1, 1 << 62), 16), 64)
 BRIEF = _dict({"seq": _opt(_int(-1, 1 << 62)), "op": _str(), "state": _opt(_str(40)),
                "pg": _opt(("pg",)), "input_sizes": _opt(SIZES), "output_sizes": _opt(SIZES)})
+FR_PG = _dict({"entries": COUNTER, "last_completed": _opt(BRIEF), "first_pending": _opt(BRIEF)})
 FR_RANK = _dict({"error": _str(600), "file": _str(PATH), "version": _str(40), "entries": COUNTER,
-                 "pg": _opt(_str()), "last_completed": _opt(BRIEF), "first_pending": _opt(BRIEF)})
+                 "pg": _opt(_str()), "last_completed": _opt(BRIEF), "first_pending": _opt(BRIEF),
+                 "pgs": _map(_str(), FR_PG, 256)})
 FLIGHT = _dict({"state": ("enum", frozenset({"off", "not-applicable", "not-enabled", "read"})),
                 "reason": _str(600), "how": _str(600), "ranks": _map(("rankkey",), FR_RANK, 4096)},
                ("state",))
@@ -91,7 +93,7 @@ SUMMARY = _dict({
     "v": _int(VERSION, VERSION), "kind": ("enum", frozenset({KIND})), "node_rank": _int(1, 1 << 20),
     "facts": _dict({"hostname": _str()}), "duration_s": NUM, "elapsed_s": NUM,
     "stack_samples": _int(0, MAX_SAMPLES),
-    "sampler": _dict({"tool": _str(40), "version": _str(40), "blocking": BOOL, "native": BOOL}),
+    "sampler": _dict({"tool": _str(40), "version": _opt(_str(40)), "blocking": BOOL, "native": BOOL}),
     "job": _dict({"launcher_pid": _opt(_int(1, PID_MAX - 1)), "run_id": _opt(_str()),
                   "world_size": _opt(_int(0, RANK_MAX))}),
     "processes": _list(PROCESS, MAX_PROCS),
