@@ -82,6 +82,26 @@ def test_at_the_timeout_every_nccl_ranks_pipe_is_poked_and_then_removed(tmp_path
     assert not list(tmp_path.glob("*.pipe"))
 
 
+def test_after_a_poke_the_parent_waits_for_nccls_dump_within_the_bound(tmp_path, monkeypatch):
+    import torchdoctor.distributed.torchrun as tr
+
+    rs = RankSet(tmp_path, 1)
+    rs.env({})
+    monkeypatch.setattr(rs, "pids", lambda: {0: 111})
+    monkeypatch.setattr(rs, "signal_ranks", lambda sig: None)
+    monkeypatch.setattr(tr, "DUMP_WAIT_MIN_S", 0.0)
+    (tmp_path / "rank0").mkdir()
+    fd = _pipe_like_torch(tmp_path / f"{FR_PIPE_STEM}0.pipe")
+    try:
+        rs.request_dumps()
+        (tmp_path / "rank0" / "dump.done").write_text("{}")  # the watcher thread answered
+        assert not rs.dumps_done()  # NCCL's dump is not there yet
+        (tmp_path / f"{FR_DUMP_STEM}0").write_bytes(b"x")
+        assert rs.dumps_done()
+    finally:
+        os.close(fd)
+
+
 def test_a_gloo_launch_pokes_nothing(tmp_path, monkeypatch):
     rs = RankSet(tmp_path, 2)
     rs.env({})

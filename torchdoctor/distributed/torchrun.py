@@ -160,7 +160,8 @@ class RankSet:
         self.alive_at_request: set[int] = set()
         self.fr_set: dict[str, str] = {}  # the Flight Recorder variables this launch added
         self.fr_pipe: str | None = None  # the pipe stem the ranks were given (theirs or ours)
-        self.fr_poked: dict[str, str] = {}  # pipe → None written / why not, at the dump request
+        self.fr_poked: dict[str, str] = {}  # pipe → "written" / why not, at the dump request
+        self.fr_expect: list[Path] = []  # dumps NCCL should write after a poke (in our run dir)
 
     # ------------------------------------------------------------------ launch
     def command(self, boot: list[str]) -> list[str]:
@@ -253,6 +254,8 @@ class RankSet:
             pipe = frpipe.pipe_path(self.fr_pipe, g if g is not None else r)
             if os.path.exists(pipe):
                 self.fr_poked[pipe] = frpipe.poke(pipe) or "written"
+                if self.fr_poked[pipe] == "written" and frpipe.DUMP_KEYS[0] in self.fr_set:
+                    self.fr_expect.append(self.run_dir / f"{FR_DUMP_STEM}{g if g is not None else r}")
 
     def flight_recorder(self) -> dict[str, Any]:
         """What the report says of the Flight Recorder of this launch."""
@@ -273,7 +276,8 @@ class RankSet:
                 pass
 
     def dumps_done(self) -> bool:
-        """True once every live rank served the request, or DUMP_WAIT_MAX_S passed."""
+        """True once every live rank served the request (and NCCL wrote the dump each poked pipe
+        asked for), or DUMP_WAIT_MAX_S passed."""
         if self.dump_requested_at is None:
             return True
         waited = time.monotonic() - self.dump_requested_at
@@ -281,7 +285,8 @@ class RankSet:
             return False
         if waited >= DUMP_WAIT_MAX_S:
             return True
-        return all((rank_dir(self.run_dir, r) / DUMP_DONE).exists() for r in self.pids())
+        return (all((rank_dir(self.run_dir, r) / DUMP_DONE).exists() for r in self.pids())
+                and all(p.exists() for p in self.fr_expect))  # NCCL's watchdog dumps in ~1 s
 
     def interrupt(self) -> None:
         """Ctrl-C: stacks and flight recorder first (a rank blocked in a collective never sees
