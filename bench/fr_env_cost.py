@@ -2,7 +2,8 @@
 
 A 2-rank torchrun job (gloo on CPU; ``--backend nccl`` on a GPU host, one GPU per rank) runs
 ``--steps`` steps of a small matmul plus an ``all_reduce``; rank 0 times the steps after a
-warm-up. Two environments, alternated per round so a busy neighbour slows both alike:
+warm-up. Two environments, each round both (which goes first alternates), so a busy neighbour
+slows both alike:
 
 - ``plain``: none of the five variables set (what the user's job has without torchdoctor;
   torch's own buffer default then applies: 2000 entries in torch >= 2.6);
@@ -10,6 +11,9 @@ warm-up. Two environments, alternated per round so a busy neighbour slows both a
   both names, the dump pipe and the dump file in a private temp dir).
 
 Per round the median step time of each; the overhead is the median over rounds of fr/plain.
+Rank 0 also says how many entries its recorder holds at the end (``_dump_fr_trace_json``: the same
+count in both modes means the recorder did the same work) and whether its dump pipe exists (only
+ProcessGroupNCCL makes one).
 
     python bench/fr_env_cost.py [--rounds 3] [--steps 300] [--backend gloo|nccl] [--json FILE]
 """
@@ -51,14 +55,21 @@ for i in range(steps + warm):
     if i >= warm:
         times.append(time.perf_counter() - t0)
 if rank == 0:
-    print("TIMES " + json.dumps(times), flush=True)
+    try:  # what the recorder kept (the same work in both modes when the counts agree)
+        fr = json.loads(torch._C._distributed_c10d._dump_fr_trace_json())
+        entries = len(fr.get("entries") or [])
+    except Exception as e:
+        entries = f"{type(e).__name__}"
+    stem = os.environ.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE")
+    pipe = os.path.exists(f"{stem}0.pipe") if stem else None
+    print("TIMES " + json.dumps({"times": times, "fr_entries": entries, "pipe_made": pipe}), flush=True)
 dist.destroy_process_group()
 """
 KEYS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE",
         "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 
 
-def run(backend: str, steps: int, fr: bool, folder: Path) -> list[float]:
+def run(backend: str, steps: int, fr: bool, folder: Path) -> dict:
     from torchdoctor.distributed.torchrun import flight_env
 
     env = {k: v for k, v in os.environ.items() if k not in KEYS}
@@ -86,12 +97,19 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="td-frbench-") as d:
         for i in range(a.rounds):
-            plain = statistics.median(run(a.backend, a.steps, False, Path(d))) * 1e3
-            fr = statistics.median(run(a.backend, a.steps, True, Path(d))) * 1e3
+            if i % 2:  # which goes first alternates: a neighbour's load rising or falling hits both
+                f = run(a.backend, a.steps, True, Path(d))
+                p = run(a.backend, a.steps, False, Path(d))
+            else:
+                p = run(a.backend, a.steps, False, Path(d))
+                f = run(a.backend, a.steps, True, Path(d))
+            plain, fr = statistics.median(p["times"]) * 1e3, statistics.median(f["times"]) * 1e3
             rows.append({"round": i, "plain_ms": round(plain, 4), "fr_ms": round(fr, 4),
-                         "ratio": round(fr / plain, 4)})
+                         "ratio": round(fr / plain, 4), "fr_entries": [p["fr_entries"], f["fr_entries"]],
+                         "pipe_made": f["pipe_made"]})
             print(f"round {i}: plain {plain:.3f} ms/step, with the variables {fr:.3f} ms/step, "
-                  f"ratio {fr / plain:.3f}", flush=True)
+                  f"ratio {fr / plain:.3f}; recorder entries {p['fr_entries']} / {f['fr_entries']}, "
+                  f"pipe made: {f['pipe_made']}", flush=True)
     ratio = statistics.median(r["ratio"] for r in rows)
     try:
         load = os.getloadavg()[0]
