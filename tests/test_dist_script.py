@@ -111,6 +111,10 @@ def test_hang_names_the_rank_that_skipped_and_the_line_and_leaves_no_process():
     assert f["evidence"]["waiting"]["rank 1"] == "barrier at hang.py:29"
     assert wall < 12 + 30, wall
     assert (tmp_path / "run" / "rank1" / "stacks.txt").stat().st_size > 0
+    # the Flight Recorder variables the launch added, stated (gloo makes no pipe: none poked)
+    fr = r["metrics"]["run"]["flight_recorder"]
+    assert fr["pipe"] == str(tmp_path / "run" / "fr_pipe_") and "poked" not in fr
+    assert {"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE", "TORCH_FR_DUMP_TEMP_FILE"} <= set(fr["set"])
     assert_no_rank_left(tmp_path)
 
 
@@ -183,4 +187,9 @@ def test_nccl_hang_is_diagnosed_within_timeout_plus_30s_and_no_rank_survives(tmp
     f = only(r, "collective-hang")
     assert "rank 1 skipped all_reduce at hang.py:26" in f["title"]
     assert wall < 40 + 30, wall
+    # each NCCL rank made its Flight Recorder pipe in the run dir; the timeout poked both; the
+    # pipes are gone after the run (torch never removes them)
+    fr = r["metrics"]["run"]["flight_recorder"]
+    assert sorted(fr.get("poked", {}).values()) == ["written", "written"], fr
+    assert not list((tmp_path / "run").glob("fr_pipe_*.pipe"))
     assert_no_rank_left(tmp_path)

@@ -112,6 +112,8 @@ def test_two_healthy_nodes_give_one_job_report_without_warning(tmp_path):
     assert [row["node"] for row in r0["metrics"]["ranks"]["per_rank"]] in ([0, 1], [1, 0])
     assert r1["metrics"]["node"]["job_report"] == "printed by node 0 (127.0.0.1)"
     assert r1["metrics"]["node"]["sent"] is True and "nodes" not in r1["metrics"]
+    for k, r in ((0, r0), (1, r1)):  # each node's launch states the Flight Recorder it added
+        assert r["metrics"]["run"]["flight_recorder"]["pipe"] == str(tmp_path / f"n{k}" / "run" / "fr_pipe_")
 
 
 @pytest.mark.slow

@@ -22,48 +22,19 @@ rank the last completed collective and the first that is not (sequence number, o
 
 from __future__ import annotations
 
-import io
 import os
-import pickle
 import stat
 import time
 
+from torchdoctor.distributed import frpipe
+from torchdoctor.distributed.frpipe import BUFFER_KEYS, DUMP_KEYS, MAX_DUMP_BYTES, load_dump  # noqa: F401
+
 DEFAULT_DUMP_STEM = "/tmp/nccl_trace_rank_"  # torch <= 2.5; see dump_candidates for the others
 WAIT_S = 10.0  # how long a rank may take to write its dump after the pipe write
-MAX_DUMP_BYTES = 256 * 1024 * 1024
 
 HOW_TO_ENABLE = ("start the next run with TORCH_NCCL_TRACE_BUFFER_SIZE=2000 "
                  "TORCH_NCCL_DEBUG_INFO_PIPE_FILE=/tmp/torchdoctor_fr_ (NCCL jobs) so that attach can "
-                 "read the last collectives of every rank")
-BUFFER_KEYS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")  # newer name first
-DUMP_KEYS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
-
-
-def _same(data, *_):
-    return data
-
-
-# the only globals torch's pickler writes into a trace: identity wrappers around plain values
-# (torch/jit/_pickle.py: build_intlist(data) returns data; restore_type_tag(value, type_str) returns value)
-_SAFE = {("torch.jit._pickle", n): _same for n in
-         ("build_intlist", "build_doublelist", "build_boollist", "restore_type_tag")}
-
-
-class _NoGlobals(pickle.Unpickler):
-    def find_class(self, module, name):  # noqa: D401 - refuse code
-        fn = _SAFE.get((module, name))
-        if fn is None:
-            raise pickle.UnpicklingError(f"global {module}.{name} refused")
-        return fn
-
-
-def load_dump(raw: bytes):
-    """The dump's containers (dict), or the JSON form some versions write."""
-    if raw[:1] in (b"{", b"["):
-        import json
-
-        return json.loads(raw.decode("utf-8", "replace"))
-    return _NoGlobals(io.BytesIO(raw)).load()
+                 "read the last collectives of every rank (runs that torchdoctor launches have both)")
 
 
 def _brief(e: dict | None) -> dict | None:
@@ -116,7 +87,7 @@ def _buffer_size(env: dict) -> int | None:
 
 
 def pipe_path(env: dict, rank: int) -> str:
-    return f"{env.get('TORCH_NCCL_DEBUG_INFO_PIPE_FILE', '')}{rank}.pipe"
+    return frpipe.pipe_path(env.get(frpipe.PIPE_KEY, ""), rank)
 
 
 def enabled(env: dict, rank: int | None = None) -> bool:
@@ -178,27 +149,15 @@ def trigger_and_read(env: dict, rank: int, wait_s: float = WAIT_S) -> dict:
     """Write to the rank's pipe and read its dump; {"error": ...} when it cannot."""
     pipe = pipe_path(env, rank)
     paths = dump_candidates(env, rank)
-    try:
-        if not stat.S_ISFIFO(os.stat(pipe).st_mode):
-            return {"error": f"{pipe} is not a named pipe"}
-        before = {p: _mtime(p) for p in paths}
-        fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)  # no reader: ENXIO, never blocks
-        try:
-            os.write(fd, b"1\n")
-        finally:
-            os.close(fd)
-    except OSError as e:
-        return {"error": f"could not trigger the dump through {pipe}: {e.strerror or e}"}
+    before = {p: _mtime(p) for p in paths}
+    why = frpipe.poke(pipe)
+    if why is not None:
+        return {"error": why}
     out_path = _wait_written(paths, before, wait_s)
     if out_path is None:
         return {"error": f"rank {rank} wrote no dump to {' or '.join(paths)} within {wait_s:g} s"}
-    try:
-        if os.path.getsize(out_path) > MAX_DUMP_BYTES:
-            return {"error": f"{out_path} is larger than {MAX_DUMP_BYTES >> 20} MiB"}
-        with open(out_path, "rb") as f:
-            data = load_dump(f.read())
-    except (OSError, pickle.UnpicklingError, ValueError, EOFError) as e:
-        return {"error": f"could not read {out_path}: {e}"}
-    if not isinstance(data, dict):
-        return {"error": f"{out_path}: not a Flight Recorder dump"}
+    data = frpipe.read_dump(out_path)
+    if data is None:
+        return {"error": f"could not read {out_path} as a Flight Recorder dump (at most "
+                         f"{MAX_DUMP_BYTES >> 20} MiB)"}
     return {"file": out_path, **summarise(data)}

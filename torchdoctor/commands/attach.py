@@ -43,6 +43,20 @@ def _targets(pids: list[int], job: bool):
     return targets, {}, "PID " + ", ".join(str(t.pid) for t in targets)
 
 
+def _node(nnodes, node_rank, rdzv_endpoint, rdzv_id, job: bool):
+    """The multi-node spec (the options of the multi-node report), or None on one node."""
+    if nnodes is None and node_rank is None and rdzv_endpoint is None and rdzv_id is None:
+        return None  # never from SLURM_* alone: an attach inside an allocation stays local
+    from torchdoctor.distributed.multinode import resolve
+
+    if nnodes is None:
+        raise DoctorError("--node-rank, --rdzv-endpoint and --rdzv-id need --nnodes")
+    if not job:
+        raise DoctorError("--nnodes needs --job: every node attaches to its own ranks of the job",
+                          "torchdoctor attach --job --nnodes N --node-rank K --rdzv-endpoint HOST:PORT")
+    return resolve(nnodes, node_rank, rdzv_endpoint, None, rdzv_id, None, None, env={})
+
+
 def register(app: typer.Typer) -> None:
     @app.command(help=HELP)
     @guarded
@@ -59,6 +73,19 @@ def register(app: typer.Typer) -> None:
         native: Annotated[bool, typer.Option("--native", help="Include native (C/C++) frames.")] = False,
         no_flight_recorder: Annotated[bool, typer.Option(
             "--no-flight-recorder", help="Do not ask the ranks for a Flight Recorder dump.")] = False,
+        nnodes: Annotated[Optional[int], typer.Option(
+            "--nnodes", metavar="N", show_default=False,
+            help="Nodes of the job: run attach --job on every node; node 0 prints the job report.")] = None,
+        node_rank: Annotated[Optional[int], typer.Option(
+            "--node-rank", metavar="K", show_default=False,
+            help="This node's rank among the attaching nodes (0 prints the job report).")] = None,
+        rdzv_endpoint: Annotated[Optional[str], typer.Option(
+            "--rdzv-endpoint", metavar="HOST:PORT", show_default=False,
+            help="Node 0's host and a port; the job report is gathered on PORT+1 "
+                 "(TORCHDOCTOR_GATHER_PORT overrides it).")] = None,
+        rdzv_id: Annotated[Optional[str], typer.Option(
+            "--rdzv-id", metavar="ID", show_default=False,
+            help="An id shared by the attaching nodes (default torchdoctor).")] = None,
         out: Annotated[Optional[str], typer.Option(
             "--out", help="Also write report.json/report.txt/the HTML and the raw evidence here.")] = None,
         as_json: JsonOpt = False,
@@ -93,12 +120,25 @@ def register(app: typer.Typer) -> None:
         from torchdoctor.attach.sampler import require_pyspy
         from torchdoctor.attach.session import collect
 
+        import time
+
+        started = time.monotonic()
+        node = _node(nnodes, node_rank, rdzv_endpoint, rdzv_id, job)
         require_pyspy()
         targets, facts, label = _targets(list(pids or []), job)
-        eprint(f"torchdoctor attach: {label}: sampling for {duration:g} s (bound {bound:g} s)")
+        where = f" (node {node.node_rank} of {node.nnodes})" if node is not None else ""
+        eprint(f"torchdoctor attach: {label}{where}: sampling for {duration:g} s (bound {bound:g} s)")
         ev = collect(targets, duration, bound, nonblocking=nonblocking, native=native,
                      flight_recorder=not no_flight_recorder, job=facts)
-        report = build_report(ev, label)
+        if node is not None:
+            from torchdoctor.attach.nodes import run as run_nodes
+
+            if node.node_rank == 0:
+                eprint(f"torchdoctor attach: waiting for {node.nnodes - 1} other node(s) on port "
+                       f"{node.gather_port()}")
+            report = run_nodes(ev, node, label, started + bound)
+        else:
+            report = build_report(ev, label)
         if out is not None:
             from torchdoctor.runner.outdir import write_file
 

@@ -61,7 +61,10 @@ def run_node(probe: str, target: str, run_dir: Path, nproc: int, node: Any) -> R
     wait = RDZV_FAILED_WAIT_S if own["rendezvous"] == "failed" else gather_wait()
     if node.node_rank == 0:
         blobs, info = gather.collect(node.gather_port(), node.rdzv_id, node.nnodes, wait)
-        return job_report(probe, target, node, per, {0: own, **blobs}, info, wait)
+        report = job_report(probe, target, node, per, {0: own, **blobs}, info, wait)
+        if merged.result.get("flight_recorder"):  # what node 0's launch added (every node alike)
+            report.metrics.setdefault("run", {})["flight_recorder"] = merged.result["flight_recorder"]
+        return report
     own = fit(own, gather.MAX_BYTES)
     sent = gather.send(node.host, node.gather_port(), node.rdzv_id, node.node_rank, own, wait)
     return node_section(probe, target, node, per, reports, merged, own, sent)

@@ -15,6 +15,9 @@ Layout under the run dir ``D`` of a ranked run (``--nproc-per-node N``)::
     D/rank{R}/collectives.jsonl   one line per torch.distributed call (collective recorder)
     D/rank{R}/fr_trace.json  the flight recorder dump, written on the parent's request
     D/rank{R}/dump.request   created by the parent at the timeout; dump.done when served
+    D/fr_pipe_{G}.pipe       NCCL ranks only: the Flight Recorder's dump pipe of global rank G
+                             (TORCH_NCCL_DEBUG_INFO_PIPE_FILE, unless the user set one)
+    D/fr_dump_{G}            what NCCL's watchdog wrote when that pipe was poked
 
 The child side (:func:`enter_rank_dir`) runs inside the harness before anything else.
 """
@@ -33,6 +36,8 @@ PID = "pid"
 COLLECTIVES = "collectives.jsonl"
 COLLECTIVES_OLD = "collectives.1.jsonl"  # the previous chunk after a rotation
 FR_TRACE = "fr_trace.json"
+FR_PIPE_STEM = "fr_pipe_"  # D/fr_pipe_{global rank}.pipe: made by each NCCL rank, poked at the timeout
+FR_DUMP_STEM = "fr_dump_"  # D/fr_dump_{global rank}: NCCL's own dump (torch's pickle) when poked
 DUMP_REQUEST = "dump.request"
 DUMP_DONE = "dump.done"
 

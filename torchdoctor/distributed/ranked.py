@@ -92,7 +92,7 @@ def _run_metrics(merged: Evidence) -> dict[str, Any]:
     res = merged.result
     out = {k: res[k] for k in ("outcome", "exit_code", "failed_rank", "signal", "timeout_s",
                                "wall_s", "steps", "launcher_returncode", "interrupted_by",
-                               "killed_after_interrupt", "processes_left")
+                               "killed_after_interrupt", "processes_left", "flight_recorder")
            if res.get(k) is not None}
     out["ranks"] = res.get("ranks") or []
     return out

@@ -6,11 +6,13 @@ BOOT ...`` (PyTorch's own launcher) instead of as one child:
 
 * ``command`` / ``env``: the torchrun command line; the environment minus stale launch
   variables, plus ``NCCL_NVLS_ENABLE=0``, ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1`` (NVLink
-  multicast is never used), the flight recorder's buffer size unless set, and the marker
-  that makes each rank use its own run dir ``D/rank{R}`` (see :mod:`torchdoctor.distributed.rankdir`);
+  multicast is never used), the Flight Recorder (:func:`flight_env`: a buffer, a dump pipe and
+  a dump file in the run dir, each only where the user set none), and the marker that makes
+  each rank use its own run dir ``D/rank{R}`` (see :mod:`torchdoctor.distributed.rankdir`);
 * ``request_dumps`` at the timeout: ``dump.request`` in every rank dir (the collective
-  recorder's watcher thread writes the flight recorder) and SIGUSR1 to every rank (its
-  faulthandler writes every thread's stack), not to torchrun;
+  recorder's watcher thread writes the flight recorder), one line to every rank's Flight
+  Recorder pipe (NCCL's watchdog writes the dump, even when the rank's Python cannot run) and
+  SIGUSR1 to every rank (its faulthandler writes every thread's stack), not to torchrun;
 * ``kill``: SIGKILL to every rank's process group (torchrun starts each rank in its own
   session, so killing torchrun's group does not reach them) and to torchrun's children;
 * ``finish``: every rank's ``result.json`` completed with what only the parent knows (the
@@ -27,15 +29,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+from torchdoctor.distributed import frpipe
 from torchdoctor.distributed.failtext import own_crash
 from torchdoctor.distributed.procs import live_cmdline
-from torchdoctor.distributed.rankdir import (DUMP_DONE, DUMP_REQUEST, PID, RANKED_ENV, rank_dir)
+from torchdoctor.distributed.rankdir import (DUMP_DONE, DUMP_REQUEST, FR_DUMP_STEM, FR_PIPE_STEM, PID,
+                                             RANKED_ENV, rank_dir)
 from torchdoctor.runner.rundir import EVENTS, RESULT, read_json, write_json
 
 # Never let anything we launch on GPUs use NVLink multicast (NVLS / symmetric memory).
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
-# Flight recorder entries kept per process group (torch's variable names: 2.11 and 2.13)
-FR_ENV = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_FR_BUFFER_SIZE": "2000"}
+# Flight Recorder entries kept per process group: torch 2.13's own default (FlightRecorder.hpp),
+# the size PyTorch's Flight Recorder tutorial recommends; set under both names (2.11 and 2.13)
+FR_BUFFER = "2000"
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 DUMP_WAIT_MAX_S = 4.0  # at the timeout: wait this long at most for the ranks' dumps
@@ -43,14 +48,30 @@ DUMP_WAIT_MIN_S = 1.0  # and at least this long (faulthandler writes from a sign
 # torchrun's own console lines that say nothing about the script
 QUIET_PATTERNS = [r"^\*{20,}\s*$",
                   r"^Setting OMP_NUM_THREADS environment variable for each process"]
-# torch >= 2.12 warns about the older flight-recorder variable we set for torch < 2.12
+# torch >= 2.12 warns about the older flight-recorder variables we set for torch < 2.12
+FR_OLD_NAMES = ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 FR_DEPRECATION = r"Environment variable TORCH_NCCL_TRACE_BUFFER_SIZE is deprecated"
 
 
+def flight_env(env: dict[str, str], run_dir: str | os.PathLike) -> dict[str, str]:
+    """The Flight Recorder variables to add for a launch: a buffer of FR_BUFFER entries, the dump
+    pipe and the dump file in the run dir. Each only where the user set none of its names (a
+    user's ``TORCH_FR_BUFFER_SIZE=0`` stays off; their own pipe or dump path stays theirs)."""
+    out: dict[str, str] = {}
+    if not any(k in env for k in frpipe.BUFFER_KEYS):
+        out.update({k: FR_BUFFER for k in frpipe.BUFFER_KEYS})
+    if frpipe.PIPE_KEY not in env:
+        out[frpipe.PIPE_KEY] = str(Path(run_dir) / FR_PIPE_STEM)
+    if not any(k in env for k in frpipe.DUMP_KEYS):
+        out.update({k: str(Path(run_dir) / FR_DUMP_STEM) for k in frpipe.DUMP_KEYS})
+    return out
+
+
 def quiet_patterns(env: dict[str, str]) -> list[str]:
-    """Lines to drop from the ranks' output: torchrun's banner, and the deprecation warning of
-    the flight-recorder variable unless the user set it."""
-    return QUIET_PATTERNS + ([] if "TORCH_NCCL_TRACE_BUFFER_SIZE" in env else [FR_DEPRECATION])
+    """Lines to drop from the ranks' output: torchrun's banner, and the deprecation warnings of
+    the older flight-recorder variables unless the user set them."""
+    return QUIET_PATTERNS + [FR_DEPRECATION.replace(FR_OLD_NAMES[0], k) for k in FR_OLD_NAMES
+                             if k not in env]
 _FAIL_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)(?:\s*\(local_rank\s*:\s*(\d+)\))?")
 _FAIL_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 
@@ -137,6 +158,10 @@ class RankSet:
         self.torchrun_pid: int | None = None
         self.dump_requested_at: float | None = None
         self.alive_at_request: set[int] = set()
+        self.fr_set: dict[str, str] = {}  # the Flight Recorder variables this launch added
+        self.fr_pipe: str | None = None  # the pipe stem the ranks were given (theirs or ours)
+        self.fr_poked: dict[str, str] = {}  # pipe → "written" / why not, at the dump request
+        self.fr_expect: list[Path] = []  # dumps NCCL should write after a poke (in our run dir)
 
     # ------------------------------------------------------------------ launch
     def command(self, boot: list[str]) -> list[str]:
@@ -152,8 +177,9 @@ class RankSet:
             if k in LAUNCH_VARS or k.startswith("TORCHELASTIC_"):
                 del env[k]
         env.update(SAFE_ENV)
-        for k, v in FR_ENV.items():
-            env.setdefault(k, v)
+        self.fr_set = flight_env(env, self.run_dir)
+        env.update(self.fr_set)
+        self.fr_pipe = env.get(frpipe.PIPE_KEY) or None
         env[RANKED_ENV] = "1"
         if self.node is not None:
             from torchdoctor.distributed.multinode import NODE_ENV
@@ -216,10 +242,42 @@ class RankSet:
                     (d / DUMP_REQUEST).touch()
                 except OSError:
                     pass
+        self.poke_flight_recorders()
         self.signal_ranks(signal.SIGUSR1)
 
+    def poke_flight_recorders(self) -> None:
+        """One line to every NCCL rank's dump pipe (a gloo rank has none: nothing to do)."""
+        if not self.fr_pipe:
+            return
+        for r in self.pids():
+            g = self.label(r)
+            pipe = frpipe.pipe_path(self.fr_pipe, g if g is not None else r)
+            if os.path.exists(pipe):
+                self.fr_poked[pipe] = frpipe.poke(pipe) or "written"
+                if self.fr_poked[pipe] == "written" and frpipe.DUMP_KEYS[0] in self.fr_set:
+                    self.fr_expect.append(self.run_dir / f"{FR_DUMP_STEM}{g if g is not None else r}")
+
+    def flight_recorder(self) -> dict[str, Any]:
+        """What the report says of the Flight Recorder of this launch."""
+        out: dict[str, Any] = {"set": dict(self.fr_set), "pipe": self.fr_pipe}
+        if self.fr_poked:
+            out["poked"] = dict(self.fr_poked)
+        return out
+
+    def remove_pipes(self) -> None:
+        """The ranks' dump pipes that torch made in our run dir (it never removes them)."""
+        if frpipe.PIPE_KEY not in self.fr_set:
+            return
+        for p in self.run_dir.glob(f"{FR_PIPE_STEM}*.pipe"):
+            try:
+                if p.is_fifo():
+                    p.unlink()
+            except OSError:
+                pass
+
     def dumps_done(self) -> bool:
-        """True once every live rank served the request, or DUMP_WAIT_MAX_S passed."""
+        """True once every live rank served the request (and NCCL wrote the dump each poked pipe
+        asked for), or DUMP_WAIT_MAX_S passed."""
         if self.dump_requested_at is None:
             return True
         waited = time.monotonic() - self.dump_requested_at
@@ -227,7 +285,8 @@ class RankSet:
             return False
         if waited >= DUMP_WAIT_MAX_S:
             return True
-        return all((rank_dir(self.run_dir, r) / DUMP_DONE).exists() for r in self.pids())
+        return (all((rank_dir(self.run_dir, r) / DUMP_DONE).exists() for r in self.pids())
+                and all(p.exists() for p in self.fr_expect))  # NCCL's watchdog dumps in ~1 s
 
     def interrupt(self) -> None:
         """Ctrl-C: stacks and flight recorder first (a rank blocked in a collective never sees
@@ -289,6 +348,8 @@ class RankSet:
         if interrupted:
             merged["interrupted"] = True
         merged["launcher_returncode"] = top.get("returncode")
+        merged["flight_recorder"] = self.flight_recorder()
+        self.remove_pipes()
         merged["ranks"] = [{k: v for k, v in res.items() if k in (
             "rank", "local_rank", "outcome", "exit_code", "signal", "steps", "stopped_by_launcher",
             "reason")}

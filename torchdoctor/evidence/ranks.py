@@ -7,7 +7,8 @@ become events too, so the cross-rank rules stay pure functions of one Evidence:
 * ``rank_stacks`` {rank, threads, fatal}: the last faulthandler dump of the rank, if any
 * ``collective`` {rank, seq, op, shapes, dtype, site, fn, step, t, g?}: the recorder's lines
 * ``fr_entries`` {rank, api, entries: [{seq, pg, op, sizes, dtypes, state, completed}]}:
-  the tail of the flight recorder dump, if one was written
+  the tail of the flight recorder dump, if one was written (``source``: ``watcher``, the
+  rank's own thread, or ``nccl-pipe``, NCCL's watchdog poked through the pipe)
 
 ``meta``: {probe, world_size, options}; ``result``: the merged top-level result.
 """
@@ -18,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from torchdoctor.distributed.rankdir import COLLECTIVES, COLLECTIVES_OLD, FR_TRACE, rank_dir
+from torchdoctor.distributed.rankdir import COLLECTIVES, COLLECTIVES_OLD, FR_DUMP_STEM, FR_TRACE, rank_dir
 from torchdoctor.evidence import Evidence
 from torchdoctor.runner.rundir import META, RESULT, STACKS, read_json
 
@@ -40,16 +41,36 @@ def read_collectives(d: Path) -> list[dict[str, Any]]:
     return out
 
 
-def read_fr(d: Path) -> dict[str, Any] | None:
-    """The flight recorder dump of one rank, reduced to what the rules compare."""
-    p = d / FR_TRACE
+def read_fr(d: Path, nccl_dump: Path | None = None) -> dict[str, Any] | None:
+    """The flight recorder dump of one rank, reduced to what the rules compare: the one the
+    rank's watcher thread wrote (``fr_trace.json``) or the one NCCL's watchdog wrote when its
+    pipe was poked (``nccl_dump``, torch's pickle), whichever holds more entries."""
+    from torchdoctor.distributed.frpipe import read_dump
+
+    found = []
     try:
-        data = json.loads(p.read_text(errors="replace"))
+        data = json.loads((d / FR_TRACE).read_text(errors="replace"))
+        if isinstance(data, dict):
+            found.append(("watcher", data))
     except (OSError, ValueError):
+        pass
+    if nccl_dump is not None and nccl_dump.is_file():
+        data = read_dump(nccl_dump)
+        if data is not None:
+            found.append(("nccl-pipe", data))
+    if not found:
         return None
+    source, data = max(found, key=lambda f: len(f[1].get("entries") or []))
+    return {**_reduce_fr(data), "source": source}
+
+
+def _reduce_fr(data: dict[str, Any]) -> dict[str, Any]:
     entries = []
     for e in (data.get("entries") or [])[-FR_KEEP:]:
+        if not isinstance(e, dict):
+            continue
         pg = e.get("process_group") or [None, None]
+        pg = list(pg) if isinstance(pg, tuple) else pg
         state = e.get("state")
         entries.append({
             "seq": e.get("collective_seq_id"), "p2p_seq": e.get("p2p_seq_id"),
@@ -102,7 +123,7 @@ def merged_evidence(run_dir: str | Path, nproc: int, labels: dict[int, int] | No
             if st.get("threads") or st.get("fatal"):
                 events.append({"kind": "rank_stacks", "rank": r, **st})
         events.extend({"kind": "collective", "rank": r, **c} for c in read_collectives(d))
-        fr = read_fr(d)
+        fr = read_fr(d, top / f"{FR_DUMP_STEM}{r}")
         if fr is not None:
             events.append({"kind": "fr_entries", "rank": r, **fr})
     meta = read_json(top / META) or {}

@@ -137,6 +137,7 @@ def node_lost(ev: Evidence) -> list[Finding]:
         return []
     names = ", ".join(f"node {k}" for k in missing)
     wait = ev.meta.get("gather_wait_s")
+    after = ev.meta.get("gather_after") or "node 0's ranks ended"  # attach: its sampling ended
     evidence: dict[str, Any] = {"missing_nodes": missing, "waited_s": wait,
                                 "gather_port": ev.meta.get("gather_port")}
     if ev.meta.get("unreported_ranks"):
@@ -144,7 +145,8 @@ def node_lost(ev: Evidence) -> list[Finding]:
     if ev.meta.get("rank_outcomes"):
         evidence["ranks_that_reported"] = ev.meta["rank_outcomes"]
     return [finding(
-        "node-lost", f"{names} sent no report within {wait:g} s after node 0's ranks ended: "
+        "node-lost", f"{names} sent no report within {wait:g} s after "
+                     f"{after}: "
                      f"it died, hung, or cannot reach node 0's port {ev.meta.get('gather_port')}",
         evidence,
         fix="Look at that node's own output (its torchdoctor prints its section there) and its "

@@ -32,6 +32,11 @@ def attach_section(report):
                 f"{', non-blocking' if not s.get('blocking', True) else ''}):", style="bold")
     for line in m.get("where") or []:
         head.append("\n  " + visible(line))
+    for n in m.get("nodes") or []:  # a multi-node attach: node 0's job report
+        host = f" ({visible(n['hostname'])})" if n.get("hostname") else ""
+        ranks = ", ".join(str(r) for r in n.get("ranks") or [])
+        head.append(f"\n  node {n['node_rank']}{host}: " + (f"ranks {ranks}" if n.get("reported")
+                                                             else "no report"), style="dim")
     for line in m.get("workers") or []:
         head.append("\n  " + visible(line), style="dim")
     fr = m.get("flight_recorder") or {}
@@ -48,11 +53,13 @@ def attach_section(report):
                         + (f"seq {fp.get('seq')} {visible(fp.get('op', ''))} ({fp.get('state')})"
                            if fp else "none"))
     t = Table(show_edge=False, pad_edge=False, title_justify="left")
-    for col in ("pid", "rank", "role", "stacks", "RSS GiB", "GPU util %", "GPU mem GiB"):
+    multi = bool(m.get("nodes"))
+    for col in ("pid", *(("node",) if multi else ()), "rank", "role", "stacks", "RSS GiB", "GPU util %",
+                "GPU mem GiB"):
         t.add_column(col, justify="left" if col in ("role",) else "right")
     for p in m.get("processes") or []:
         util = p.get("gpu_util_mean")
-        t.add_row(str(p.get("pid")), "" if p.get("rank") is None else str(p["rank"]), p.get("role", ""),
+        t.add_row(str(p.get("host_pid") or p.get("pid")), *((str(p.get("node")),) if multi else ()), "" if p.get("rank") is None else str(p["rank"]), p.get("role", ""),
                   f"{p.get('distinct_stacks')}/{p.get('samples')}", _gib(p.get("rss_last")),
                   "" if util is None else f"{util:g}", _gib(p.get("gpu_mem_last")))
     tail = Text("  stacks = distinct main-thread stacks / samples (1/N: the same stack every time)"
