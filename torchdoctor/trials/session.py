@@ -147,13 +147,13 @@ class TrialRun:
         ranks = self.ranks or {}
         failed = res.get("failed_rank")
         order = ([failed] if failed in ranks else []) + [r for r in sorted(ranks) if r != failed]
+        if res.get("outcome") == "timeout":  # every rank was stopped: none failed by itself
+            return f"timed out after {res.get('timeout_s')} s (on {len(ranks)} ranks)"
         if res.get("outcome") not in ("exit", "stopped", None) or res.get("exit_code") not in (0, None):
             for r in order:
                 why = ranks[r].failure()
                 if why and why != "no training step was measured":
                     return f"rank {r}: {why}"
-            if res.get("outcome") == "timeout":
-                return f"timed out after {res.get('timeout_s')} s (on {len(ranks)} ranks)"
             return f"the ranked run ended with {res.get('outcome')} (exit code {res.get('exit_code')})"
         world = int(self.evidence.meta.get("world_size") or len(ranks))
         missing = [r for r in range(world) if r not in ranks]
