@@ -62,10 +62,6 @@ def resume_check(trials: Any, *, baseline: Any = None, after_steps: int = AFTER_
     why = base.failure()
     if why:
         return [], {**section, "status": "not-judged", "reason": f"the baseline run failed: {why}"}
-    if base.ranks is not None:  # N ranks under torchrun: rank by rank (resume_ranked.py)
-        from torchdoctor.reprocheck.resume_ranked import check
-
-        return check(trials, base, section, after_steps)
     ev = base.evidence
     last = max((int(s.get("step") or 0) for s in ev.of("step")), default=0)
     save = choose(ev.of("save"), last, (ev.last("save_sites") or {}).get("layouts"))

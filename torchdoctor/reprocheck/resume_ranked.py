@@ -128,7 +128,7 @@ def _ranks(rs: list) -> str:
 
 
 def check(trials: Any, base: Any, section: dict, after_steps: int) -> tuple[list[Finding], dict]:
-    """The ranked resume check from its baseline run (``resume.resume_check`` calls it)."""
+    """The ranked resume check from its baseline run (which did not fail: :func:`ranked_report`)."""
     from torchdoctor.reprocheck.guard import OwnFiles
     from torchdoctor.reprocheck.resume import no_checkpoint_reason, restart_variation
 
@@ -181,7 +181,7 @@ def ranked_report(target: str, script_args: list[str], options: dict[str, Any]) 
     code and save line. The step-by-step pair of plain ``repro`` is not run (listed as skipped)."""
     from torchdoctor.distributed.ranked import assemble, judge_ranks
     from torchdoctor.findings import Report
-    from torchdoctor.reprocheck.resume import baseline_variation, resume_check, supersede
+    from torchdoctor.reprocheck.resume import AFTER_STEPS, baseline_variation, supersede
     from torchdoctor.runner.signals import Stopped
     from torchdoctor.trials import Trials
 
@@ -199,9 +199,13 @@ def ranked_report(target: str, script_args: list[str], options: dict[str, Any]) 
         report.skip("repro", f"on {n} ranks only the resume check runs: the step-by-step comparison of two "
                              f"runs is built for one process (torchdoctor repro without --nproc-per-node)")
         resumed = None
-        if not trials.interrupted():
+        why = base.failure()
+        if why:
+            resumed = [], {"baseline": base.variation.name, "ranks": n, "status": "not-judged",
+                           "reason": f"the baseline run failed: {why}"}
+        elif not trials.interrupted():
             try:
-                resumed = resume_check(trials, baseline=base)
+                resumed = check(trials, base, {"baseline": base.variation.name}, AFTER_STEPS)
             except Stopped as e:
                 report.skip("resume-check", f"interrupted by {e.signame}")
         else:
