@@ -264,3 +264,16 @@ def test_a_stateful_optimizer_given_to_dcp_is_described_as_its_state():
     inner = _dcp_view({"optim": opt})["optim"]
     assert inner["state"][0]["exp_avg"] is opt.state[model.weight]["exp_avg"]  # read, not copied
     assert inner["param_groups"][0]["params"] == [0, 1] and opt.param_groups[0]["params"][0] is model.weight
+
+
+def test_the_folder_of_a_dcp_save_is_its_checkpoint_id_or_its_writers_path(tmp_path):
+    from types import SimpleNamespace
+
+    from torchdoctor.instruments.save_audit import _dcp_folder
+
+    writer = SimpleNamespace(path=tmp_path / "w")
+    assert _dcp_folder(({},), {"checkpoint_id": "ck/step3", "storage_writer": writer}) == "ck/step3"
+    assert _dcp_folder(({},), {"storage_writer": writer}) == tmp_path / "w"
+    assert _dcp_folder(({}, writer), {}) == tmp_path / "w"  # save_state_dict(state_dict, storage_writer)
+    assert _dcp_folder(({},), {"storage_writer": SimpleNamespace(path=None)}) is None  # a writer of another kind
+    assert _dcp_folder(({},), {}) is None

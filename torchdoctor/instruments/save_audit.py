@@ -143,7 +143,7 @@ class SaveAudit(Instrument):
                 try:
                     obj = a[obj_at] if len(a) > obj_at else k.get("obj", k.get("tensors", k.get("state_dict")))
                     if file_at is None:
-                        site = inst._before(fn, _dcp_view(obj), _dcp_folder(a, k), dcp=True)
+                        site = inst._before_dcp(fn, obj, a, k)
                     else:
                         site = inst._before(fn, obj, a[file_at] if len(a) > file_at else k.get("f", k.get("filename")))
                     out = orig(*a, **k)
@@ -154,6 +154,14 @@ class SaveAudit(Instrument):
                     inst._local.busy = False
             return save
         return make
+
+    def _before_dcp(self, fn: str, obj: Any, a: tuple, k: dict) -> tuple[str, int] | None:
+        try:
+            view, folder = _dcp_view(obj), _dcp_folder(a, k)
+        except Exception:  # noqa: BLE001 - the user's save goes on, described as given
+            self._failed("DCP arguments")
+            view, folder = obj, None
+        return self._before(fn, view, folder, dcp=True)
 
     def _inside_dcp(self, f: Any) -> bool:
         """``f`` (a path or an open file) lies in a folder a DCP save writes: DCP's own write."""
@@ -275,11 +283,12 @@ def _target(f: Any) -> tuple[str, str | None, str | None]:
 
 
 def _dcp_folder(a: tuple, k: dict) -> Any:
-    """The folder a DCP save writes: ``checkpoint_id``, else the storage writer's ``path``."""
+    """The folder a DCP save writes: ``checkpoint_id``, else the storage writer's ``path`` (the
+    deprecated ``save_state_dict(state_dict, storage_writer)`` takes it second)."""
     cid = k.get("checkpoint_id")
     if cid is not None:
         return cid
-    w = k.get("storage_writer")
+    w = k.get("storage_writer", a[1] if len(a) > 1 else None)
     p = getattr(w, "path", None) if w is not None else None
     return p if isinstance(p, (str, os.PathLike)) else None
 
