@@ -1,7 +1,8 @@
-"""repro (with --resume-check) and treat on a ranked script (issue 29 items 3 and 4): both run the
-script in one process, so ``--nproc-per-node N`` is refused before any run, with the reasons and
-what to run instead (torchdoctor/distributed/oneprocess.py). Before, the option was taken for the
-script ("script not found: --nproc-per-node")."""
+"""Plain repro and treat on a ranked script (issue 29 items 3 and 4): both run the script in one
+process, so ``--nproc-per-node N`` is refused before any run, with the reasons and what to run
+instead (torchdoctor/distributed/oneprocess.py). Before, the option was taken for the script
+("script not found: --nproc-per-node"). ``repro --resume-check --nproc-per-node N`` runs (the
+resume check on N ranks: tests/test_repro_dcp.py); a bad N is refused there too."""
 
 from __future__ import annotations
 
@@ -12,17 +13,19 @@ from conftest import ROOT, run_cli
 SCRIPT = ROOT / "tests" / "fixtures" / "scripts" / "dist" / "fsdp2_nan.py"
 
 
-@pytest.mark.parametrize("argv", [["repro", "--resume-check"], ["repro"], ["treat"]])
+@pytest.mark.parametrize("argv", [["repro"], ["treat"]])
 def test_ranked_one_process_commands_refuse_with_the_reasons(argv, tmp_path):
     p = run_cli(*argv, "--nproc-per-node", 2, "--out", tmp_path / "out", SCRIPT, timeout=60)
     assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
     err = " ".join(p.stderr.split())
     assert "script not found" not in err and "Traceback" not in err, err
     assert f"{argv[0]} runs the script in one process: --nproc-per-node 2 is not supported" in err
-    assert "hint: Instead:" in err and "profile --nproc-per-node N" in err
+    assert "hint: Instead:" in err
     if argv[0] == "repro":
-        assert "DCP saves" in err and "checkpoint-audit DIR" in err
+        assert "step by step" in err and "What runs on N ranks is the resume check" in err
+        assert "repro --resume-check --nproc-per-node N SCRIPT" in err
     else:
+        assert "profile --nproc-per-node N" in err
         assert "MixedPrecisionPolicy" in err and "bucket_cap_mb" in err and "compile per FSDP2 block" in err
     assert p.stdout == ""
     assert not (tmp_path / "out").exists()  # refused before anything was prepared or run
@@ -32,3 +35,16 @@ def test_treat_help_names_the_refused_option():
     p = run_cli("treat", "--help", timeout=60)
     assert p.returncode == 0 and "--nproc-per-node" in p.stdout
     assert "Not supported" in " ".join(p.stdout.split())
+
+
+def test_repro_resume_check_on_zero_ranks_is_a_clear_error(tmp_path):
+    p = run_cli("repro", "--resume-check", "--nproc-per-node", 0, "--out", tmp_path / "out", SCRIPT, timeout=60)
+    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
+    assert "--nproc-per-node must be >= 1, not 0" in p.stderr and "Traceback" not in p.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_repro_help_says_where_nproc_per_node_applies():
+    p = run_cli("repro", "--help", timeout=60)
+    text = " ".join(p.stdout.split())
+    assert p.returncode == 0 and "With --resume-check: run the script on N ranks under torchrun" in text

@@ -321,7 +321,7 @@ def test_saves_into_memory_buffers_are_not_called_no_save():
     assert section["reason"].startswith("the script's 1 torch.save call(s) wrote into in-memory buffers")
     assert "checkpoint-audit" in section["reason"]
     _f, section = resume_check(_Trials(steps))
-    assert section["reason"] == "the script saved no checkpoint to a file"
+    assert section["reason"] == "the script saved no checkpoint to a file or DCP folder"
 
 
 def test_the_users_checkpoint_after_the_resume_check_is_what_a_plain_run_writes(tmp_path):

@@ -3,8 +3,9 @@
 Runs SCRIPT twice (same argv and environment, bounded by ``--steps``; torchdoctor seeds
 nothing), compares the runs step by step and, when they differ, localises the first differing
 op and attributes the cause (``torchdoctor/reprocheck``, rules in ``rules/repro_runs.py``).
-The options are the script probes' (``commands/_script.py``) without ``--nproc-per-node``, plus
-``--op-engine``.
+The options are the script probes' (``commands/_script.py``) plus ``--op-engine``;
+``--nproc-per-node N`` only with ``--resume-check`` (the resume check on N ranks:
+``reprocheck/resume_ranked.py``), refused otherwise (``distributed/oneprocess.py``).
 """
 
 from __future__ import annotations
@@ -41,7 +42,11 @@ def register(app: typer.Typer) -> None:
         from torchdoctor.commands._script import require_target
         from torchdoctor.distributed.oneprocess import refuse
 
-        refuse("repro", kw.pop("nproc_per_node"))  # before the script is looked for: no run starts
+        nproc = kw.pop("nproc_per_node")
+        if nproc is not None and not resume:
+            refuse("repro", nproc)  # before the script is looked for: no run starts
+        if nproc is not None and nproc < 1:
+            raise DoctorError(f"--nproc-per-node must be >= 1, not {nproc}")
 
         target, args = require_target("repro", script, module, list(ctx.args))
         if steps < 1:
@@ -60,13 +65,16 @@ def register(app: typer.Typer) -> None:
         from torchdoctor.commands._common import prepare_outputs
 
         outputs = prepare_outputs(sarif=kw.pop("sarif"), junit=kw.pop("junit"))
+        how = (f"on {nproc} ranks under torchrun: the resume check (up to {steps} steps a run" if nproc else
+               f"twice (up to {steps} steps each")
         eprint(f"torchdoctor repro: running {'-m ' if module else ''}{target}"
-               f"{' ' + ' '.join(args) if args else ''} twice (up to {steps} steps each, "
-               f"timeout {timeout:g} s per run)")
+               f"{' ' + ' '.join(args) if args else ''} {how}, timeout {timeout:g} s per run)")
         from torchdoctor.reprocheck.flow import repro_report
 
         options = {"steps": steps, "timeout": timeout, "out": out, "module": bool(module),
                    "steps_default": DEFAULT_STEPS}
+        if nproc is not None:
+            options["nproc_per_node"] = nproc
         report = repro_report(target, args, options, engine=engine, resume=resume)
         emit(report, as_json, fail_on, out, html=html_path, outputs=outputs)
 
@@ -74,7 +82,9 @@ def register(app: typer.Typer) -> None:
     from torchdoctor.distributed.oneprocess import nproc_param
 
     params = one_process_params(DEFAULT_STEPS, 300.0)  # one process: no ranks, no nodes
-    params.append(nproc_param("repro"))
+    params.append(nproc_param("repro", help="With --resume-check: run the script on N ranks under torchrun "
+                                             "and check its resume rank by rank (a DCP save or a save on every "
+                                             "rank). Plain repro refuses it (the error says why)."))
     params.append(P("resume_check", P.KEYWORD_ONLY, default=False, annotation=Annotated[bool, typer.Option(
         "--resume-check", help="Also prove the script's own checkpoint resumes exactly: after its "
                                "save, reset each state the file lacks (one more run each) and "

@@ -1,6 +1,7 @@
 """Commands that run the script in one process (``repro``, ``treat``) asked for several ranks.
 
-They accept ``--nproc-per-node N`` only to refuse it with the reasons (before, the option was taken
+They accept ``--nproc-per-node N`` only to refuse it with the reasons (``repro`` runs its resume
+check on N ranks: ``repro --resume-check --nproc-per-node N``; plain ``repro`` refuses) (before, the option was taken
 for the script: "script not found: --nproc-per-node"). What each would need on N ranks, and what
 to run instead, is stated here once (docs/dist.md "One-process commands on ranked scripts").
 """
@@ -16,12 +17,13 @@ from torchdoctor.errors import DoctorError
 
 WHY = {
     "repro": (
-        "repro compares two runs of one process step by step, and --resume-check restarts one process "
-        "from its own torch.save checkpoint. On N ranks it would need: both runs launched through "
-        "torchrun and compared rank by rank; the restart's state reset on every rank at the same save; "
-        "and DCP saves (torch.distributed.checkpoint.save of get_state_dict: FSDP2's sharded model and "
-        "optimizer) located and reset like torch.save files. None of that is built, so a ranked "
-        "resume cannot be checked here."),
+        "repro compares two runs of one process step by step (the data batch, forward outputs, gradients "
+        "and update of every step, then a localising pair that hashes every op): on N ranks that would "
+        "need each rank's fingerprints matched across two torchrun launches and the op traces of the "
+        "collectives, which is not built. What runs on N ranks is the resume check: `repro "
+        "--resume-check --nproc-per-node N` launches the baseline and the restarts through torchrun, "
+        "resets the state on every rank at the same save (a DCP save or a torch.save on every rank) and "
+        "compares losses and LR rank by rank."),
     "treat": (
         "treat times trials of one process. Under data parallelism the trials that matter are others: "
         "a bf16 MixedPrecisionPolicy for fully_shard (not autocast), a fused optimizer on DTensor "
@@ -32,11 +34,10 @@ WHY = {
         "model, so no trial is run."),
 }
 INSTEAD = {
-    "repro": ("Instead: `torchdoctor checkpoint-audit DIR` reads the DCP folder the ranks wrote (which ranks "
-              "wrote it, missing shards, optimizer state); `torchdoctor profile --nproc-per-node N SCRIPT` "
-              "and `checkup --nproc-per-node N SCRIPT` run it on N ranks; a script that can train as one "
-              "rank runs under repro with RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 "
-              "MASTER_PORT=<free port> set (its checkpoint then holds one shard)."),
+    "repro": ("Instead: `torchdoctor repro --resume-check --nproc-per-node N SCRIPT` (does the script's own "
+              "checkpoint resume exactly, rank by rank); `checkup --nproc-per-node N SCRIPT` runs it on N "
+              "ranks; a script that can train as one rank runs under plain repro with RANK=0 WORLD_SIZE=1 "
+              "LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=<free port> set."),
     "treat": ("Instead: `torchdoctor profile --nproc-per-node N SCRIPT` measures the collectives (time, exposed "
               "share, bus bandwidth) and names the FSDP2/DDP settings that apply; a script that can train as one rank runs under "
               "treat with RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=<free port> "
@@ -52,10 +53,12 @@ def refuse(command: str, nproc: int | None) -> None:
                       f"supported. {WHY[command]}", hint=INSTEAD[command])
 
 
-def nproc_param(command: str) -> inspect.Parameter:
-    """The ``--nproc-per-node`` option of a one-process command (parsed only to refuse it)."""
+def nproc_param(command: str, help: str | None = None) -> inspect.Parameter:
+    """The ``--nproc-per-node`` option of a one-process command (parsed to refuse it, or, with
+    ``help``, for the part of the command that runs on N ranks)."""
     return inspect.Parameter(
         "nproc_per_node", inspect.Parameter.KEYWORD_ONLY, default=None,
         annotation=Annotated[Optional[int], typer.Option(
             "--nproc-per-node", metavar="N", show_default=False,
-            help=f"Not supported: {command} runs one process (the error says why and what to run instead).")])
+            help=help or f"Not supported: {command} runs one process (the error says why and what to run "
+                         f"instead).")])

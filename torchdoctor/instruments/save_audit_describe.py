@@ -140,7 +140,6 @@ def _is_tensor(t: Any) -> bool:
 
 
 def _ptr(t: Any) -> int | None:
-    try:
-        return int(t.data_ptr())
-    except Exception:  # noqa: BLE001
-        return None
+    from torchdoctor.instruments.save_audit_mirror import data_ptr
+
+    return data_ptr(t)

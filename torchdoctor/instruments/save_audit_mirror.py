@@ -74,8 +74,9 @@ def mirror(obj: Any) -> Mirror:
         info = TensorInfo(dtype=name, shape=shape, device=str(t.device), kind=kind, requires_grad=t.requires_grad)
         m.devices.add(info.device)
         try:
-            if t.device.type != "meta" and t.layout == torch.strided:
-                m.ptr[id(info)] = int(t.data_ptr())
+            ptr = data_ptr(t)
+            if ptr is not None:
+                m.ptr[id(info)] = ptr
         except Exception:  # noqa: BLE001 - a tensor subclass without storage: matched by keys
             pass
         return info
@@ -169,3 +170,17 @@ def _numpy() -> Any:
     import sys
 
     return sys.modules.get("numpy")
+
+
+def data_ptr(t: Any) -> int | None:
+    """The address that identifies ``t``'s data (a DTensor: its local shard's), or None (no storage)."""
+    import torch
+
+    t = getattr(t, "_local_tensor", t)  # a DTensor's data_ptr() is 0: its shard holds the storage
+    try:
+        if t.device.type == "meta" or t.layout != torch.strided:
+            return None
+        p = int(t.data_ptr())
+    except Exception:  # noqa: BLE001 - a tensor subclass without storage: matched by keys
+        return None
+    return p or None

@@ -162,6 +162,10 @@ def repro_report(target: str, script_args: list[str], options: dict[str, Any],
     from torchdoctor.judge import judge
     from torchdoctor.pipeline.judging import judge_run
 
+    if options.get("nproc_per_node"):  # N ranks: the resume check only (reprocheck/resume_ranked.py)
+        from torchdoctor.reprocheck.resume_ranked import ranked_report
+
+        return ranked_report(target, script_args, options)
     label = " ".join(["-m", target] if options.get("module") else [target])
     from torchdoctor.runner.signals import Stopped
 

@@ -13,7 +13,12 @@ run's last step, so they write a subset of its files.)
 Which files: those in the folders the script saved checkpoints to (the save audit's ``save``
 events: ``folder``), modified since that run started (its ``meta.json`` ``started``): the
 checkpoints, a file renamed into place after the save (``tmp.pth.tar`` → ``last.pth.tar``), the
-logs written beside them. Files elsewhere (a log in another folder, a file written by ``open``
+logs written beside them. A DCP save writes a folder (``target`` ``folder``: ``step3/`` holding
+``.metadata`` and one ``__R_0.distcp`` per rank) and the next saves write its siblings
+(``step6/``, ``step9/``, of which only the first saves are described): for those, the folder
+*above* the checkpoint folder is searched, ``DEPTH`` levels down. On N ranks this is the one
+guard of the restarts (a rank's child does not guard its own writes: ``runner/harness.py``), so
+it is what keeps the user's DCP folders as the baseline left them. Files elsewhere (a log in another folder, a file written by ``open``
 only) are not seen. At most ``MAX_FILES`` files and ``MAX_BYTES`` in all, and only while the
 disk keeps ``MIN_FREE_BYTES`` free after the copy: beyond that the altered runs do not run
 (:meth:`OwnFiles.refused` says why) rather than leave the user's files changed.
@@ -30,14 +35,26 @@ MAX_FILES = 256
 MAX_BYTES = 8 << 30  # 8 GiB of the user's files kept aside at most
 MIN_FREE_BYTES = 1 << 30  # the disk keeps 1 GiB free after the copy
 SLACK_S = 2.0  # file-system timestamps vs the parent's clock
+DEPTH = 2  # levels searched below the folder above a DCP checkpoint folder
 
 
-def _folders(run: Any) -> list[str]:
-    out: list[str] = []
-    for s in run.evidence.of("save"):
-        f = s.get("folder")
-        if s.get("target") == "file" and isinstance(f, str) and os.path.isdir(f) and f not in out:
-            out.append(f)
+def _folders(run: Any) -> list[tuple[str, int]]:
+    """(folder, levels searched below it) of the run's saves (of every rank's, on N ranks)."""
+    out: list[tuple[str, int]] = []
+    runs = list((getattr(run, "ranks", None) or {}).values()) or [run]
+    for r in runs:
+        for s in r.evidence.of("save"):
+            f = s.get("folder")
+            if not isinstance(f, str):
+                continue
+            if s.get("target") == "folder":  # a DCP checkpoint folder: its siblings are the next saves
+                f, depth = os.path.dirname(f.rstrip(os.sep)) or f, DEPTH
+            elif s.get("target") == "file":
+                depth = 0
+            else:
+                continue
+            if os.path.isdir(f) and all(f != d for d, _ in out):
+                out.append((f, depth))
     return out
 
 
@@ -53,14 +70,20 @@ class OwnFiles:
         self.restored: list[str] = []
 
     def _written(self) -> list[tuple[str, os.stat_result]]:
-        out = []
-        for d in self.folders:
+        out: list[tuple[str, os.stat_result]] = []
+        seen: set[str] = set()
+        todo = list(self.folders)
+        while todo and len(out) <= MAX_FILES:
+            d, depth = todo.pop(0)
             try:
                 with os.scandir(d) as it:
                     for e in it:
-                        if e.is_file(follow_symlinks=False):
+                        if e.is_dir(follow_symlinks=False) and depth > 0:
+                            todo.append((e.path, depth - 1))
+                        elif e.is_file(follow_symlinks=False) and e.path not in seen:
                             st = e.stat(follow_symlinks=False)
                             if st.st_mtime >= self.since:
+                                seen.add(e.path)
                                 out.append((e.path, st))
             except OSError:
                 continue

@@ -66,19 +66,7 @@ def resume_check(trials: Any, *, baseline: Any = None, after_steps: int = AFTER_
     last = max((int(s.get("step") or 0) for s in ev.of("step")), default=0)
     save = choose(ev.of("save"), last, (ev.last("save_sites") or {}).get("layouts"))
     if save is None:
-        # saves counted but none described: each went into an in-memory buffer (issue 27 re-run:
-        # Lightning's checkpoint writer torch.saves into io.BytesIO and writes the bytes itself)
-        in_memory = sum((ev.last("save_sites") or {}).get("sites", {}).values())
-        if ev.of("save"):
-            reason = f"no save to a file with at least 2 training steps after it (of {last} steps run)"
-        elif in_memory:
-            reason = (f"the script's {in_memory} torch.save call(s) wrote into in-memory buffers (io.BytesIO: "
-                      "a best-model copy, or a framework that writes the buffer's bytes to the file itself, "
-                      "as Lightning's checkpoint writer does), not judged at the save: checkpoint-audit FILE "
-                      "judges the file it wrote")
-        else:
-            reason = "the script saved no checkpoint to a file"
-        return [], {**section, "status": "no-checkpoint", "reason": reason}
+        return [], {**section, "status": "no-checkpoint", "reason": no_checkpoint_reason(ev, last)}
     k = int(save["step"])
     section["checkpoint"] = {"saved_at": save.get("where"), "save": save.get("n"), "step": k,
                              "file": save.get("name")}
@@ -109,6 +97,21 @@ def resume_check(trials: Any, *, baseline: Any = None, after_steps: int = AFTER_
     section.update(status="not-reproducible" if nondet and not diverged else
                    "inexact" if diverged else "exact", restarts=restarts)
     return findings, section
+
+
+def no_checkpoint_reason(ev: Any, last: int) -> str:
+    """Why the baseline gave no checkpoint to restart from."""
+    # saves counted but none described: each went into an in-memory buffer (issue 27 re-run:
+    # Lightning's checkpoint writer torch.saves into io.BytesIO and writes the bytes itself)
+    in_memory = sum((ev.last("save_sites") or {}).get("sites", {}).values())
+    if ev.of("save"):
+        return f"no save to a file or DCP folder with at least 2 training steps after it (of {last} steps run)"
+    if in_memory:
+        return (f"the script's {in_memory} torch.save call(s) wrote into in-memory buffers (io.BytesIO: "
+                "a best-model copy, or a framework that writes the buffer's bytes to the file itself, "
+                "as Lightning's checkpoint writer does), not judged at the save: checkpoint-audit FILE "
+                "judges the file it wrote")
+    return "the script saved no checkpoint to a file or DCP folder"
 
 
 def supersede(findings: list[Finding], measured: list[Finding]) -> list[Finding]:

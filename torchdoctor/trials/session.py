@@ -11,6 +11,12 @@ probe's instruments plus :data:`TRIAL_NEEDS` plus the variation's needs. The scr
 not echoed (its tail is kept in the evidence). ``budget_s`` bounds the whole command: a run
 gets at most the time left, and :meth:`Trials.expired` says when no run should start.
 
+Ranks: with ``options["nproc_per_node"] = N`` every run is a torchrun launch of N ranks (the
+harness on each, one run dir per rank): the :class:`TrialRun` holds the cross-rank evidence
+(``result``: the merged outcome; ``meta.started``) and ``ranks``, one :class:`TrialRun` per rank
+on that rank's evidence, which the comparisons read rank by rank. The launcher's clean-up applies
+(a rank that crashes or hangs: every rank's process group killed, the timeout for all).
+
 Signals: under a command's :func:`torchdoctor.runner.signals.deferred` scope the first Ctrl-C,
 SIGTERM or SIGHUP is recorded (a run in progress is interrupted by the launcher); from then on
 :meth:`Trials.run` raises :class:`~torchdoctor.runner.signals.Stopped` and starts nothing, and
@@ -42,6 +48,7 @@ class TrialRun:
     round: int
     evidence: Evidence
     wall_s: float
+    ranks: dict[int, "TrialRun"] | None = None  # a ranked run: each rank's own (module doc)
 
     def step_ms(self, exclude: Collection[int] = ()) -> list[float]:
         """Time of each judged step (warm-up left out), in ms, by the one step-time basis (on
@@ -112,7 +119,11 @@ class TrialRun:
         return res.get("outcome") == "interrupted" or bool(res.get("interrupted"))
 
     def failure(self) -> str | None:
-        """Why this run cannot be compared (crash, timeout, no step), or None."""
+        """Why this run cannot be compared (crash, timeout, no step), or None. A ranked run: the
+        first rank that failed by itself, named (``rank 1: RuntimeError: …``), else the merged
+        outcome, else a rank without a step."""
+        if self.ranks is not None:
+            return self._ranked_failure()
         res = self.evidence.result or {}
         outcome = res.get("outcome")
         if outcome == "crash":
@@ -131,6 +142,29 @@ class TrialRun:
             return "no training step was measured"
         return None
 
+    def _ranked_failure(self) -> str | None:
+        res = self.evidence.result or {}
+        ranks = self.ranks or {}
+        failed = res.get("failed_rank")
+        order = ([failed] if failed in ranks else []) + [r for r in sorted(ranks) if r != failed]
+        if res.get("outcome") == "timeout":  # every rank was stopped: none failed by itself
+            return f"timed out after {res.get('timeout_s')} s (on {len(ranks)} ranks)"
+        if res.get("outcome") not in ("exit", "stopped", None) or res.get("exit_code") not in (0, None):
+            for r in order:
+                why = ranks[r].failure()
+                if why and why != "no training step was measured":
+                    return f"rank {r}: {why}"
+            return f"the ranked run ended with {res.get('outcome')} (exit code {res.get('exit_code')})"
+        world = int(self.evidence.meta.get("world_size") or len(ranks))
+        missing = [r for r in range(world) if r not in ranks]
+        if missing:
+            return f"rank {missing[0]} did not start"
+        for r in order:
+            why = ranks[r].failure()
+            if why:
+                return f"rank {r}: {why}"
+        return None
+
 
 class Trials:
     """Runs the script under variations; removes its temp dirs on close."""
@@ -144,6 +178,7 @@ class Trials:
         check_target(target, self.module)
         self.argv = [target, *script_args]
         self.opts = {k: v for k, v in options.items() if k not in ("module", "quiet")}
+        self.nproc = int(options["nproc_per_node"]) if options.get("nproc_per_node") else None
         self.opts.setdefault("timeout", DEFAULT_TIMEOUT_S)
         if self.opts.get("out"):
             self.opts["out"] = str(Path(self.opts["out"]).resolve())
@@ -211,12 +246,27 @@ class Trials:
             timeout = max(1.0, min(timeout, left))
         d = self._dir(variation, round)
         needs = armed_needs(under) | TRIAL_NEEDS | variation.needs
+        ranks = quiet = None
+        if self.nproc:
+            from torchdoctor.distributed.torchrun import RankSet, quiet_patterns
+
+            ranks, quiet = RankSet(d, self.nproc), quiet_patterns(dict(os.environ))
         res = launch(d, under, self.argv, module=self.module, options=opts, timeout=timeout,
-                     quiet_patterns=QUIET_PATTERNS, show_progress=False, env=variation.env or None,
-                     needs=needs, echo=False)
-        run = TrialRun(variation, round, Evidence.load(d), res.wall_s)
+                     quiet_patterns=QUIET_PATTERNS + (quiet or []), show_progress=False,
+                     env=variation.env or None, needs=needs, echo=False, ranks=ranks)
+        run = self._ranked(variation, round, d, res.wall_s) if self.nproc else \
+            TrialRun(variation, round, Evidence.load(d), res.wall_s)
         self.runs.append(run)
         return run
+
+    def _ranked(self, variation: Variation, round: int, d: Path, wall_s: float) -> TrialRun:
+        from torchdoctor.evidence.ranks import merged_evidence
+        from torchdoctor.runner.rundir import META, read_json
+
+        per, merged = merged_evidence(d, int(self.nproc or 0))
+        merged.meta["started"] = (read_json(d / META) or {}).get("started")
+        return TrialRun(variation, round, merged, wall_s,
+                        ranks={r: TrialRun(variation, round, ev, wall_s) for r, ev in per.items()})
 
     def close(self) -> None:
         if not os.environ.get("TORCHDOCTOR_KEEP_RUN"):
