@@ -65,15 +65,19 @@ def register(app: typer.Typer) -> None:
                f"timeout {timeout:g} s per run)")
         from torchdoctor.reprocheck.flow import repro_report
 
-        options = {"steps": steps, "timeout": timeout, "out": out, "module": bool(module),
-                   "steps_default": DEFAULT_STEPS}
+        from torchdoctor.pipeline.options import RunOptions
+
+        options = RunOptions(steps=steps, timeout=timeout, out=out, module=bool(module),
+                             steps_default=DEFAULT_STEPS)
         report = repro_report(target, args, options, engine=engine, resume=resume)
         emit(report, as_json, fail_on, out, html=html_path, outputs=outputs)
 
     P = inspect.Parameter
     from torchdoctor.distributed.oneprocess import nproc_param
 
-    params = one_process_params(DEFAULT_STEPS, 300.0)  # one process: no ranks, no nodes
+    from torchdoctor.pipeline.options import DEFAULT_TIMEOUT_S
+
+    params = one_process_params(DEFAULT_STEPS, DEFAULT_TIMEOUT_S)  # one process: no ranks, no nodes
     params.append(nproc_param("repro"))
     params.append(P("resume_check", P.KEYWORD_ONLY, default=False, annotation=Annotated[bool, typer.Option(
         "--resume-check", help="Also prove the script's own checkpoint resumes exactly: after its "
