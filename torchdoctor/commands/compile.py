@@ -27,8 +27,10 @@ HELP = ("What torch.compile does with SCRIPT: graph breaks (your line, the reaso
 DEFAULT_STEPS = 30
 
 
-def eager_comparison(report: Any, target: str, args: list[str], options: RunOptions) -> None:
+def eager_comparison(report: Any, target: str, args: list[str],
+                     options: RunOptions | dict[str, Any]) -> None:
     """Run the script eager (dynamo off) for the same steps; add the comparison to the report."""
+    options = RunOptions.of(options)
     m = report.metrics.get("compile")
     if not m or not m.get("compiled") or options.probe.get("no_eager"):
         return
