@@ -125,3 +125,25 @@ def test_label_and_resolved(tmp_path, monkeypatch):
     assert RunOptions().label("train.py") == "train.py"
     assert RunOptions(out="o").resolved().out == str(tmp_path / "o")
     assert RunOptions().resolved().out is None
+
+
+def test_the_run_defaults_are_assigned_in_one_module():
+    # DEFAULT_STEPS = 50 and DEFAULT_TIMEOUT_S lived in commands/_script.py, pipeline/run.py,
+    # pipeline/judging.py and commands/dist.py (SCRIPT_STEPS, SCRIPT_TIMEOUT_S); a command's own
+    # --steps default (profile 20, compile 30, ...) is its steps_default, not a second run default
+    import ast
+    from pathlib import Path
+
+    import torchdoctor
+
+    pkg = Path(torchdoctor.__file__).parent
+    found = []
+    for p in sorted(pkg.rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+                for t in node.targets:
+                    name = getattr(t, "id", "")
+                    if name in ("DEFAULT_TIMEOUT_S", "SCRIPT_TIMEOUT_S", "SCRIPT_STEPS") or (
+                            name == "DEFAULT_STEPS" and node.value.value == DEFAULT_STEPS):
+                        found.append(f"{p.relative_to(pkg).as_posix()} {name}")
+    assert found == ["pipeline/options.py DEFAULT_STEPS", "pipeline/options.py DEFAULT_TIMEOUT_S"], found
