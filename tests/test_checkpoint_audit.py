@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from torchdoctor.checkpoint.audit import Options, run
+from torchdoctor.pipeline.checkpoint import Options, run
 from torchdoctor.catalog import catalog
 from torchdoctor.report.console import render_to_text
 
@@ -109,7 +109,7 @@ def test_weights_export_modes(fx):
 
 
 def test_audit_never_imports_torch(fx):
-    code = ("import sys; from torchdoctor.checkpoint.audit import run, Options; "
+    code = ("import sys; from torchdoctor.pipeline.checkpoint import run, Options; "
             f"run({fx['complete']!r}, Options()); run({fx['dcp']!r}, Options()); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=HERE.parent, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -9,7 +9,7 @@ import os
 import torch
 import torch.nn as nn
 
-from torchdoctor.checkpoint.audit import Options, run
+from torchdoctor.pipeline.checkpoint import Options, run
 from torchdoctor.report.console import render_to_text
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from torchdoctor.checkpoint.audit import Options, run
+from torchdoctor.pipeline.checkpoint import Options, run
 from torchdoctor.report.console import render_to_text
 from torchdoctor.report.jsonout import render_json
 

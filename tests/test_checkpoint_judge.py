@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from torchdoctor import judge
-from torchdoctor.checkpoint.audit import READING_ORDER, Options, run
+from torchdoctor.pipeline.checkpoint import READING_ORDER, Options, run
 from torchdoctor.cli import app
 
 HERE = Path(__file__).resolve().parent
@@ -125,7 +125,7 @@ def test_findings_and_skips_keep_the_reading_order_not_the_rule_names(fx):
 
 def test_rules_are_pure_functions_of_the_evidence(fx):
     """Judging the same evidence twice, or one rule alone, gives the same findings: no shared state."""
-    from torchdoctor.checkpoint.audit import _judged
+    from torchdoctor.pipeline.checkpoint import _judged
     from torchdoctor.checkpoint.derive import derive
     from torchdoctor.checkpoint.reader import read
     from torchdoctor.checkpoint.evidence import CheckpointEvidence

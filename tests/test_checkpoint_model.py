@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchdoctor.checkpoint.audit import Options, run
+from torchdoctor.pipeline.checkpoint import Options, run
 from torchdoctor.errors import DoctorError
 
 HERE = Path(__file__).resolve().parent

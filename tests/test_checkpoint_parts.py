@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from test_checkpoint_realworld_formats import Small, _train, _write_safetensors, accelerate_state, hf_trainer
-from torchdoctor.checkpoint.audit import Options, run
+from torchdoctor.pipeline.checkpoint import Options, run
 from torchdoctor.report.console import render_to_text
 
 

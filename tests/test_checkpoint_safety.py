@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from torchdoctor.checkpoint import allowlist
-from torchdoctor.checkpoint.audit import Options, run
+from torchdoctor.pipeline.checkpoint import Options, run
 from torchdoctor.checkpoint.pickle_scan import scan_pickle
 from torchdoctor.checkpoint.stub_unpickler import StubUnpickler, stub_load
 from torchdoctor.checkpoint.summary import weights_only_verdict

@@ -13,7 +13,7 @@ import zipfile
 
 import pytest
 
-from torchdoctor.checkpoint.audit import Options, run
+from torchdoctor.pipeline.checkpoint import Options, run
 
 MINI_ZIP_PICKLE = b"\x80\x02}q\x00X\x01\x00\x00\x00aq\x01K\x01s."  # {'a': 1}, protocol 2
 

@@ -281,6 +281,7 @@ def test_the_compiled_wrapper_carries_our_hooks_into_no_copy_or_pickle():
 def test_the_eager_run_is_skipped_with_a_reason_where_it_cannot_compare():
     from torchdoctor.commands.compile import eager_comparison
     from torchdoctor.findings import Report
+    from torchdoctor.pipeline.options import RunOptions
 
     def report(status=None):
         r = Report(command="compile")
@@ -289,11 +290,11 @@ def test_the_eager_run_is_skipped_with_a_reason_where_it_cannot_compare():
         return r
 
     r = report()
-    eager_comparison(r, "x.py", [], {"no_eager": True})
+    eager_comparison(r, "x.py", [], RunOptions(probe={"no_eager": True}))
     assert r.metrics["compile"] == {"compiled": True}
     r = report("crashed")
-    eager_comparison(r, "x.py", [], {})
+    eager_comparison(r, "x.py", [], RunOptions())
     assert r.metrics["compile"]["eager_skipped"] == "the compiled run did not finish"
     r = report()
-    eager_comparison(r, "x.py", [], {"nproc_per_node": 2})
+    eager_comparison(r, "x.py", [], RunOptions(nproc_per_node=2))
     assert "--nproc-per-node" in r.metrics["compile"]["eager_skipped"]

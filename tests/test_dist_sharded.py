@@ -101,7 +101,7 @@ def test_fsdp2_bookkeeping_bugs_are_named_by_fqn_on_every_rank():
 
 
 def _audit(path):
-    from torchdoctor.checkpoint.audit import Options, run
+    from torchdoctor.pipeline.checkpoint import Options, run
 
     return run(str(path), Options())
 

@@ -212,7 +212,7 @@ def _env(gpus=None, cuda="13.0", flags=None, env_vars=None, present=True):
 
 def evaluate(env):
     """(findings, [(rule, reason skipped)]) of the env probe's rules, through the guarded judge."""
-    from torchdoctor.commands.env import build_report
+    from torchdoctor.pipeline.env import build_report
 
     report = build_report(env)
     return report.findings, [(s.rule, s.reason) for s in report.skipped]
@@ -369,7 +369,7 @@ def _h100_env():
 
 
 def _render(env):
-    from torchdoctor.commands.env import build_report
+    from torchdoctor.pipeline.env import build_report
     from torchdoctor.report.console import render_to_text
 
     report = build_report(env)

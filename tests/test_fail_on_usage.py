@@ -17,8 +17,8 @@ def _forbid(monkeypatch, target: str):
 @pytest.mark.parametrize("argv, work", [
     (["demo", "--fail-on", "bogus"], "torchdoctor.pipeline.run.run_probe"),
     (["env", "--fail-on", "bogus"], "torchdoctor.envinfo.collect"),
-    (["checkpoint-audit", "PLACEHOLDER", "--fail-on", "bogus"], "torchdoctor.checkpoint.audit.run"),
-    (["dist", "--fail-on", "bogus"], "torchdoctor.distributed.probe.run_dist"),
+    (["checkpoint-audit", "PLACEHOLDER", "--fail-on", "bogus"], "torchdoctor.pipeline.checkpoint.run"),
+    (["dist", "--fail-on", "bogus"], "torchdoctor.pipeline.dist.run_dist"),
 ])
 def test_bad_fail_on_is_exit_2_before_any_work(monkeypatch, tmp_path, argv, work):
     _forbid(monkeypatch, work)

@@ -41,7 +41,7 @@ class FakeLaunch:
 
     def __call__(self, run_dir, probe, argv, *, options=None, **_kw) -> LaunchResult:
         signals.check()  # as the real launcher: nothing starts once a stop was recorded
-        options = dict(options or {})
+        options = options.wire() if hasattr(options, "wire") else dict(options or {})  # as launch does
         self.calls.append(str(options.get("trial") or probe))
         n = len(self.calls)
         d = Path(run_dir)

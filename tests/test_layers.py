@@ -265,10 +265,10 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("another node's summary, vetted against the catalogue (the cross-node rules read it)", (
         "torchdoctor.distributed.peer", "torchdoctor.distributed.gather")),
     ("rules", ("torchdoctor.rules",)),
-    ("pipelines and rendering: evidence to report, report to text", (
-        "torchdoctor.pipeline", "torchdoctor.report", "torchdoctor.checkpoint.audit",
-        "torchdoctor.distributed.jobreport", "torchdoctor.distributed.ranked",
-        "torchdoctor.distributed.probe", "torchdoctor.schema")),
+    ("pipelines and rendering: evidence to report, report to text (every command's report is built "
+     "in torchdoctor.pipeline: script probes, ranks and nodes, checkpoint, dist, env)", (
+        "torchdoctor.pipeline", "torchdoctor.report",
+        "torchdoctor.distributed.jobreport", "torchdoctor.distributed.ranked", "torchdoctor.schema")),
     ("features built on pipelines", (
         "torchdoctor.attach", "torchdoctor.treat", "torchdoctor.trials", "torchdoctor.reprocheck",
         "torchdoctor.compilecheck", "torchdoctor.triage", "torchdoctor.docs",

@@ -4,7 +4,9 @@
 command with the shared options (``--steps``, ``--timeout``, ``--json``, ``--out``,
 ``--fail-on``, ``-m MODULE``) plus the probe's own; everything after SCRIPT is passed to the
 script verbatim (parsing stops at SCRIPT, so ``train.py --steps 3`` gives ``--steps 3`` to the
-script). The options land in ``ctx.options`` inside the child (``extra_options`` keys too).
+script). The command builds one :class:`~torchdoctor.pipeline.options.RunOptions` (the
+``extra_options`` in its ``probe`` mapping, by key) and hands it to ``run_probe``; the options land
+in ``ctx.options`` inside the child under the same names.
 
     from torchdoctor.commands._script import ExtraOption, script_command
 
@@ -26,9 +28,7 @@ from torchdoctor.commands._common import (FailOnOpt, HtmlOpt, JsonOpt, JunitOpt,
                                           guarded_runs)
 from torchdoctor.commands._nodeopts import node_params, resolve_node
 from torchdoctor.errors import DoctorError
-
-DEFAULT_STEPS = 50
-DEFAULT_TIMEOUT_S = 300.0
+from torchdoctor.pipeline.options import DEFAULT_STEPS, DEFAULT_TIMEOUT_S, RunOptions
 CONTEXT_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True,
                     "allow_interspersed_args": False}
 
@@ -134,10 +134,11 @@ def script_command(app: typer.Typer, name: str, help: str, probe: str | None = N
     """Register ``name`` on ``app`` as a script probe running ``probe`` (default: ``name``).
 
     ``target_override`` (for ``demo``): returns (script, args) to run when none is given.
-    ``resolve_target(target, module, args, options)`` (for ``gradcheck``): a :class:`Resolved`
+    ``resolve_target(target, module, args, probe_options)`` (for ``gradcheck``; the probe's own
+    options, a dict it may take its own keys from): a :class:`Resolved`
     that replaces the target, or None to run it as given; raises DoctorError on bad input.
-    ``after(report, target, args, options)`` (for ``compile``'s eager trial): completes the
-    report after the probe's run, before it is rendered.
+    ``after(report, target, args, options)`` (for ``compile``'s eager trial; ``options``: the
+    run's :class:`RunOptions`): completes the report after the probe's run, before it is rendered.
     """
     probe = probe or name
     extra = list(extra_options)
@@ -165,18 +166,11 @@ def script_command(app: typer.Typer, name: str, help: str, probe: str | None = N
         from torchdoctor.commands._common import check_fail_on
 
         check_fail_on(fail_on)
-        options = {"steps": steps, "timeout": timeout, "out": out, "module": bool(module),
-                   "steps_default": steps_default}
-        options.update(kw)  # probe-specific options, by key
-        resolved = resolve_target(target, bool(module), args, options) if resolve_target else None
+        probe_opts = dict(kw)  # probe-specific options, by key (resolve_target may take its own)
+        resolved = resolve_target(target, bool(module), args, probe_opts) if resolve_target else None
         if resolved is not None:
             target, module, args = resolved.target, resolved.module, list(resolved.args)
-            options["module"] = bool(module)
-        if nproc is not None:
-            options["nproc_per_node"] = nproc  # torchrun, one run dir per rank (torchdoctor.distributed)
         bound = f"up to {steps} steps, " if steps else ""
-        if node is not None:
-            options["node"] = node.to_dict()
         bound = f"{nproc} ranks, {bound}" if nproc is not None else bound
         if node is not None:
             bound = f"node {node.node_rank} of {node.nnodes}, {bound}"
@@ -185,7 +179,7 @@ def script_command(app: typer.Typer, name: str, help: str, probe: str | None = N
         check_target(target, bool(module))  # bad input: one line, before any banner
         from torchdoctor.commands._common import prepare_out
 
-        options["out"] = out = prepare_out(out)  # an unfit --out: exit 2 before the run
+        out = prepare_out(out)  # an unfit --out: exit 2 before the run
         from torchdoctor.commands._common import prepare_html
 
         html_path = prepare_html(html, out)  # an unfit --html: exit 2 before the run too
@@ -196,6 +190,10 @@ def script_command(app: typer.Typer, name: str, help: str, probe: str | None = N
             f"{'-m ' if module else ''}{target}{' ' + ' '.join(args) if args else ''}")
         eprint(f"torchdoctor {name}: running {shown} ({bound}timeout {timeout:g} s)")
 
+        # nproc_per_node: torchrun, one run dir per rank (torchdoctor.distributed)
+        options = RunOptions(steps=steps, timeout=timeout, out=out, module=bool(module),
+                             steps_default=steps_default, nproc_per_node=nproc, node=node,
+                             probe=probe_opts)
         report = run_probe(probe, target, args, options)
         if after is not None:
             after(report, target, args, options)

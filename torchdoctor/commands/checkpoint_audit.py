@@ -40,7 +40,7 @@ def register(app: typer.Typer) -> None:
         sarif: SarifOpt = None,
         junit: JunitOpt = None,
     ) -> None:
-        from torchdoctor.checkpoint.audit import EXPECT, Options, run, warn_unsafe
+        from torchdoctor.checkpoint.audit import EXPECT, Options, warn_unsafe
 
         from torchdoctor.commands._common import check_fail_on, prepare_html, prepare_out
 
@@ -55,5 +55,7 @@ def register(app: typer.Typer) -> None:
             raise DoctorError(f"--expect must be one of {', '.join(EXPECT)}, not {expect!r}")
         if unsafe_load:
             warn_unsafe()
+        from torchdoctor.pipeline.checkpoint import run
+
         report = run(path, Options(expect=exp, model=model, unsafe_load=unsafe_load, scan=not no_scan))
         emit(report, as_json, fail_on, out, html=html_path, outputs=outputs)

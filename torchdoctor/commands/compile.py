@@ -18,6 +18,7 @@ from typing import Any
 import typer
 
 from torchdoctor.commands._script import ExtraOption, script_command
+from torchdoctor.pipeline.options import DEFAULT_TIMEOUT_S, RunOptions
 
 HELP = ("What torch.compile does with SCRIPT: graph breaks (your line, the reason, whether the "
         "whole function fell back to eager), recompiles (the failing guard), the recompile "
@@ -26,15 +27,17 @@ HELP = ("What torch.compile does with SCRIPT: graph breaks (your line, the reaso
 DEFAULT_STEPS = 30
 
 
-def eager_comparison(report: Any, target: str, args: list[str], options: dict[str, Any]) -> None:
+def eager_comparison(report: Any, target: str, args: list[str],
+                     options: RunOptions | dict[str, Any]) -> None:
     """Run the script eager (dynamo off) for the same steps; add the comparison to the report."""
+    options = RunOptions.of(options)
     m = report.metrics.get("compile")
-    if not m or not m.get("compiled") or options.get("no_eager"):
+    if not m or not m.get("compiled") or options.probe.get("no_eager"):
         return
     if report.run_status in ("crashed", "timeout", "interrupted"):
         m["eager_skipped"] = "the compiled run did not finish"
         return
-    if options.get("nproc_per_node"):
+    if options.nproc_per_node:
         m["eager_skipped"] = "not measured under --nproc-per-node (run the script alone for it)"
         return
     from torchdoctor.commands._common import eprint
@@ -49,7 +52,7 @@ def eager_comparison(report: Any, target: str, args: list[str], options: dict[st
     eager = Variation("eager", "torch.compile switched off (TORCH_COMPILE_DISABLE=1)", env=dict(EAGER_ENV))
     eprint("torchdoctor compile: the same steps again with torch.compile switched off (eager)")
     with Trials("compile", target, args, options=options, main_run=False,  # the compiled run was the main one
-                budget_s=float(options.get("timeout") or 300.0)) as trials:
+                budget_s=float(options.timeout or DEFAULT_TIMEOUT_S)) as trials:
         run = trials.run(eager)
         if run.interrupted():
             m["eager_skipped"] = f"the eager run was interrupted by {trials.interrupted() or 'a signal'}"

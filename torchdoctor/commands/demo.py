@@ -10,6 +10,7 @@ from torchdoctor.commands._common import FailOnOpt, HtmlOptNoArgs, JsonOpt, Juni
 
 EXAMPLE = "slow_loader_train.py"
 DEMO_STEPS = 30
+DEMO_TIMEOUT_S = 120.0
 
 
 def register(app: typer.Typer) -> None:
@@ -33,11 +34,12 @@ def register(app: typer.Typer) -> None:
         from torchdoctor.commands._common import prepare_outputs
 
         outputs = prepare_outputs(sarif=sarif, junit=junit)
+        from torchdoctor.pipeline.options import RunOptions
         from torchdoctor.pipeline.run import run_probe
 
         script = path(EXAMPLE)
         eprint(f"torchdoctor demo: checkup of the bundled example {script} ({steps} steps)")
-        report = run_probe("checkup", str(script), [], {"steps": steps, "timeout": 120})
+        report = run_probe("checkup", str(script), [], RunOptions(steps=steps, timeout=DEMO_TIMEOUT_S))
         report.command = "demo"
         report.target = f"{EXAMPLE} (bundled example)"
         emit(report, as_json, fail_on, html=html_path, outputs=outputs)

@@ -16,29 +16,18 @@ import typer
 from torchdoctor.commands._common import FailOnOpt, HtmlOpt, JsonOpt, JunitOpt, SarifOpt, emit, eprint, guarded
 from torchdoctor.commands._nodeopts import node_params
 from torchdoctor.errors import DoctorError
+from torchdoctor.pipeline.options import DEFAULT_STEPS, DEFAULT_TIMEOUT_S, RunOptions
 
 _N = {p.name: p.annotation for p in node_params()}  # --nnodes & co. (torchrun's rendezvous options)
-SCRIPT_STEPS = 50
-SCRIPT_TIMEOUT_S = 300.0
-
-
-def default_nproc() -> int:
-    """Ranks for a script when --nproc-per-node is not given: one per GPU, else 2 (gloo)."""
-    try:
-        import torch
-
-        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:  # noqa: BLE001
-        n = 0
-    return n if n >= 1 else 2
 
 
 def run_script(target: str, args: list[str], module: bool, nproc: int | None, steps: int,
                timeout: float | None, out: str | None, as_json: bool, fail_on: str,
                node=None, html=None, outputs=None) -> None:
-    """``torchdoctor dist SCRIPT``: the script probe ``dist`` under torchrun, merged report."""
+    """``torchdoctor dist SCRIPT``: check the options, build the run's options, print the
+    pipeline's report (:func:`torchdoctor.pipeline.dist.run_script`)."""
     from torchdoctor.commands._common import check_fail_on
-    from torchdoctor.pipeline.run import run_probe
+    from torchdoctor.pipeline.dist import default_nproc, run_script as dist_script
 
     if steps < 0:
         raise DoctorError(f"--steps must be >= 0, not {steps}")
@@ -47,16 +36,14 @@ def run_script(target: str, args: list[str], module: bool, nproc: int | None, st
     if nproc is not None and nproc < 1:
         raise DoctorError(f"--nproc-per-node must be at least 1, not {nproc}")
     check_fail_on(fail_on)
-    timeout = timeout or SCRIPT_TIMEOUT_S
+    timeout = timeout or DEFAULT_TIMEOUT_S
     n = nproc or default_nproc()
     bound = f"up to {steps} steps, " if steps else ""
     where = f" of node {node.node_rank} (of {node.nnodes})" if node is not None else ""
     eprint(f"torchdoctor dist: running {'-m ' if module else ''}{target}"
            f"{' ' + ' '.join(args) if args else ''} on {n} ranks{where} ({bound}timeout {timeout:g} s)")
-    options = {"steps": steps, "timeout": timeout, "out": out, "module": module, "nproc_per_node": n}
-    if node is not None:
-        options["node"] = node.to_dict()
-    report = run_probe("dist", target, args, options)
+    options = RunOptions(steps=steps, timeout=timeout, out=out, module=module, nproc_per_node=n, node=node)
+    report = dist_script(target, args, options)
     emit(report, as_json, fail_on, out, html=html, outputs=outputs)
 
 
@@ -81,7 +68,7 @@ def register(app: typer.Typer) -> None:
             help="Run a module (like python -m) instead of SCRIPT.")] = None,
         steps: Annotated[int, typer.Option(
             "--steps", metavar="N",
-            help="With SCRIPT: stop every rank cleanly after N optimizer steps (0: no limit).")] = SCRIPT_STEPS,
+            help="With SCRIPT: stop every rank cleanly after N optimizer steps (0: no limit).")] = DEFAULT_STEPS,
         nproc_per_node: Annotated[Optional[int], typer.Option(
             "--nproc-per-node", help="Ranks (default: GPU count, or 2 gloo ranks on CPU).",
             show_default=False)] = None,
@@ -130,7 +117,8 @@ def register(app: typer.Typer) -> None:
             run_script(module or script, extra, module is not None, nproc_per_node, steps, timeout,
                        out, as_json, fail_on, node, html=html_path, outputs=outputs)
             return
-        from torchdoctor.distributed.probe import DistOptions, parse_sizes, run_dist
+        from torchdoctor.distributed.probe import DistOptions, parse_sizes
+        from torchdoctor.pipeline.dist import run_dist
 
         b = backend.strip().lower()
         if b not in ("auto", "nccl", "gloo"):

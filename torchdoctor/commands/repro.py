@@ -71,17 +71,19 @@ def register(app: typer.Typer) -> None:
                f"{' ' + ' '.join(args) if args else ''} {how}, timeout {timeout:g} s per run)")
         from torchdoctor.reprocheck.flow import repro_report
 
-        options = {"steps": steps, "timeout": timeout, "out": out, "module": bool(module),
-                   "steps_default": DEFAULT_STEPS}
-        if nproc is not None:
-            options["nproc_per_node"] = nproc
+        from torchdoctor.pipeline.options import RunOptions
+
+        options = RunOptions(steps=steps, timeout=timeout, out=out, module=bool(module),
+                             steps_default=DEFAULT_STEPS, nproc_per_node=nproc)
         report = repro_report(target, args, options, engine=engine, resume=resume)
         emit(report, as_json, fail_on, out, html=html_path, outputs=outputs)
 
     P = inspect.Parameter
     from torchdoctor.distributed.oneprocess import nproc_param
 
-    params = one_process_params(DEFAULT_STEPS, 300.0)  # one process: no ranks, no nodes
+    from torchdoctor.pipeline.options import DEFAULT_TIMEOUT_S
+
+    params = one_process_params(DEFAULT_STEPS, DEFAULT_TIMEOUT_S)  # one process: no ranks, no nodes
     params.append(nproc_param("repro", help="With --resume-check: run the script on N ranks under torchrun "
                                              "and check its resume rank by rank (a DCP save or a save on every "
                                              "rank). Plain repro refuses it (the error says why)."))

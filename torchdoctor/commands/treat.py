@@ -28,7 +28,8 @@ CONTEXT_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True,
 
 
 def _params() -> list:
-    from torchdoctor.commands._script import DEFAULT_TIMEOUT_S, one_process_params
+    from torchdoctor.commands._script import one_process_params
+    from torchdoctor.pipeline.options import DEFAULT_TIMEOUT_S
 
     P = inspect.Parameter
     kw = P.KEYWORD_ONLY
@@ -118,8 +119,10 @@ def treat(**kw: Any) -> None:
     from torchdoctor.commands._common import prepare_outputs
 
     outputs = prepare_outputs(sarif=kw.get("sarif"), junit=kw.get("junit"))
-    options = {"steps": steps, "timeout": timeout, "out": out, "module": bool(module),
-               "steps_default": DEFAULT_STEPS}
+    from torchdoctor.pipeline.options import RunOptions
+
+    options = RunOptions(steps=steps, timeout=timeout, out=out, module=bool(module),
+                         steps_default=DEFAULT_STEPS)
     shown = f"{'-m ' if module else ''}{target}{' ' + ' '.join(args) if args else ''}"
     bound = f"up to {steps} steps a run, " if steps else ""
     eprint(f"torchdoctor treat: running {shown} ({bound}timeout {timeout:g} s a run"

@@ -1,4 +1,13 @@
-"""Probes: what each script command arms (instruments) and judges (rules).
+"""The orchestration layer: every command's report is built here, from one typed RunOptions.
+
+Commands (``torchdoctor/commands/``) parse their options, call one entry of this package and
+render: ``run.py`` (``run_probe``/``run_ranked``: the script probes, on one process, N ranks or
+N nodes), ``checkpoint.py`` (``checkpoint-audit``), ``dist.py`` (``dist``: self-test or script),
+``env.py`` (``env``). A script run's options are one :class:`~torchdoctor.pipeline.options.RunOptions`
+(``options.py``, the run defaults once), named as on the command line down to the child's
+``ctx.options``.
+
+Probes: what each script command arms (instruments) and judges (rules).
 
 A probe is named by its command (``checkup``, ``profile``, ``memory``, ``nan``); rules opt in
 by listing the probe name in their ``probes`` (``"run"``: every script probe) and declare the

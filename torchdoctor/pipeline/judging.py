@@ -24,8 +24,8 @@ from typing import Any, Callable
 
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Report, internal_finding
+from torchdoctor.pipeline.options import DEFAULT_STEPS
 
-DEFAULT_STEPS = 50
 STEP_LIMIT_REASON = re.compile(r"--steps (\d+) reached")  # runner's stop reason
 Relaunch = Callable[..., Evidence]  # (extra_options, probe=None) -> Evidence
 

@@ -14,18 +14,18 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from torchdoctor.errors import DoctorError
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Report
-from torchdoctor.pipeline.judging import DEFAULT_STEPS, judge_run
+from torchdoctor.pipeline.judging import judge_run
+from torchdoctor.pipeline.options import RunOptions
 from torchdoctor.runner.childio import QUIET_PATTERNS
 from torchdoctor.runner.outdir import new_run_dir
 from torchdoctor.runner.rundir import EVENTS, META, RESULT, STACKS
 
 RUN_FILES = (META, EVENTS, RESULT, STACKS)
-DEFAULT_TIMEOUT_S = 300.0
 
 
 def check_target(target: str, module: bool) -> None:
@@ -67,38 +67,34 @@ def find_top_module(top: str):
         sys.path[:] = saved
 
 
-def run_probe(probe: str, target: str, script_args: list[str], options: dict[str, Any]) -> Report:
-    """Run ``target`` (a script path, or a module with ``options['module']``) under ``probe``.
+def run_probe(probe: str, target: str, script_args: list[str],
+              options: RunOptions | Mapping[str, Any] | None = None) -> Report:
+    """Run ``target`` (a script path, or a module with ``options.module``) under ``probe``.
 
-    ``options``: ``steps`` (int, 0 = no limit), ``timeout`` (seconds), ``out`` (dir or None),
-    ``module`` (bool), ``quiet`` (no progress line), plus probe-specific keys that instruments
-    read from ``ctx.options``. Returns the Report (not yet printed).
+    ``options``: the :class:`RunOptions` the command built (a plain mapping is read by name:
+    :meth:`RunOptions.of`). Returns the Report (not yet printed).
     """
     from torchdoctor.pipeline.registry import armed_needs
     from torchdoctor.runner.launch import launch
 
-    module = bool(options.get("module"))
+    opts = RunOptions.of(options).resolved()
+    module = opts.module
     check_target(target, module)
-    opts = {k: v for k, v in options.items() if k not in ("module", "quiet")}
-    opts.setdefault("steps", DEFAULT_STEPS)
-    opts.setdefault("timeout", DEFAULT_TIMEOUT_S)
-    if opts.get("out"):
-        opts["out"] = str(Path(opts["out"]).resolve())
-    timeout = float(opts["timeout"]) if opts.get("timeout") else None
+    timeout = float(opts.timeout) if opts.timeout else None
     argv = [target, *script_args]
-    show = None if not options.get("quiet") else False
+    show = None if not opts.quiet else False
     tmp_dirs: list[Path] = []
 
     first_probe = probe
 
-    def _launch(run_opts: dict[str, Any], d: Path, under: str = probe) -> Evidence:
+    def _launch(run_opts: RunOptions, d: Path, under: str = probe) -> Evidence:
         launch(d, under, argv, module=module, options=run_opts, timeout=timeout,
                quiet_patterns=QUIET_PATTERNS, show_progress=show, needs=armed_needs(under))
         return Evidence.load(d)
 
-    if opts.get("nproc_per_node"):  # torchrun: the harness on every rank, one merged report
-        return run_ranked(probe, target, argv, module=module, opts=opts, timeout=timeout, show=show)
-    run_dir, is_tmp = new_run_dir(opts.get("out"))
+    if opts.nproc_per_node:  # torchrun: the harness on every rank, one merged report
+        return run_ranked(probe, target, argv, opts)
+    run_dir, is_tmp = new_run_dir(opts.out)
     if is_tmp:
         tmp_dirs.append(run_dir)
     try:
@@ -109,8 +105,7 @@ def run_probe(probe: str, target: str, script_args: list[str], options: dict[str
         except Stopped as e:  # a stop signal before the script started: nothing ran
             from torchdoctor.findings import Report
 
-            report = Report(probe, target=" ".join(["-m", target] if module else [target]),
-                            run_status="interrupted")
+            report = Report(probe, target=opts.label(target), run_status="interrupted")
             report.skip("run", f"interrupted by {e.signame} before the script started")
             return report
 
@@ -119,18 +114,18 @@ def run_probe(probe: str, target: str, script_args: list[str], options: dict[str
         def relaunch(extra: dict[str, Any], probe: str | None = None) -> Evidence:
             """The same script and arguments again, under ``probe`` (default: this run's)."""
             n[0] += 1
-            if opts.get("out"):
+            if opts.out:
                 from torchdoctor.runner.outdir import fresh_subdir
 
-                d = fresh_subdir(opts["out"], f"followup-{n[0]}")
+                d = fresh_subdir(opts.out, f"followup-{n[0]}")
             else:
                 d = Path(tempfile.mkdtemp(prefix="torchdoctor-followup-"))
                 tmp_dirs.append(d)
             # a re-run: what it writes is put back afterwards (runner/fileguard.py)
-            return _launch({**opts, **extra, "followup": n[0], "guard_files": True}, d, probe or first_probe)
+            again = opts.with_options({**extra, "followup": n[0], "guard_files": True})
+            return _launch(again, d, probe or first_probe)
 
-        report = judge_run(probe, ev, target=" ".join(["-m", target] if module else [target]),
-                           relaunch=relaunch)
+        report = judge_run(probe, ev, target=opts.label(target), relaunch=relaunch)
         return report
     finally:
         if not os.environ.get("TORCHDOCTOR_KEEP_RUN"):
@@ -138,29 +133,30 @@ def run_probe(probe: str, target: str, script_args: list[str], options: dict[str
                 shutil.rmtree(d, ignore_errors=True)
 
 
-def run_ranked(probe: str, target: str, argv: list[str], *, module: bool, opts: dict[str, Any],
-               timeout: float | None, show: bool | None) -> Report:
-    """A script probe on ``opts['nproc_per_node']`` ranks under torchrun (one node of a multi-node
-    job with ``opts['node']``): launch, then :mod:`torchdoctor.distributed.ranked` merges the ranks
-    (or :mod:`torchdoctor.distributed.jobreport` the nodes)."""
-    from torchdoctor.distributed.multinode import NodeSpec
+def run_ranked(probe: str, target: str, argv: list[str], options: RunOptions) -> Report:
+    """A script probe on ``options.nproc_per_node`` ranks under torchrun (one node of a
+    multi-node job with ``options.node``): launch, then :mod:`torchdoctor.distributed.ranked`
+    merges the ranks (or :mod:`torchdoctor.distributed.jobreport` the nodes)."""
     from torchdoctor.distributed.ranked import judge
     from torchdoctor.distributed.torchrun import RankSet, quiet_patterns
     from torchdoctor.pipeline.registry import armed_needs
     from torchdoctor.runner.launch import launch
 
-    n = int(opts["nproc_per_node"])
-    node = NodeSpec.from_dict(opts.get("node"))  # one node of a multi-node job, or None
-    run_dir, is_tmp = new_run_dir(opts.get("out"))  # fresh: no rank dir of an earlier run
+    opts = options.resolved()
+    n = int(opts.nproc_per_node)
+    node = opts.node_spec()  # one node of a multi-node job, or None
+    timeout = float(opts.timeout) if opts.timeout else None
+    show = None if not opts.quiet else False
+    run_dir, is_tmp = new_run_dir(opts.out)  # fresh: no rank dir of an earlier run
     if node is not None:  # the node's facts need torch here: import it while the ranks run
         from torchdoctor.distributed.jobreport import preload
 
         preload()
     try:
-        launch(run_dir, probe, argv, module=module, options=opts, timeout=timeout,
+        launch(run_dir, probe, argv, module=opts.module, options=opts, timeout=timeout,
                quiet_patterns=QUIET_PATTERNS + quiet_patterns(dict(os.environ)), show_progress=show,
                ranks=RankSet(run_dir, n, node=node), needs=armed_needs(probe))
-        label = " ".join(["-m", target] if module else [target])
+        label = opts.label(target)
         if node is not None:
             from torchdoctor.distributed.jobreport import run_node
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Report
+from torchdoctor.pipeline.options import RunOptions
 from torchdoctor.reprocheck.guard import OwnFiles
 from torchdoctor.trials import TrialRun, Trials, Variation
 
@@ -153,7 +154,7 @@ def interrupted(data: dict[str, Any], signame: str) -> None:
     data["interrupted"] = signame
 
 
-def repro_report(target: str, script_args: list[str], options: dict[str, Any],
+def repro_report(target: str, script_args: list[str], options: RunOptions | dict[str, Any],
                  engine: str = "auto", resume: bool = False) -> Report:
     """Run ``repro`` on ``target`` and return its Report (not yet printed). ``resume``: then the
     resume check (``reprocheck/resume.py``) on the same Trials session: the state the script's
@@ -162,11 +163,12 @@ def repro_report(target: str, script_args: list[str], options: dict[str, Any],
     from torchdoctor.judge import judge
     from torchdoctor.pipeline.judging import judge_run
 
-    if options.get("nproc_per_node"):  # N ranks: the resume check only (reprocheck/resume_ranked.py)
+    run_opts = RunOptions.of(options)
+    if run_opts.nproc_per_node:  # N ranks: the resume check only (reprocheck/resume_ranked.py)
         from torchdoctor.reprocheck.resume_ranked import ranked_report
 
-        return ranked_report(target, script_args, options)
-    label = " ".join(["-m", target] if options.get("module") else [target])
+        return ranked_report(target, script_args, run_opts)
+    label = run_opts.label(target)
     from torchdoctor.runner.signals import Stopped
 
     with Trials("repro", target, script_args, options=options) as trials:

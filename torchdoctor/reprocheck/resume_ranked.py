@@ -174,7 +174,7 @@ def check(trials: Any, base: Any, section: dict, after_steps: int) -> tuple[list
     return findings, section
 
 
-def ranked_report(target: str, script_args: list[str], options: dict[str, Any]) -> Any:
+def ranked_report(target: str, script_args: list[str], options: Any) -> Any:
     """``repro --resume-check --nproc-per-node N``: the baseline on N ranks judged as ``checkup
     --nproc-per-node`` judges a ranked run (findings merged across ranks, the save audit's among
     them), then the resume check, whose measured findings replace the save audit's for the same
@@ -185,8 +185,10 @@ def ranked_report(target: str, script_args: list[str], options: dict[str, Any]) 
     from torchdoctor.runner.signals import Stopped
     from torchdoctor.trials import Trials
 
-    label = " ".join(["-m", target] if options.get("module") else [target])
-    n = int(options["nproc_per_node"])
+    from torchdoctor.pipeline.options import RunOptions
+
+    opts = RunOptions.of(options)
+    label, n = opts.label(target), int(opts.nproc_per_node or 0)
     with Trials("repro", target, script_args, options=options) as trials:
         try:
             base = trials.run(baseline_variation())  # the main run: its writes are the user's files

@@ -63,7 +63,7 @@ class LaunchResult:
 
 
 def launch(run_dir: str | os.PathLike, probe: str, argv: list[str], *, module: bool = False,
-           options: dict[str, Any] | None = None, timeout: float | None = None,
+           options: Any = None, timeout: float | None = None,
            quiet_patterns: list[str] | None = None, show_progress: bool | None = None,
            on_event: Callable[[dict], None] | None = None,
            env: dict[str, str] | None = None, ranks: Any = None,
@@ -72,6 +72,8 @@ def launch(run_dir: str | os.PathLike, probe: str, argv: list[str], *, module: b
 
     Writes ``meta.json`` first and the final ``result.json`` last (the child's result plus
     what only the parent knows: timeout, signal, return code, wall time, output tail).
+    ``options``: a :class:`torchdoctor.pipeline.options.RunOptions` (serialised here by its
+    ``wire()``: the child's ``ctx.options``, the same names) or that mapping itself.
     ``ranks`` (a :class:`torchdoctor.distributed.torchrun.RankSet`): run the harness on every rank
     under torchrun, one run dir per rank; timeout, Ctrl-C and clean-up go to every rank.
     ``needs``: the evidence kinds to arm instruments for (the caller's
@@ -83,7 +85,7 @@ def launch(run_dir: str | os.PathLike, probe: str, argv: list[str], *, module: b
     signals.check()  # a stop signal already arrived (deferred scope): no further run starts
     d = Path(run_dir)
     d.mkdir(parents=True, exist_ok=True)
-    options = dict(options or {})
+    options = options.wire() if hasattr(options, "wire") else dict(options or {})
     write_json(d / META, {"probe": probe, "argv": list(argv), "module": bool(module),
                           "options": options, "cwd": os.getcwd(), "started": time.time(),
                           "needs": sorted(needs or ())})

@@ -59,7 +59,7 @@ def variation_of(specs: list[Planned], setting: str, name: str | None = None) ->
 
 
 class TreatSession:
-    def __init__(self, target: str, args: list[str], options: dict[str, Any], *,
+    def __init__(self, target: str, args: list[str], options: Any, *,  # RunOptions (trials)
                  budget_s: float | None, forced: list[tuple[str, str | None]] | None,
                  rounds: int = 2, progress: Callable[[str], None] = print):
         self.target, self.args, self.options = target, args, options
@@ -105,8 +105,8 @@ class TreatSession:
     def run(self):
         from torchdoctor.pipeline.judging import judge_run
 
-        opts = dict(self.options)
-        with Trials("checkup", self.target, self.args, options=opts, budget_s=self.budget_s) as trials:
+        with Trials("checkup", self.target, self.args, options=self.options,
+                    budget_s=self.budget_s) as trials:
             try:
                 base0 = self._run(trials, BASE, 0, "baseline (round 1)")
             except Stop:
@@ -119,7 +119,7 @@ class TreatSession:
                 v = dataclasses.replace(BASE, name="followup", options={**BASE.options, **extra})
                 return trials.run(v, probe=probe).evidence
 
-            shown = " ".join(["-m", self.target] if opts.get("module") else [self.target])
+            shown = " ".join(["-m", self.target] if trials.module else [self.target])
             try:
                 report = judge_run("checkup", base0.evidence, target=shown, relaunch=relaunch)
             except KeyboardInterrupt:  # Ctrl-C while judging: the baseline's report without it

@@ -5,8 +5,8 @@
         tf32 = trials.run(Variation("tf32", "allow_tf32=True", options={"treatment": ...}))
         base.median_ms(), tf32.losses(), tf32.failure()
 
-Each run has the same argv, module flag, steps and timeout as the command (``options`` as
-``run_probe`` takes them), the variation's child options and environment on top, and arms the
+Each run has the same argv, module flag, steps and timeout as the command (``options``: the
+command's :class:`~torchdoctor.pipeline.options.RunOptions`, as ``run_probe`` takes them), the variation's child options and environment on top, and arms the
 probe's instruments plus :data:`TRIAL_NEEDS` plus the variation's needs. The script's output is
 not echoed (its tail is kept in the evidence). ``budget_s`` bounds the whole command: a run
 gets at most the time left, and :meth:`Trials.expired` says when no run should start.
@@ -31,9 +31,10 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Collection
+from typing import Any, Collection, Mapping
 
 from torchdoctor.evidence import Evidence
+from torchdoctor.pipeline.options import RunOptions
 from torchdoctor.trials.spec import Variation
 
 TRIAL_NEEDS = frozenset({"loss_trace", "peak_memory"})
@@ -170,18 +171,17 @@ class Trials:
     """Runs the script under variations; removes its temp dirs on close."""
 
     def __init__(self, probe: str, target: str, script_args: list[str], *,
-                 options: dict[str, Any], budget_s: float | None = None, main_run: bool = True):
-        from torchdoctor.pipeline.run import DEFAULT_TIMEOUT_S, check_target
+                 options: RunOptions | Mapping[str, Any], budget_s: float | None = None,
+                 main_run: bool = True):
+        from torchdoctor.pipeline.run import check_target
 
+        run_opts = RunOptions.of(options).resolved()
         self.probe = probe
-        self.module = bool(options.get("module"))
+        self.module = run_opts.module
         check_target(target, self.module)
         self.argv = [target, *script_args]
-        self.opts = {k: v for k, v in options.items() if k not in ("module", "quiet")}
-        self.nproc = int(options["nproc_per_node"]) if options.get("nproc_per_node") else None
-        self.opts.setdefault("timeout", DEFAULT_TIMEOUT_S)
-        if self.opts.get("out"):
-            self.opts["out"] = str(Path(self.opts["out"]).resolve())
+        self.opts = run_opts.wire()  # what each run's child reads, a variation's options on top
+        self.nproc = run_opts.nproc_per_node
         self.t0 = time.monotonic()
         self.budget_s = budget_s
         self.runs: list[TrialRun] = []
