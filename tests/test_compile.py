@@ -220,7 +220,7 @@ class Ctx:
 def test_the_instrument_reads_a_real_break_prints_nothing_and_restores_dynamos_loggers(capfd):
     torch = pytest.importorskip("torch")
     from torchdoctor import torch_internals as ti
-    from torchdoctor.instruments.dynamo_diag import DynamoDiag
+    from torchdoctor.instruments.dynamo.dynamo_diag import DynamoDiag
 
     names = [q for a in ("graph_breaks",) for q in ti.DYNAMO_ARTIFACT_LOGGERS[a]]
     before = {q: (logging.getLogger(q).level, logging.getLogger(q).propagate) for q in names}

@@ -1,4 +1,4 @@
-"""The FLOP counter instrument (instruments/flop_count.py), in process on CPU: exact counts, no
+"""The FLOP counter instrument (instruments/perf/flop_count.py), in process on CPU: exact counts, no
 change to the numbers the script computes (autocast, a custom autograd Function, dropout,
 attention, norms), one step counted and left out of the step statistics, and no count under
 torch.compile."""
@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from torchdoctor.instruments.flop_count import FlopCount, _Tally, make_counter, plan_step  # noqa: E402
+from torchdoctor.instruments.perf.flop_count import FlopCount, _Tally, make_counter, plan_step  # noqa: E402
 
 
 class FakeCtx:

@@ -269,7 +269,7 @@ class Stash(torch.autograd.Function):
 
 
 def test_the_instrument_captures_watches_checks_and_leaves_nothing_behind():
-    from torchdoctor.instruments.autograd_capture import AutogradCapture
+    from torchdoctor.instruments.training.autograd_capture import AutogradCapture
 
     raw = vars(torch.autograd.Function)["apply"]
     inst, ctx = AutogradCapture(), FakeCtx()
@@ -313,7 +313,7 @@ class Chatty(torch.autograd.Function):
 
 
 def test_the_checks_replays_do_not_flood_the_scripts_output(capsys):
-    from torchdoctor.instruments.autograd_capture import AutogradCapture
+    from torchdoctor.instruments.training.autograd_capture import AutogradCapture
 
     inst, ctx = AutogradCapture(), FakeCtx(samples=1)
     inst.install(ctx)
@@ -328,7 +328,7 @@ def test_the_checks_replays_do_not_flood_the_scripts_output(capsys):
 
 @pytest.mark.gpu
 def test_a_cuda_call_is_copied_to_the_host_and_checked_on_its_device():
-    from torchdoctor.instruments.autograd_capture import AutogradCapture
+    from torchdoctor.instruments.training.autograd_capture import AutogradCapture
 
     inst, ctx = AutogradCapture(), FakeCtx(samples=1)
     inst.install(ctx)
@@ -346,7 +346,7 @@ def test_a_cuda_call_is_copied_to_the_host_and_checked_on_its_device():
 
 
 def test_training_is_bit_identical_under_the_capture():
-    from torchdoctor.instruments.autograd_capture import AutogradCapture
+    from torchdoctor.instruments.training.autograd_capture import AutogradCapture
 
     def train():
         torch.manual_seed(3)
@@ -373,7 +373,7 @@ def test_training_is_bit_identical_under_the_capture():
 
 
 def test_meta_tensors_are_not_sampled_and_do_not_break_the_capture():
-    from torchdoctor.instruments.autograd_capture import AutogradCapture
+    from torchdoctor.instruments.training.autograd_capture import AutogradCapture
 
     inst, ctx = AutogradCapture(), FakeCtx(samples=1)
     inst.install(ctx)
@@ -388,7 +388,7 @@ def test_meta_tensors_are_not_sampled_and_do_not_break_the_capture():
 
 
 def test_inference_mode_and_inference_tensors_are_left_alone():
-    from torchdoctor.instruments.autograd_capture import AutogradCapture
+    from torchdoctor.instruments.training.autograd_capture import AutogradCapture
 
     inst, ctx = AutogradCapture(), FakeCtx(samples=1)
     inst.install(ctx)

@@ -72,7 +72,7 @@ def test_dispatch_tracker_skips_sparse_ops_outputs_and_inputs():
 
 
 def test_fingerprints_skip_what_they_cannot_read_and_chunk_large_tensors(monkeypatch):
-    from torchdoctor.instruments import fingerprint_reduce as fr
+    from torchdoctor.instruments.repro import fingerprint_reduce as fr
 
     for t in _kinds().values():
         assert fr.reduce3(torch, t) is None
@@ -96,7 +96,7 @@ def test_memory_accounting_and_tensor_scan_skip_sparse():
 def test_the_op_trace_runs_a_sparse_op_and_counts_what_it_did_not_read(engine):
     """repro's localising run traces every op: the sparse adjacency of ``torch.spmm`` reached the
     fingerprint (``reshape`` of a sparse tensor raises) inside the user's op."""
-    from torchdoctor.instruments.fingerprint_ops import FingerprintOps
+    from torchdoctor.instruments.repro.fingerprint_ops import FingerprintOps
     from torchdoctor.torch_internals import debug_mode_class
 
     if engine == "debug_mode" and debug_mode_class() is None:

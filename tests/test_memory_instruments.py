@@ -263,8 +263,8 @@ def test_live_breakdown_counts_each_part_once():
 # ---- instruments ------------------------------------------------------------------------------
 
 def test_sampler_samples_every_step_and_names_the_leak_in_its_window():
-    from torchdoctor.instruments.memory_detail import MemoryDetail
-    from torchdoctor.instruments.memory_sampler import MemorySampler
+    from torchdoctor.instruments.memory.memory_detail import MemoryDetail
+    from torchdoctor.instruments.memory.memory_sampler import MemorySampler
 
     ctx = FakeCtx(options={"steps": 16})
     keep: list = []
@@ -285,7 +285,7 @@ def test_sampler_samples_every_step_and_names_the_leak_in_its_window():
 
 
 def test_sampler_stays_quiet_on_a_healthy_loop():
-    from torchdoctor.instruments.memory_sampler import MemorySampler
+    from torchdoctor.instruments.memory.memory_sampler import MemorySampler
 
     ctx = FakeCtx(probe="checkup")
     _loop([MemorySampler()], ctx, steps=14)
@@ -295,7 +295,7 @@ def test_sampler_stays_quiet_on_a_healthy_loop():
 
 
 def test_sampler_reads_rss_every_few_steps_while_the_heap_counter_works():
-    from torchdoctor.instruments.memory_sampler import RSS_EVERY, MemorySampler
+    from torchdoctor.instruments.memory.memory_sampler import RSS_EVERY, MemorySampler
 
     ctx = FakeCtx(probe="checkup")
     _loop([MemorySampler()], ctx, steps=2 * RSS_EVERY + 1)
@@ -308,7 +308,7 @@ def test_sampler_reads_rss_every_few_steps_while_the_heap_counter_works():
 def test_site_window_waits_for_growth_the_rule_could_report():
     """A steady rise of 8 KiB a step is above the per-step suspicion but 5 steps of it are
     below the growth rule's minimum rise: no window until the total passes it."""
-    from torchdoctor.instruments import memory_sampler as ms
+    from torchdoctor.instruments.memory import memory_sampler as ms
     from torchdoctor.memory.growth import GROWTH_MIN_RISE
 
     assert ms.SUSPECT_MIN_TOTAL == GROWTH_MIN_RISE
@@ -339,7 +339,7 @@ class _NoWindow:
 
 def _crash_under_sampler(fail):
     """(ctx, exc): the memory sampler after 2 steps, then ``fail()`` raising inside it."""
-    from torchdoctor.instruments.memory_sampler import MemorySampler
+    from torchdoctor.instruments.memory.memory_sampler import MemorySampler
 
     ctx = FakeCtx()
     s = MemorySampler()
@@ -394,7 +394,7 @@ def test_sampler_context_of_another_crash_is_left_out_of_its_finding():
 
 def _grad_eval_on_a_trained_model():
     """(ctx, instrument, model): 3 training steps, then the instrument installed on the root."""
-    from torchdoctor.instruments.memory_grad_eval import GradInEval
+    from torchdoctor.instruments.memory.memory_grad_eval import GradInEval
 
     ctx = FakeCtx()
     g = GradInEval()
@@ -452,7 +452,7 @@ def test_weakref_holder_keeps_nothing_alive():
 
 def test_cuda_oom_path_with_a_faked_allocator(monkeypatch, tmp_path):
     """The observer -> crash_context path, with the CUDA wrappers faked (runs on the CPU)."""
-    from torchdoctor.instruments.memory_sampler import MemorySampler
+    from torchdoctor.instruments.memory.memory_sampler import MemorySampler
     from torchdoctor.memory import cuda
 
     GiB = 1 << 30
@@ -496,7 +496,7 @@ def test_cuda_oom_path_with_a_faked_allocator(monkeypatch, tmp_path):
 
 def test_cuda_site_window_with_a_faked_allocator(monkeypatch):
     """Window on the CUDA series: allocator snapshots at each boundary name the growing line."""
-    from torchdoctor.instruments.memory_sampler import MemorySampler
+    from torchdoctor.instruments.memory.memory_sampler import MemorySampler
     from torchdoctor.memory import cuda
 
     state = {"n": 0}
@@ -543,7 +543,7 @@ def test_cuda_site_window_with_a_faked_allocator(monkeypatch):
 def test_site_window_arms_on_a_slow_leak_a_large_host_would_rate_info():
     """Issue 27 item 9: `epoch_loss += loss` on a slow step and a large host was info with no line,
     because the window only armed for growth the impact rated warning. It arms on the rise alone."""
-    from torchdoctor.instruments import memory_sampler as ms
+    from torchdoctor.instruments.memory import memory_sampler as ms
 
     ctx = FakeCtx(probe="memory")
     sampler = ms.MemorySampler()

@@ -1,5 +1,5 @@
 """The allocation-site window's cost is bounded (issue 13, item 19) and it opens only for
-growth that would matter (torchdoctor/memory/window.py, instruments/memory_sampler.py)."""
+growth that would matter (torchdoctor/memory/window.py, instruments/memory/memory_sampler.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from test_memory_instruments import FakeCtx, _NoWindow  # noqa: F401 - fixtures of that module
-from torchdoctor.instruments import memory_sampler as ms
+from torchdoctor.instruments.memory import memory_sampler as ms
 from torchdoctor.memory import session, window
 from torchdoctor.memory.window import SiteWindow
 

@@ -16,8 +16,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from torchdoctor.instruments import profiler_window as pw  # noqa: E402
-from torchdoctor.instruments.profiler_window import ProfilerWindow, plan_budget  # noqa: E402
+from torchdoctor.instruments.profile import profiler_window as pw  # noqa: E402
+from torchdoctor.instruments.profile.profiler_window import ProfilerWindow, plan_budget  # noqa: E402
 
 from test_profile_instrument import FakeCtx, run_window  # noqa: E402
 

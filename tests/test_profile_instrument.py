@@ -12,8 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from torchdoctor.pipeline.registry import instruments_for  # noqa: E402
-from torchdoctor.instruments._profiler_compat import quiet_kineto  # noqa: E402
-from torchdoctor.instruments.profiler_window import ProfilerWindow, make_sources  # noqa: E402
+from torchdoctor.instruments.profile._profiler_compat import quiet_kineto  # noqa: E402
+from torchdoctor.instruments.profile.profiler_window import ProfilerWindow, make_sources  # noqa: E402
 
 
 class FakeCtx:

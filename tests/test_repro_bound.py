@@ -17,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import torchdoctor.instruments.fingerprint_ops as fops  # noqa: E402
+import torchdoctor.instruments.repro.fingerprint_ops as fops  # noqa: E402
 from torchdoctor.reprocheck.ops import first_divergent_op, stop_note, trace_summary  # noqa: E402
 from torchdoctor.runner.context import StopRun  # noqa: E402
 from torchdoctor.torch_internals import debug_mode_class  # noqa: E402

@@ -188,7 +188,7 @@ class _Ctx:
 @pytest.fixture
 def audited():
     torch = pytest.importorskip("torch")
-    from torchdoctor.instruments.save_audit import SaveAudit
+    from torchdoctor.instruments.save_audit.save_audit import SaveAudit
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
@@ -251,7 +251,7 @@ def test_the_wrappers_are_gone_after_the_run():
     import torch.serialization as ser
     from torch.optim import lr_scheduler
 
-    from torchdoctor.instruments.save_audit import SaveAudit
+    from torchdoctor.instruments.save_audit.save_audit import SaveAudit
 
     before = (torch.save, ser.save, lr_scheduler.LRScheduler.__init__, torch.amp.GradScaler.__init__)
     inst, ctx = SaveAudit(), _Ctx()
@@ -263,7 +263,7 @@ def test_the_wrappers_are_gone_after_the_run():
 
 def test_a_failing_description_is_reported_once_and_the_save_goes_on(audited, tmp_path, monkeypatch):
     torch, model, opt, ctx = audited
-    import torchdoctor.instruments.save_audit_describe as d
+    import torchdoctor.instruments.save_audit.save_audit_describe as d
 
     monkeypatch.setattr(d, "describe", lambda *a: 1 / 0)
     torch.save(model.state_dict(), tmp_path / "x.pt")
@@ -274,7 +274,7 @@ def test_a_failing_description_is_reported_once_and_the_save_goes_on(audited, tm
 
 def test_the_description_is_bounded(audited, tmp_path, monkeypatch):
     torch, model, opt, ctx = audited
-    import torchdoctor.instruments.save_audit_mirror as m
+    import torchdoctor.instruments.save_audit.save_audit_mirror as m
 
     monkeypatch.setattr(m, "MAX_NODES", 50)
     torch.save({"model": model.state_dict(), "junk": [{"x": i} for i in range(200)]}, tmp_path / "w.pt")
@@ -350,7 +350,7 @@ def test_schedulers_and_scalers_built_under_the_audit_copy_pickle_and_inspect_as
         pickle.loads(pickle.dumps(obj.state_dict()))
     copy.deepcopy(scaler)
     pickle.loads(pickle.dumps(scaler))
-    from torchdoctor.instruments.save_audit_live import live_facts
+    from torchdoctor.instruments.save_audit.save_audit_live import live_facts
 
     facts = live_facts(ctx, ctx.inst.live)
     assert [s["cls"] for s in facts["schedulers"]] == ["StepLR", "ReduceLROnPlateau"]
@@ -390,8 +390,8 @@ def test_counted_finds_a_scheduler_outside_torch_and_records_renames(tmp_path):
 
     import torch
 
-    from torchdoctor.instruments.save_audit_counted import Counted
-    from torchdoctor.instruments.save_audit_live import Live
+    from torchdoctor.instruments.save_audit.save_audit_counted import Counted
+    from torchdoctor.instruments.save_audit.save_audit_live import Live
     from torchdoctor.runner.patching import Patches
 
     class Sched:

@@ -113,7 +113,7 @@ def test_the_trial_trace_and_the_nan_monitor_keep_no_loss_buffer():
 
     import torch
 
-    from torchdoctor.instruments.trial_trace import TrialTrace
+    from torchdoctor.instruments.trials.trial_trace import TrialTrace
 
     x = torch.randn(256, 256, requires_grad=True)
     loss = torch.nn.functional.mse_loss(x, torch.zeros(256, 256))

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 from torch.utils.data import DataLoader, Dataset, IterableDataset  # noqa: E402
 
-from torchdoctor.instruments.treatment import Treatment  # noqa: E402
+from torchdoctor.instruments.trials.treatment import Treatment  # noqa: E402
 
 HERE = os.path.abspath(__file__)
 
