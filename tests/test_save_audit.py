@@ -166,23 +166,13 @@ def test_files_saved_at_one_step_into_one_folder_are_one_checkpoint():
 
 
 # ---------------------------------------------------------------- instrument, in this process
-class _Ctx:
-    """The part of the harness context the save audit reads."""
+def _ctx(models=(), optimizers=()):
+    """A checkup run's recording context at step 3, with the step clock's models and optimizers."""
+    from torchdoctor.instruments.testing import RecordingContext
 
-    def __init__(self, models=(), optimizers=()):
-        self.events: list[dict] = []
-        self.options: dict = {}
-        self.step = 3
-        self._models, self.optimizers = list(models), list(optimizers)
-
-    def emit(self, kind, **data):
-        self.events.append({"kind": kind, **data})
-
-    def in_owner_process(self):
-        return True
-
-    def models(self):
-        return self._models
+    ctx = RecordingContext("checkup", models=tuple(models), optimizers=tuple(optimizers))
+    ctx.step = 3
+    return ctx
 
 
 @pytest.fixture
@@ -195,7 +185,7 @@ def audited():
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     model(torch.randn(2, 4)).sum().backward()
     opt.step()
-    ctx = _Ctx([model], [opt])
+    ctx = _ctx([model], [opt])
     inst = ctx.inst = SaveAudit()
     inst.install(ctx)
     try:
@@ -254,7 +244,7 @@ def test_the_wrappers_are_gone_after_the_run():
     from torchdoctor.instruments.save_audit.save_audit import SaveAudit
 
     before = (torch.save, ser.save, lr_scheduler.LRScheduler.__init__, torch.amp.GradScaler.__init__)
-    inst, ctx = SaveAudit(), _Ctx()
+    inst, ctx = SaveAudit(), _ctx()
     inst.install(ctx)
     assert torch.save is not before[0] and lr_scheduler.LRScheduler.__init__ is not before[2]
     inst.uninstall(ctx)
