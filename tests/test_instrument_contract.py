@@ -36,6 +36,9 @@ def test_discovery_finds_every_registered_class_in_the_sub_packages():
     found = {c.__module__ for c in all_instruments().values()}
     assert found == _registering_modules()
     assert all(m.count(".") == 3 for m in found), "an instrument outside a family sub-package"
+    # TORCHDOCTOR_DISABLE=name and instrument_error name the instrument: its module has that name
+    assert {n: c.__module__.rpartition(".")[2] for n, c in all_instruments().items()} == \
+        {n: n for n in all_instruments()}
 
 
 def test_the_top_of_the_package_holds_only_the_contract_the_double_and_shared_helpers():
