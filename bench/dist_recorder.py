@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from torchdoctor.instruments.dist_collectives import _Recorder
+from torchdoctor.instruments.dist.dist_collectives import _Recorder
 
 
 class _Ctx:

@@ -1,4 +1,4 @@
-"""What counting one step's FLOPs costs (instruments/flop_count.py), on a small CPU model.
+"""What counting one step's FLOPs costs (instruments/perf/flop_count.py), on a small CPU model.
 
     .venv/bin/python bench/flops_cost.py [--width 256] [--reps 40]
 
@@ -30,7 +30,7 @@ def main() -> None:
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils.flop_counter import FlopCounterMode
 
-    from torchdoctor.instruments.flop_count import _Tally, counting_mapping, make_counter
+    from torchdoctor.instruments.perf.flop_count import _Tally, counting_mapping, make_counter
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -46,7 +46,7 @@ def main() -> int:
 
     from torchdoctor.instruments import all_instruments
     from torchdoctor.pipeline.registry import instruments_for
-    from torchdoctor.instruments import memory_sampler as ms
+    from torchdoctor.instruments.memory import memory_sampler as ms
     from torchdoctor.memory import host
     from torchdoctor.runner.context import HarnessContext
     from torchdoctor.runner.core import Core

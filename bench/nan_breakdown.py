@@ -74,7 +74,7 @@ def main() -> int:
     import torch
 
     from torchdoctor.pipeline.registry import instruments_for
-    from torchdoctor.instruments.nan_monitor import NanMonitor
+    from torchdoctor.instruments.nan.nan_monitor import NanMonitor
     from torchdoctor.runner.context import HarnessContext
     from torchdoctor.runner.core import Core
     from torchdoctor.runner.rundir import EvidenceWriter

@@ -52,7 +52,7 @@ def machine() -> str:
 def micro(device: str, blocks: int = 15, per_block: int = 20) -> dict:
     import torch
 
-    from torchdoctor.instruments.fingerprint_reduce import reduce3
+    from torchdoctor.instruments.repro.fingerprint_reduce import reduce3
 
     torch.manual_seed(0)
     torch.set_num_threads(1)

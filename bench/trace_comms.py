@@ -1,5 +1,5 @@
 """Collective time and exposed time per recorded step, read straight from a torch.profiler Chrome
-trace: the reference that the collectives table (torchdoctor/instruments/_profile_comms.py) is
+trace: the reference that the collectives table (torchdoctor/instruments/profile/_profile_comms.py) is
 compared with. Independent code on purpose (stdlib only, its own interval arithmetic), same
 definition:
 

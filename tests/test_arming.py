@@ -74,7 +74,7 @@ def test_a_run_launched_with_its_needs_arms_its_instruments(tmp_path):
 
 
 def test_an_instrument_declares_what_it_produces_not_the_probes_that_arm_it():
-    from torchdoctor.instruments import Instrument, register
+    from torchdoctor.instruments.base import Instrument, register
 
     class Old(Instrument):
         name = "test_old_style"

@@ -206,25 +206,15 @@ def test_the_console_lines_say_compile_time_apart_and_the_speed_up():
 
 
 # ---- the instrument in-process on a real (eager-backend) compile -------------------------------
-class Ctx:
-    def __init__(self):
-        self.events, self.step, self.options = [], 0, {}
-
-    def emit(self, kind, **data):
-        self.events.append({"kind": kind, **data})
-
-    def in_owner_process(self):
-        return True
-
-
 def test_the_instrument_reads_a_real_break_prints_nothing_and_restores_dynamos_loggers(capfd):
     torch = pytest.importorskip("torch")
     from torchdoctor import torch_internals as ti
-    from torchdoctor.instruments.dynamo_diag import DynamoDiag
+    from torchdoctor.instruments.dynamo.dynamo_diag import DynamoDiag
+    from torchdoctor.instruments.testing import RecordingContext
 
     names = [q for a in ("graph_breaks",) for q in ti.DYNAMO_ARTIFACT_LOGGERS[a]]
     before = {q: (logging.getLogger(q).level, logging.getLogger(q).propagate) for q in names}
-    ctx, inst = Ctx(), DynamoDiag()
+    ctx, inst = RecordingContext("compile"), DynamoDiag()
     inst.install(ctx)
     try:
         def fn(x):
@@ -243,7 +233,7 @@ def test_the_instrument_reads_a_real_break_prints_nothing_and_restores_dynamos_l
         torch._dynamo.reset()
     breaks = [e for e in ctx.events if e["kind"] == "dynamo_break"]
     assert breaks and breaks[0]["file"] == __file__ and breaks[0]["gb"] == "gb0124"
-    assert breaks[0]["line"] == test_the_instrument_reads_a_real_break_prints_nothing_and_restores_dynamos_loggers.__code__.co_firstlineno + 12
+    assert breaks[0]["line"] == test_the_instrument_reads_a_real_break_prints_nothing_and_restores_dynamos_loggers.__code__.co_firstlineno + 13
     assert not breaks[0]["skip"]
     assert [e["step"] for e in ctx.events if e["kind"] == "dynamo_step"] == [1]
     assert any(e["kind"] == "dynamo_compile" and e["function"] == "fn" for e in ctx.events)

@@ -47,7 +47,7 @@ def test_the_users_own_exception_is_not_ours():
 def test_an_error_of_what_the_user_called_through_our_wrapper_is_the_users(monkeypatch):
     import random
 
-    from torchdoctor.instruments.rng_draws import Counted
+    from torchdoctor.instruments.repro.rng_draws import Counted
     from torchdoctor.runner.patching import PASSTHROUGH_CODES
 
     inst = types.SimpleNamespace(live=False, pid=0)

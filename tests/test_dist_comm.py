@@ -1,6 +1,6 @@
 """The collectives table of a ranked run (issue 29 item 2): time per all-gather / reduce-scatter /
 all-reduce / all-to-all / broadcast, exposed vs overlapped, bytes and bus bandwidth, per rank and
-step (``instruments/_profile_comms.py``, ``evidence/commranks.py``), and the rule
+step (``instruments/profile/_profile_comms.py``, ``evidence/commranks.py``), and the rule
 ``collectives-exposed`` (``rules/dist_comm.py``).
 
 Pure tests on synthetic flats; end to end: ``profile --nproc-per-node 2`` on an FSDP2 LM, the
@@ -22,9 +22,9 @@ from conftest import ROOT, run_cli
 from torchdoctor.evidence.commranks import collectives_by_rank
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Report
-from torchdoctor.instruments._profile_comms import (_length, _merge, _minus, bus_factor, collectives,
+from torchdoctor.instruments.profile._profile_comms import (_length, _merge, _minus, bus_factor, collectives,
                                                     is_host_collective, kind_of)
-from torchdoctor.instruments._profile_flat import Window
+from torchdoctor.instruments.profile._profile_flat import Window
 from torchdoctor.judge import judge
 
 sys.path.insert(0, str(ROOT / "bench"))
@@ -334,9 +334,9 @@ def test_nccl_fsdp2_table_agrees_with_the_exported_trace(tmp_path):
 ONE_RANK = r'''
 import json, sys, torch, torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile, schedule
-from torchdoctor.instruments import _profiler_compat as compat
-from torchdoctor.instruments._profile_comms import collectives
-from torchdoctor.instruments._profile_flat import Window
+from torchdoctor.instruments.profile import _profiler_compat as compat
+from torchdoctor.instruments.profile._profile_comms import collectives
+from torchdoctor.instruments.profile._profile_flat import Window
 dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
 x, out, inp = torch.ones(1000), torch.empty(64), torch.ones(64)
 with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=2, repeat=1),

@@ -1,37 +1,16 @@
-"""The FLOP counter instrument (instruments/flop_count.py), in process on CPU: exact counts, no
+"""The FLOP counter instrument (instruments/perf/flop_count.py), in process on CPU: exact counts, no
 change to the numbers the script computes (autocast, a custom autograd Function, dropout,
 attention, norms), one step counted and left out of the step statistics, and no count under
 torch.compile."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from torchdoctor.instruments.flop_count import FlopCount, _Tally, make_counter, plan_step  # noqa: E402
-
-
-class FakeCtx:
-    def __init__(self, options: dict | None = None, probe: str = "checkup"):
-        self.options = dict(options or {})
-        self.probe = probe
-        self.events: list[dict] = []
-
-    def emit(self, kind, **data):
-        json.dumps(data)  # evidence must be JSON-able
-        self.events.append({"kind": kind, **data})
-
-    def in_owner_process(self):
-        return True
-
-    def in_owner_thread(self):
-        return True
-
-    def of(self, kind):
-        return [e for e in self.events if e["kind"] == kind]
+from torchdoctor.instruments.perf.flop_count import FlopCount, _Tally, make_counter, plan_step  # noqa: E402
+from torchdoctor.instruments.testing import RecordingContext  # noqa: E402
 
 
 class MatMul(torch.autograd.Function):
@@ -162,7 +141,7 @@ def test_the_instrument_counts_step_two_only(monkeypatch):
     import torchdoctor.torch_internals as ti
 
     monkeypatch.setattr(ti, "dynamo_graphs_compiled", lambda: 0)
-    ctx = FakeCtx({"steps": 6})
+    ctx = RecordingContext("checkup", {"steps": 6})
     inst = FlopCount()
     inst.install(ctx)
     m = torch.nn.Linear(8, 3)
@@ -178,7 +157,7 @@ def test_under_torch_compile_nothing_is_counted_and_the_model_still_trains():
     """Compiled kernels run outside the dispatcher: no count (absent with the reason), no mode."""
     from torchdoctor.torch_internals import current_dispatch_mode
 
-    ctx = FakeCtx({"steps": 5})
+    ctx = RecordingContext("checkup", {"steps": 5})
     inst = FlopCount()
     inst.install(ctx)
     m = torch.nn.Linear(8, 3)
@@ -198,7 +177,7 @@ def test_under_torch_compile_nothing_is_counted_and_the_model_still_trains():
 def test_a_run_that_ends_inside_the_counted_step_leaves_no_mode_behind():
     from torchdoctor.torch_internals import current_dispatch_mode
 
-    ctx = FakeCtx({"steps": 0})
+    ctx = RecordingContext("checkup", {"steps": 0})
     inst = FlopCount()
     inst.install(ctx)
     inst.on_step_end(ctx, 1)  # enters for step 2
@@ -218,7 +197,7 @@ def test_a_mode_of_the_script_above_the_counter_is_never_popped():
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             return func(*args, **(kwargs or {}))
 
-    ctx = FakeCtx({"steps": 0})
+    ctx = RecordingContext("checkup", {"steps": 0})
     inst = FlopCount()
     inst.install(ctx)
     inst.on_step_end(ctx, 1)

@@ -216,20 +216,11 @@ def test_the_book_prefers_distinct_shapes():
     assert book.wants("F", signature(torch, (a,))) is None
 
 
-class FakeCtx:
-    def __init__(self, **options):
-        self.options = {"timeout": 60, "budget": 20, **options}
-        self.step = 0
-        self.events = []
+def gradcheck_ctx(**options):
+    """The recording context of a ``gradcheck`` run with a 60 s timeout and a 20 s budget."""
+    from torchdoctor.instruments.testing import RecordingContext
 
-    def emit(self, kind, **data):
-        self.events.append({"kind": kind, **data})
-
-    def in_owner_thread(self):
-        return True
-
-    def of(self, kind):
-        return [e for e in self.events if e["kind"] == kind]
+    return RecordingContext("gradcheck", {"timeout": 60, "budget": 20, **options})
 
 
 class Dirty(torch.autograd.Function):
@@ -269,10 +260,10 @@ class Stash(torch.autograd.Function):
 
 
 def test_the_instrument_captures_watches_checks_and_leaves_nothing_behind():
-    from torchdoctor.instruments.autograd_capture import AutogradCapture
+    from torchdoctor.instruments.training.autograd_capture import AutogradCapture
 
     raw = vars(torch.autograd.Function)["apply"]
-    inst, ctx = AutogradCapture(), FakeCtx()
+    inst, ctx = AutogradCapture(), gradcheck_ctx()
     inst.install(ctx)
     try:
         w = torch.randn(4, requires_grad=True)
@@ -313,9 +304,9 @@ class Chatty(torch.autograd.Function):
 
 
 def test_the_checks_replays_do_not_flood_the_scripts_output(capsys):
-    from torchdoctor.instruments.autograd_capture import AutogradCapture
+    from torchdoctor.instruments.training.autograd_capture import AutogradCapture
 
-    inst, ctx = AutogradCapture(), FakeCtx(samples=1)
+    inst, ctx = AutogradCapture(), gradcheck_ctx(samples=1)
     inst.install(ctx)
     try:
         Chatty.apply(torch.randn(3, requires_grad=True)).sum().backward()
@@ -328,9 +319,9 @@ def test_the_checks_replays_do_not_flood_the_scripts_output(capsys):
 
 @pytest.mark.gpu
 def test_a_cuda_call_is_copied_to_the_host_and_checked_on_its_device():
-    from torchdoctor.instruments.autograd_capture import AutogradCapture
+    from torchdoctor.instruments.training.autograd_capture import AutogradCapture
 
-    inst, ctx = AutogradCapture(), FakeCtx(samples=1)
+    inst, ctx = AutogradCapture(), gradcheck_ctx(samples=1)
     inst.install(ctx)
     try:
         x = torch.randn(64, 8, device="cuda", requires_grad=True)  # both inputs checked
@@ -346,7 +337,7 @@ def test_a_cuda_call_is_copied_to_the_host_and_checked_on_its_device():
 
 
 def test_training_is_bit_identical_under_the_capture():
-    from torchdoctor.instruments.autograd_capture import AutogradCapture
+    from torchdoctor.instruments.training.autograd_capture import AutogradCapture
 
     def train():
         torch.manual_seed(3)
@@ -361,7 +352,7 @@ def test_training_is_bit_identical_under_the_capture():
         return w.detach().clone()
 
     plain = train(), torch.randn(3)
-    inst, ctx = AutogradCapture(), FakeCtx(samples=1)
+    inst, ctx = AutogradCapture(), gradcheck_ctx(samples=1)
     inst.install(ctx)
     try:
         w = train()
@@ -373,9 +364,9 @@ def test_training_is_bit_identical_under_the_capture():
 
 
 def test_meta_tensors_are_not_sampled_and_do_not_break_the_capture():
-    from torchdoctor.instruments.autograd_capture import AutogradCapture
+    from torchdoctor.instruments.training.autograd_capture import AutogradCapture
 
-    inst, ctx = AutogradCapture(), FakeCtx(samples=1)
+    inst, ctx = AutogradCapture(), gradcheck_ctx(samples=1)
     inst.install(ctx)
     try:
         Relu.apply(torch.randn(4, device="meta", requires_grad=True))
@@ -388,9 +379,9 @@ def test_meta_tensors_are_not_sampled_and_do_not_break_the_capture():
 
 
 def test_inference_mode_and_inference_tensors_are_left_alone():
-    from torchdoctor.instruments.autograd_capture import AutogradCapture
+    from torchdoctor.instruments.training.autograd_capture import AutogradCapture
 
-    inst, ctx = AutogradCapture(), FakeCtx(samples=1)
+    inst, ctx = AutogradCapture(), gradcheck_ctx(samples=1)
     inst.install(ctx)
     try:
         with torch.inference_mode():

@@ -72,7 +72,7 @@ def test_dispatch_tracker_skips_sparse_ops_outputs_and_inputs():
 
 
 def test_fingerprints_skip_what_they_cannot_read_and_chunk_large_tensors(monkeypatch):
-    from torchdoctor.instruments import fingerprint_reduce as fr
+    from torchdoctor.instruments.repro import fingerprint_reduce as fr
 
     for t in _kinds().values():
         assert fr.reduce3(torch, t) is None
@@ -96,36 +96,21 @@ def test_memory_accounting_and_tensor_scan_skip_sparse():
 def test_the_op_trace_runs_a_sparse_op_and_counts_what_it_did_not_read(engine):
     """repro's localising run traces every op: the sparse adjacency of ``torch.spmm`` reached the
     fingerprint (``reshape`` of a sparse tensor raises) inside the user's op."""
-    from torchdoctor.instruments.fingerprint_ops import FingerprintOps
+    from torchdoctor.instruments.repro.fingerprint_ops import FingerprintOps
+    from torchdoctor.instruments.testing import RecordingContext
     from torchdoctor.torch_internals import debug_mode_class
 
     if engine == "debug_mode" and debug_mode_class() is None:
         pytest.skip("no DebugMode with tensor hashes in this torch")
 
-    class Ctx:
-        options = {"repro_ops": {"step": 1, "engine": engine}}
-        phase, models_seen = "other", 0
-        events: list = []
-
-        def models(self):
-            return []
-
-        def in_owner_thread(self):
-            return True
-
-        def emit(self, kind, **data):
-            self.events.append(data)
-
-        def request_stop(self, why):
-            pass
-
-    ctx, inst = Ctx(), FingerprintOps()
+    ctx = RecordingContext("repro", {"repro_ops": {"step": 1, "engine": engine}})
+    inst = FingerprintOps()
     inst.install(ctx)
     try:
         w = torch.randn(3, 2, requires_grad=True)
         torch.spmm(_kinds()["sparse_coo"], torch.randn(3, 3) @ w).sum().backward()
     finally:
         inst.uninstall(ctx)
-    ev = ctx.events[-1]
+    ev = ctx.last("op_trace")
     assert ev["ops"] and ev["skipped_layouts"].get("sparse_coo", 0) >= 1
     assert w.grad is not None

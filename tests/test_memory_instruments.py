@@ -1,5 +1,6 @@
 """Memory measurement in-process (CPU): counters, saved-tensor hooks, site tracking, the
-instruments driven by a tiny training loop with a fake harness context."""
+instruments driven by a tiny training loop with the recording context
+(``torchdoctor.instruments.testing``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
+from torchdoctor.instruments.testing import RecordingContext  # noqa: E402
 from torchdoctor.memory import session  # noqa: E402
 from torchdoctor.memory.breakdown import live_breakdown  # noqa: E402
 from torchdoctor.memory.host import HeapCounter, rss_bytes  # noqa: E402
@@ -22,46 +24,12 @@ MiB = 1 << 20
 HERE = Path(__file__).name
 
 
-class FakeCtx:
-    def __init__(self, probe="memory", options=None, out_dir=None):
-        self.events: list[dict] = []
-        self.step = 0
-        self.phase = "other"
-        self.probe = probe
-        self.options = dict(options or {})
-        self.run_dir = Path(".")
-        self.out_dir = out_dir
-        self._models: list = []
-        self.optimizers: list = []
-
-    def emit(self, kind, **data):
-        self.events.append({"kind": kind, **data})
-
-    def in_owner_process(self):
-        return True
-
-    def in_owner_thread(self):
-        return True
-
-    def other_trainers_alive(self):
-        return 0
-
-    @property
-    def models_seen(self):
-        return len(self._models)
-
-    def models(self):
-        return list(self._models)
-
-    def of(self, kind):
-        return [e for e in self.events if e["kind"] == kind]
-
-
 def _loop(instruments, ctx, steps, keep=None, model=None, opt=None, out_features=1024):
     torch.manual_seed(0)
     model = model or nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, out_features))
     opt = opt or torch.optim.SGD(model.parameters(), lr=1e-3)
-    ctx._models, ctx.optimizers = [model], [opt]
+    ctx.saw_model(model)
+    ctx.saw_optimizer(opt)
     for i in instruments:
         i.install(ctx)
     try:
@@ -263,10 +231,10 @@ def test_live_breakdown_counts_each_part_once():
 # ---- instruments ------------------------------------------------------------------------------
 
 def test_sampler_samples_every_step_and_names_the_leak_in_its_window():
-    from torchdoctor.instruments.memory_detail import MemoryDetail
-    from torchdoctor.instruments.memory_sampler import MemorySampler
+    from torchdoctor.instruments.memory.memory_detail import MemoryDetail
+    from torchdoctor.instruments.memory.memory_sampler import MemorySampler
 
-    ctx = FakeCtx(options={"steps": 16})
+    ctx = RecordingContext("memory", {"steps": 16})
     keep: list = []
     _loop([MemoryDetail(), MemorySampler()], ctx, steps=16, keep=keep)
     mems = ctx.of("mem")
@@ -285,9 +253,9 @@ def test_sampler_samples_every_step_and_names_the_leak_in_its_window():
 
 
 def test_sampler_stays_quiet_on_a_healthy_loop():
-    from torchdoctor.instruments.memory_sampler import MemorySampler
+    from torchdoctor.instruments.memory.memory_sampler import MemorySampler
 
-    ctx = FakeCtx(probe="checkup")
+    ctx = RecordingContext("checkup")
     _loop([MemorySampler()], ctx, steps=14)
     assert not ctx.of("mem_sites")
     h = [m["heap"] for m in ctx.of("mem")][3:]
@@ -295,9 +263,9 @@ def test_sampler_stays_quiet_on_a_healthy_loop():
 
 
 def test_sampler_reads_rss_every_few_steps_while_the_heap_counter_works():
-    from torchdoctor.instruments.memory_sampler import RSS_EVERY, MemorySampler
+    from torchdoctor.instruments.memory.memory_sampler import RSS_EVERY, MemorySampler
 
-    ctx = FakeCtx(probe="checkup")
+    ctx = RecordingContext("checkup")
     _loop([MemorySampler()], ctx, steps=2 * RSS_EVERY + 1)
     mems = ctx.of("mem")
     assert all(m["heap"] is not None for m in mems)
@@ -308,11 +276,11 @@ def test_sampler_reads_rss_every_few_steps_while_the_heap_counter_works():
 def test_site_window_waits_for_growth_the_rule_could_report():
     """A steady rise of 8 KiB a step is above the per-step suspicion but 5 steps of it are
     below the growth rule's minimum rise: no window until the total passes it."""
-    from torchdoctor.instruments import memory_sampler as ms
+    from torchdoctor.instruments.memory import memory_sampler as ms
     from torchdoctor.memory.growth import GROWTH_MIN_RISE
 
     assert ms.SUSPECT_MIN_TOTAL == GROWTH_MIN_RISE
-    ctx = FakeCtx(probe="checkup")
+    ctx = RecordingContext("checkup")
     sampler = ms.MemorySampler()
     sampler.install(ctx)
     heap = iter(range(10 << 20, 20 << 20, 8 * 1024))
@@ -339,9 +307,9 @@ class _NoWindow:
 
 def _crash_under_sampler(fail):
     """(ctx, exc): the memory sampler after 2 steps, then ``fail()`` raising inside it."""
-    from torchdoctor.instruments.memory_sampler import MemorySampler
+    from torchdoctor.instruments.memory.memory_sampler import MemorySampler
 
-    ctx = FakeCtx()
+    ctx = RecordingContext("memory")
     s = MemorySampler()
     _loop([s], ctx, steps=2)
     s.install(ctx)
@@ -394,9 +362,9 @@ def test_sampler_context_of_another_crash_is_left_out_of_its_finding():
 
 def _grad_eval_on_a_trained_model():
     """(ctx, instrument, model): 3 training steps, then the instrument installed on the root."""
-    from torchdoctor.instruments.memory_grad_eval import GradInEval
+    from torchdoctor.instruments.memory.memory_grad_eval import GradInEval
 
-    ctx = FakeCtx()
+    ctx = RecordingContext("memory")
     g = GradInEval()
     model, _ = _loop([g], ctx, steps=3, out_features=4)
     g.install(ctx)
@@ -452,7 +420,7 @@ def test_weakref_holder_keeps_nothing_alive():
 
 def test_cuda_oom_path_with_a_faked_allocator(monkeypatch, tmp_path):
     """The observer -> crash_context path, with the CUDA wrappers faked (runs on the CPU)."""
-    from torchdoctor.instruments.memory_sampler import MemorySampler
+    from torchdoctor.instruments.memory.memory_sampler import MemorySampler
     from torchdoctor.memory import cuda
 
     GiB = 1 << 30
@@ -467,7 +435,7 @@ def test_cuda_oom_path_with_a_faked_allocator(monkeypatch, tmp_path):
     monkeypatch.setattr(cuda, "stats", lambda d: dict(stats))
     monkeypatch.setattr(cuda, "snapshot", lambda: snap)
     monkeypatch.setattr(cuda, "on_init", lambda fn: False)
-    ctx = FakeCtx(out_dir=tmp_path)
+    ctx = RecordingContext("memory", out_dir=tmp_path)
     s = MemorySampler()
     s.install(ctx)
     s.sess.history = True
@@ -496,7 +464,7 @@ def test_cuda_oom_path_with_a_faked_allocator(monkeypatch, tmp_path):
 
 def test_cuda_site_window_with_a_faked_allocator(monkeypatch):
     """Window on the CUDA series: allocator snapshots at each boundary name the growing line."""
-    from torchdoctor.instruments.memory_sampler import MemorySampler
+    from torchdoctor.instruments.memory.memory_sampler import MemorySampler
     from torchdoctor.memory import cuda
 
     state = {"n": 0}
@@ -528,7 +496,7 @@ def test_cuda_site_window_with_a_faked_allocator(monkeypatch):
             state["n"] = step  # one more 1 MiB block per step
             super().on_step_end(ctx, step)
 
-    ctx = FakeCtx(probe="checkup")
+    ctx = RecordingContext("checkup")
     _loop([Counting()], ctx, steps=16, out_features=8)
     [w] = ctx.of("mem_sites")
     assert w["reason"] == "cuda"
@@ -543,9 +511,9 @@ def test_cuda_site_window_with_a_faked_allocator(monkeypatch):
 def test_site_window_arms_on_a_slow_leak_a_large_host_would_rate_info():
     """Issue 27 item 9: `epoch_loss += loss` on a slow step and a large host was info with no line,
     because the window only armed for growth the impact rated warning. It arms on the rise alone."""
-    from torchdoctor.instruments import memory_sampler as ms
+    from torchdoctor.instruments.memory import memory_sampler as ms
 
-    ctx = FakeCtx(probe="memory")
+    ctx = RecordingContext("memory")
     sampler = ms.MemorySampler()
     sampler.install(ctx)
     sampler.host = {"available": 1 << 50}  # 1 PiB free: 8 KiB/step is ~forever from full

@@ -1,5 +1,5 @@
 """The allocation-site window's cost is bounded (issue 13, item 19) and it opens only for
-growth that would matter (torchdoctor/memory/window.py, instruments/memory_sampler.py)."""
+growth that would matter (torchdoctor/memory/window.py, instruments/memory/memory_sampler.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import tracemalloc
 import pytest
 import torch
 
-from test_memory_instruments import FakeCtx, _NoWindow  # noqa: F401 - fixtures of that module
-from torchdoctor.instruments import memory_sampler as ms
+from test_memory_instruments import _NoWindow  # noqa: F401 - a fixture of that module
+from torchdoctor.instruments.memory import memory_sampler as ms
+from torchdoctor.instruments.testing import RecordingContext
 from torchdoctor.memory import session, window
 from torchdoctor.memory.window import SiteWindow
 
@@ -77,7 +78,7 @@ def test_budget_is_a_few_median_steps_with_a_floor():
 
 def _sampler_opens(step_s: float, available: int, per_step: int = 8 * KiB) -> list[int]:
     """Drive the sampler with a fake heap rising ``per_step`` a step and a fixed step time."""
-    ctx = FakeCtx(probe="checkup")
+    ctx = RecordingContext("checkup")
     sampler = ms.MemorySampler()
     sampler.install(ctx)
     sampler.host = {"total": 2 * available, "available": available}

@@ -295,7 +295,7 @@ def test_passthrough_modules_alias_their_checked_input_and_the_source_is_still_n
 def test_a_failing_hook_reports_and_never_reaches_the_script(monkeypatch):
     """An exception inside a global hook the monitor registered itself: the script runs to its
     end, the failure is one internal-error finding, and the monitor's hooks are gone."""
-    from torchdoctor.instruments.nan_monitor import NanMonitor
+    from torchdoctor.instruments.nan.nan_monitor import NanMonitor
 
     def boom(*a, **k):
         raise ValueError("planted failure")

@@ -20,7 +20,7 @@ import pytest
 
 from test_nan_fixtures import SCRIPTS, run_inprocess
 
-from torchdoctor.instruments._nan_rows import RowReader
+from torchdoctor.instruments.nan._nan_rows import RowReader
 from torchdoctor.numerics import hostread
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Report
-from torchdoctor.instruments._profile_analysis import Sources, Window, analyze, syncs
+from torchdoctor.instruments.profile._profile_analysis import Sources, Window, analyze, syncs
 from torchdoctor.judge import judge
 
 HERE = Path(__file__).resolve().parent
@@ -84,7 +84,7 @@ def test_the_scripts_own_profiler_steps_are_not_ours():
     for n in (6, 7):
         f.op(mod, f"ProfilerStep#{n}", 1000 * n + 10, 1000 * n + 500, user=True)  # the script's, shorter
         hook = f.py(mod, "torch/profiler/profiler.py(1150): step", 1000 * n, 1000 * n + 5,
-                    "torchdoctor/instruments/profiler_window.py", 180)
+                    "torchdoctor/instruments/profile/profiler_window.py", 180)
         f.op(hook, f"ProfilerStep#{n}", 1000 * n, 1000 * n + 1000, user=True)
     w = Window(f.flat())
     assert [(n, e - s) for n, s, e in w.steps] == [(6, 1000 * US), (7, 1000 * US)]
@@ -221,7 +221,7 @@ def test_host_split_and_python_hotspots():
 # --------------------------------------------------------------------------- real H100 flats
 
 def _h100(name: str):
-    from torchdoctor.instruments.profiler_window import make_sources
+    from torchdoctor.instruments.profile.profiler_window import make_sources
 
     flat = json.load(gzip.open(FLATS / f"h100_{name}.flat.json.gz", "rt"))
     events = json.loads((FLATS / f"h100_{name}.events.json").read_text())
@@ -275,7 +275,7 @@ def _with_teardown(open_range: bool, steps: bool = True):
     launches 14 tiny kernels on an otherwise idle GPU (the 4xH200 fsdp_tp_2d.py run). Without
     ``steps`` the three step ranges are not the window's: the run ended right after the window
     began (fsdp_tp_2d.py: 6 steps, recording from step 6's end), the open range is all there is."""
-    from torchdoctor.instruments.profiler_window import make_sources
+    from torchdoctor.instruments.profile.profiler_window import make_sources
 
     flat = json.load(gzip.open(FLATS / "h100_gpu_healthy.flat.json.gz", "rt"))
     events = json.loads((FLATS / "h100_gpu_healthy.events.json").read_text())

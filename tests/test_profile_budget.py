@@ -16,10 +16,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from torchdoctor.instruments import profiler_window as pw  # noqa: E402
-from torchdoctor.instruments.profiler_window import ProfilerWindow, plan_budget  # noqa: E402
+from torchdoctor.instruments.profile import profiler_window as pw  # noqa: E402
+from torchdoctor.instruments.profile.profiler_window import ProfilerWindow, plan_budget  # noqa: E402
 
-from test_profile_instrument import FakeCtx, run_window  # noqa: E402
+from test_profile_instrument import profile_ctx, run_window  # noqa: E402
 
 SCRIPTS = Path(__file__).resolve().parent / "fixtures" / "scripts" / "profile"
 
@@ -54,7 +54,7 @@ def _heavy_batch(step):
 
 def test_a_python_heavy_step_gets_a_shorter_window(tmp_path, monkeypatch):
     monkeypatch.setattr(pw, "PY_EVENT_BUDGET", 12_000)
-    ctx = FakeCtx(tmp_path, {"steps": 0, "profile_skip": 3, "profile_active": 3})
+    ctx = profile_ctx(tmp_path, {"steps": 0, "profile_skip": 3, "profile_active": 3})
     run_window(ctx, 10, _heavy_batch)
     (w,) = ctx.of("profile_window")
     b = w["budget"]
@@ -65,7 +65,7 @@ def test_a_python_heavy_step_gets_a_shorter_window(tmp_path, monkeypatch):
 
 def test_a_very_heavy_step_is_recorded_without_python_stacks(tmp_path, monkeypatch):
     monkeypatch.setattr(pw, "PY_EVENT_BUDGET", 1_000)
-    ctx = FakeCtx(tmp_path, {"steps": 0, "profile_skip": 3, "profile_active": 3, "profile_dump_flat": 1})
+    ctx = profile_ctx(tmp_path, {"steps": 0, "profile_skip": 3, "profile_active": 3, "profile_dump_flat": 1})
     run_window(ctx, 10, _heavy_batch)
     (w,) = ctx.of("profile_window")
     assert w["budget"]["with_stack"] is False and w["active_steps"] == 1
@@ -77,14 +77,14 @@ def test_a_very_heavy_step_is_recorded_without_python_stacks(tmp_path, monkeypat
 
 
 def test_a_light_step_keeps_the_full_window(tmp_path):
-    ctx = FakeCtx(tmp_path, {"steps": 0, "profile_skip": 3, "profile_active": 3})
+    ctx = profile_ctx(tmp_path, {"steps": 0, "profile_skip": 3, "profile_active": 3})
     run_window(ctx, 10)
     (w,) = ctx.of("profile_window")
     assert w["active_steps"] == 3 and w["budget"]["py_calls_per_step"] < 5_000
 
 
 def test_leaf_c_calls_are_not_kept(tmp_path):
-    ctx = FakeCtx(tmp_path, {"steps": 0, "profile_skip": 3, "profile_active": 1, "profile_dump_flat": 1})
+    ctx = profile_ctx(tmp_path, {"steps": 0, "profile_skip": 3, "profile_active": 1, "profile_dump_flat": 1})
     run_window(ctx, 8, _heavy_batch)
     import gzip
 
@@ -97,7 +97,7 @@ def test_leaf_c_calls_are_not_kept(tmp_path):
 def test_recorded_steps_far_slower_than_plain_stop_the_window(tmp_path, monkeypatch):
     monkeypatch.setattr(pw, "RECORD_MIN_S", 0.0)
     monkeypatch.setattr(pw, "RECORD_SLOWDOWN_MAX", 0.01)  # any recorded step is "too slow"
-    ctx = FakeCtx(tmp_path, {"steps": 0, "profile_skip": 3, "profile_active": 3})
+    ctx = profile_ctx(tmp_path, {"steps": 0, "profile_skip": 3, "profile_active": 3})
     inst = run_window(ctx, 10)
     (w,) = ctx.of("profile_window")
     assert w["status"] == "ok" and w["active_steps"] == 1 and "stopped after 1" in w["stopped_early"]

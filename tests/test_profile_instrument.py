@@ -1,4 +1,4 @@
-"""The profiler-window instrument driven by a tiny in-process CPU loop with a fake harness ctx."""
+"""The profiler-window instrument driven by a tiny in-process CPU loop with the recording context."""
 
 from __future__ import annotations
 
@@ -12,34 +12,15 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from torchdoctor.pipeline.registry import instruments_for  # noqa: E402
-from torchdoctor.instruments._profiler_compat import quiet_kineto  # noqa: E402
-from torchdoctor.instruments.profiler_window import ProfilerWindow, make_sources  # noqa: E402
+from torchdoctor.instruments.profile._profiler_compat import quiet_kineto  # noqa: E402
+from torchdoctor.instruments.profile.profiler_window import ProfilerWindow, make_sources  # noqa: E402
+from torchdoctor.instruments.testing import RecordingContext  # noqa: E402
 
 
-class FakeCtx:
-    def __init__(self, tmp_path: Path, options: dict, out: bool = False):
-        self.options = dict(options)
-        self.run_dir = tmp_path / "run"
-        self.run_dir.mkdir()
-        self.out_dir = tmp_path / "out" if out else None
-        self.probe = "profile"
-        self.events: list[dict] = []
-
-    def emit(self, kind, **data):
-        json.dumps(data)  # evidence must be JSON-able
-        self.events.append({"kind": kind, **data})
-
-    def in_owner_process(self):
-        return True
-
-    def in_owner_thread(self):
-        return True
-
-    def other_trainers_alive(self):
-        return 0
-
-    def of(self, kind):
-        return [e for e in self.events if e["kind"] == kind]
+def profile_ctx(tmp_path: Path, options: dict, out: bool = False) -> RecordingContext:
+    """The harness context of a ``profile`` run in ``tmp_path/run`` (``--out tmp_path/out``)."""
+    return RecordingContext("profile", options, tmp_path / "run",
+                            tmp_path / "out" if out else None)
 
 
 def run_window(ctx, n_steps, batch=None):
@@ -69,7 +50,7 @@ def test_registered_for_the_profile_probe_only():
 
 
 def test_window_is_analysed_into_compact_events_and_the_trace_kept(tmp_path):
-    ctx = FakeCtx(tmp_path, {"steps": 8, "profile_skip": 2, "profile_active": 2}, out=True)
+    ctx = profile_ctx(tmp_path, {"steps": 8, "profile_skip": 2, "profile_active": 2}, out=True)
     run_window(ctx, 8)
     (w,) = ctx.of("profile_window")
     assert w["status"] == "ok" and w["steps"] == [4, 5] and w["first_step"] == 4
@@ -86,14 +67,14 @@ def test_window_is_analysed_into_compact_events_and_the_trace_kept(tmp_path):
 
 
 def test_a_run_shorter_than_the_window_says_so(tmp_path):
-    ctx = FakeCtx(tmp_path, {"steps": 0, "profile_skip": 5})
+    ctx = profile_ctx(tmp_path, {"steps": 0, "profile_skip": 5})
     run_window(ctx, 3)
     (w,) = ctx.of("profile_window")
     assert w["status"] == "not-reached" and w["steps_seen"] == 3 and w["steps_needed"] == 9
 
 
 def test_a_run_that_ends_inside_the_window_is_analysed_as_partial(tmp_path):
-    ctx = FakeCtx(tmp_path, {"steps": 0, "profile_skip": 1, "profile_active": 4})
+    ctx = profile_ctx(tmp_path, {"steps": 0, "profile_skip": 1, "profile_active": 4})
     run_window(ctx, 4)
     (w,) = ctx.of("profile_window")
     assert w["status"] == "partial" and w["active_steps"] >= 1

@@ -6,7 +6,7 @@ import pytest
 
 from torchdoctor.evidence import Evidence
 from torchdoctor.findings import Report
-from torchdoctor.instruments.profiler_window import plan_window
+from torchdoctor.instruments.profile.profiler_window import plan_window
 from torchdoctor.judge import NotApplicable, judge
 from torchdoctor.rules import profile as R
 

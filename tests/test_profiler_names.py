@@ -16,9 +16,9 @@ torch = pytest.importorskip("torch")
 from torch._C._profiler import _EventType  # noqa: E402
 from torch.autograd import DeviceType  # noqa: E402
 
-from torchdoctor.instruments import _profiler_compat as compat  # noqa: E402
-from torchdoctor.instruments._profile_analysis import analyze  # noqa: E402
-from torchdoctor.instruments._profile_plan import make_sources  # noqa: E402
+from torchdoctor.instruments.profile import _profiler_compat as compat  # noqa: E402
+from torchdoctor.instruments.profile._profile_analysis import analyze  # noqa: E402
+from torchdoctor.instruments.profile._profile_plan import make_sources  # noqa: E402
 
 OP_RAW = b"aten::mm_\xff\xfe"  # not UTF-8
 KERNEL_RAW = b"void gemm<float, \xe2\x82>(float*)"  # cut inside a 3-byte character

@@ -281,7 +281,7 @@ def test_fingerprints_leave_the_losses_bitwise_unchanged_and_both_op_engines_agr
 def test_the_draw_counter_pickles_and_copies_as_the_original():
     import copy
 
-    from torchdoctor.instruments.rng_draws import Counted
+    from torchdoctor.instruments.repro.rng_draws import Counted
 
     class Inst:
         live, pid = True, -1

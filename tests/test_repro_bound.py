@@ -17,7 +17,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import torchdoctor.instruments.fingerprint_ops as fops  # noqa: E402
+import torchdoctor.instruments.repro.fingerprint_ops as fops  # noqa: E402
+from torchdoctor.instruments.testing import RecordingContext  # noqa: E402
 from torchdoctor.reprocheck.ops import first_divergent_op, stop_note, trace_summary  # noqa: E402
 from torchdoctor.runner.context import StopRun  # noqa: E402
 from torchdoctor.torch_internals import debug_mode_class  # noqa: E402
@@ -25,22 +26,9 @@ from torchdoctor.torch_internals import debug_mode_class  # noqa: E402
 ENGINES = ["dispatch"] + (["debug_mode"] if debug_mode_class() is not None else [])
 
 
-class Ctx:
-    def __init__(self, engine: str):
-        self.options = {"repro_ops": {"step": 1, "engine": engine}}
-        self.phase, self.models_seen, self.events, self.stop = "other", 0, [], None
-
-    def models(self):
-        return []
-
-    def in_owner_thread(self):
-        return True
-
-    def emit(self, kind, **data):
-        self.events.append({"kind": kind, **data})
-
-    def request_stop(self, why):
-        self.stop = why
+def repro_ctx(engine: str) -> RecordingContext:
+    """The context of ``repro``'s localising run: trace the ops of step 1 with ``engine``."""
+    return RecordingContext("repro", {"repro_ops": {"step": 1, "engine": engine}})
 
 
 def small_ops(n: int) -> torch.Tensor:
@@ -53,7 +41,7 @@ def small_ops(n: int) -> torch.Tensor:
 
 
 def trace(engine: str, n: int):
-    inst, ctx = fops.FingerprintOps(), Ctx(engine)
+    inst, ctx = fops.FingerprintOps(), repro_ctx(engine)
     inst.install(ctx)
     box: dict = {}
 
@@ -75,7 +63,7 @@ def trace(engine: str, n: int):
 def test_only_the_first_ops_are_kept_then_the_run_ends(engine, monkeypatch):
     monkeypatch.setattr(fops, "MAX_OPS", 200)
     box, ctx, ev = trace(engine, 400)
-    assert isinstance(box.get("stopped"), StopRun) and ctx.stop  # the run ended at the bound
+    assert isinstance(box.get("stopped"), StopRun) and ctx.stop_reason  # the run ended at the bound
     assert len(ev["ops"]) == 200 and ev["truncated"] and ev["seen"] == 201
     assert ev["stopped"]["reason"] == "ops" and ev["tail"]
     if box["dm_calls"] is not None:  # DebugMode's own list was cut too

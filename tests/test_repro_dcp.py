@@ -239,7 +239,7 @@ def test_a_stateful_optimizer_given_to_dcp_is_described_as_its_state():
     torch = pytest.importorskip("torch")
     from torchdoctor.checkpoint.roles import recognise
     from torchdoctor.instruments.save_audit import _dcp_view
-    from torchdoctor.instruments.save_audit_mirror import mirror
+    from torchdoctor.instruments.save_audit.save_audit_mirror import mirror
 
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)

@@ -166,36 +166,26 @@ def test_files_saved_at_one_step_into_one_folder_are_one_checkpoint():
 
 
 # ---------------------------------------------------------------- instrument, in this process
-class _Ctx:
-    """The part of the harness context the save audit reads."""
+def _ctx(models=(), optimizers=()):
+    """A checkup run's recording context at step 3, with the step clock's models and optimizers."""
+    from torchdoctor.instruments.testing import RecordingContext
 
-    def __init__(self, models=(), optimizers=()):
-        self.events: list[dict] = []
-        self.options: dict = {}
-        self.step = 3
-        self._models, self.optimizers = list(models), list(optimizers)
-
-    def emit(self, kind, **data):
-        self.events.append({"kind": kind, **data})
-
-    def in_owner_process(self):
-        return True
-
-    def models(self):
-        return self._models
+    ctx = RecordingContext("checkup", models=tuple(models), optimizers=tuple(optimizers))
+    ctx.step = 3
+    return ctx
 
 
 @pytest.fixture
 def audited():
     torch = pytest.importorskip("torch")
-    from torchdoctor.instruments.save_audit import SaveAudit
+    from torchdoctor.instruments.save_audit.save_audit import SaveAudit
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     model(torch.randn(2, 4)).sum().backward()
     opt.step()
-    ctx = _Ctx([model], [opt])
+    ctx = _ctx([model], [opt])
     inst = ctx.inst = SaveAudit()
     inst.install(ctx)
     try:
@@ -251,10 +241,10 @@ def test_the_wrappers_are_gone_after_the_run():
     import torch.serialization as ser
     from torch.optim import lr_scheduler
 
-    from torchdoctor.instruments.save_audit import SaveAudit
+    from torchdoctor.instruments.save_audit.save_audit import SaveAudit
 
     before = (torch.save, ser.save, lr_scheduler.LRScheduler.__init__, torch.amp.GradScaler.__init__)
-    inst, ctx = SaveAudit(), _Ctx()
+    inst, ctx = SaveAudit(), _ctx()
     inst.install(ctx)
     assert torch.save is not before[0] and lr_scheduler.LRScheduler.__init__ is not before[2]
     inst.uninstall(ctx)
@@ -263,7 +253,7 @@ def test_the_wrappers_are_gone_after_the_run():
 
 def test_a_failing_description_is_reported_once_and_the_save_goes_on(audited, tmp_path, monkeypatch):
     torch, model, opt, ctx = audited
-    import torchdoctor.instruments.save_audit_describe as d
+    import torchdoctor.instruments.save_audit.save_audit_describe as d
 
     monkeypatch.setattr(d, "describe", lambda *a: 1 / 0)
     torch.save(model.state_dict(), tmp_path / "x.pt")
@@ -274,7 +264,7 @@ def test_a_failing_description_is_reported_once_and_the_save_goes_on(audited, tm
 
 def test_the_description_is_bounded(audited, tmp_path, monkeypatch):
     torch, model, opt, ctx = audited
-    import torchdoctor.instruments.save_audit_mirror as m
+    import torchdoctor.instruments.save_audit.save_audit_mirror as m
 
     monkeypatch.setattr(m, "MAX_NODES", 50)
     torch.save({"model": model.state_dict(), "junk": [{"x": i} for i in range(200)]}, tmp_path / "w.pt")
@@ -350,7 +340,7 @@ def test_schedulers_and_scalers_built_under_the_audit_copy_pickle_and_inspect_as
         pickle.loads(pickle.dumps(obj.state_dict()))
     copy.deepcopy(scaler)
     pickle.loads(pickle.dumps(scaler))
-    from torchdoctor.instruments.save_audit_live import live_facts
+    from torchdoctor.instruments.save_audit.save_audit_live import live_facts
 
     facts = live_facts(ctx, ctx.inst.live)
     assert [s["cls"] for s in facts["schedulers"]] == ["StepLR", "ReduceLROnPlateau"]
@@ -390,8 +380,8 @@ def test_counted_finds_a_scheduler_outside_torch_and_records_renames(tmp_path):
 
     import torch
 
-    from torchdoctor.instruments.save_audit_counted import Counted
-    from torchdoctor.instruments.save_audit_live import Live
+    from torchdoctor.instruments.save_audit.save_audit_counted import Counted
+    from torchdoctor.instruments.save_audit.save_audit_live import Live
     from torchdoctor.runner.patching import Patches
 
     class Sched:

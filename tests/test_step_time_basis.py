@@ -109,15 +109,15 @@ def test_a_kept_loss_never_holds_the_loss_buffer():
 
 
 def test_the_trial_trace_and_the_nan_monitor_keep_no_loss_buffer():
-    import types
-
     import torch
 
-    from torchdoctor.instruments.trial_trace import TrialTrace
+    from torchdoctor.instruments.testing import RecordingContext
+    from torchdoctor.instruments.trials.trial_trace import TrialTrace
 
     x = torch.randn(256, 256, requires_grad=True)
     loss = torch.nn.functional.mse_loss(x, torch.zeros(256, 256))
-    ctx = types.SimpleNamespace(last_backward_tensor=loss, options={}, emit=lambda *a, **k: None)
+    ctx = RecordingContext()
+    ctx.last_backward_tensor = loss
     tt = TrialTrace()
     tt.install(ctx)
     for step in range(1, 4):

@@ -81,20 +81,16 @@ def test_main_thread_is_stopped_at_its_boundary_while_workers_finish(capsys):
 
 def test_device_facts_do_not_fork(monkeypatch):
     """emit_device ran `uname -p` (platform.processor) at step 1, while other threads trained."""
+    from torchdoctor.instruments.testing import RecordingContext
     from torchdoctor.runner.device import emit_device
 
     def no_fork(*a, **k):
         raise AssertionError("torchdoctor forked inside the script's process")
 
     monkeypatch.setattr(subprocess.Popen, "__init__", no_fork)
-    got = []
-
-    class Ctx:
-        def emit(self, kind, **data):
-            got.append((kind, data))
-
-    emit_device(Ctx())
-    assert got and got[0][0] == "device"
+    ctx = RecordingContext()
+    emit_device(ctx)
+    assert ctx.events and ctx.events[0]["kind"] == "device"
 
 
 def test_teardown_under_a_thread_that_still_trains():

@@ -13,7 +13,7 @@ PKG = Path(__file__).resolve().parent.parent / "torchdoctor"
 # the profiler's privates have their own single place; the checkpoint reader only names torch's
 # rebuild functions as strings of the pickle format (never calls them); errorkb quotes messages;
 # the compile rules quote dynamo's settings in their fix texts (prose for the user, never called)
-ALLOWED = {"rules/compile.py", "torch_internals.py", "instruments/_profiler_compat.py", "checkpoint/allowlist.py",
+ALLOWED = {"rules/compile.py", "torch_internals.py", "instruments/profile/_profiler_compat.py", "checkpoint/allowlist.py",
            "checkpoint/stub_unpickler.py", "checkpoint/pickle_globals.py", "errortext/table.py",
            "envinfo/torchinfo.py"}
 PRIVATE = re.compile(r"torch\._[A-Za-z]|\b_C\b|utils\._python_dispatch|_BaseDataLoaderIter|_local_tensor\b|"

@@ -8,7 +8,7 @@ eval-mode-training, params-not-in-optimizer), 16 (one statistic in the step tabl
 
 from __future__ import annotations
 
-from torchdoctor.instruments._profile_analysis import Sources, analyze
+from torchdoctor.instruments.profile._profile_analysis import Sources, analyze
 
 US = 1000  # ns
 

@@ -13,26 +13,15 @@ torch = pytest.importorskip("torch")
 
 from torch.utils.data import DataLoader, Dataset, IterableDataset  # noqa: E402
 
-from torchdoctor.instruments.treatment import Treatment  # noqa: E402
+from torchdoctor.instruments.testing import RecordingContext  # noqa: E402
+from torchdoctor.instruments.trials.treatment import Treatment  # noqa: E402
 
 HERE = os.path.abspath(__file__)
 
 
-class Ctx:
-    def __init__(self, *names: str, value: str | None = None):
-        self.options = {"treatment": [{"name": n, "value": value} for n in names]}
-        self.events: list[tuple[str, dict]] = []
-        self.step = 0
-        self.phase = "other"
-
-    def emit(self, kind: str, **data) -> None:
-        self.events.append((kind, data))
-
-    def in_owner_thread(self) -> bool:
-        return True
-
-    def last(self, kind: str) -> dict:
-        return [d for k, d in self.events if k == kind][-1]
+def treat_ctx(*names: str, value: str | None = None) -> RecordingContext:
+    """The recording context of a ``treat`` trial applying the treatments ``names``."""
+    return RecordingContext("run", {"treatment": [{"name": n, "value": value} for n in names]})
 
 
 def _line(marker: str) -> str:
@@ -70,7 +59,7 @@ def _applied(ctx: Ctx, name: str) -> dict:
 
 def test_workers_rebuild_map_style_loaders_and_leave_iterable_ones(tmp_path):
     orig = DataLoader.__init__
-    ctx = Ctx("dataloader-workers", value="2")
+    ctx = treat_ctx("dataloader-workers", value="2")
     got = {}
 
     def body(inst):
@@ -92,7 +81,7 @@ def test_set_to_none_only_where_the_script_asked_for_zeros():
     model = torch.nn.Linear(2, 1)
     model(torch.ones(1, 2)).sum().backward()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    ctx = Ctx("set-to-none")
+    ctx = treat_ctx("set-to-none")
     _run(ctx, lambda inst: opt.zero_grad(set_to_none=False))  # marker: zero-grad
     assert model.weight.grad is None
     assert _applied(ctx, "set-to-none")["changes"][0]["where"] == _line("marker: zero-grad")
@@ -104,7 +93,7 @@ def test_set_to_none_only_where_the_script_asked_for_zeros():
 def test_fused_optimizer_on_a_generator_of_parameters_and_restored_after():
     model = torch.nn.Linear(2, 1)
     orig = torch.optim.AdamW.__init__
-    ctx = Ctx("fused-optimizer")
+    ctx = treat_ctx("fused-optimizer")
     got = {}
     _run(ctx, lambda inst: got.setdefault("opt", torch.optim.AdamW(model.parameters(), lr=1e-3)))
     opt = got["opt"]
@@ -120,7 +109,7 @@ def test_channels_last_converts_the_conv_model_and_its_inputs_then_converts_back
     model[0].register_forward_pre_hook(lambda m, a: seen.append(a[0].is_contiguous(memory_format=torch.channels_last)
                                                                 and not a[0].is_contiguous()))
     keys = list(model.state_dict())
-    ctx = Ctx("channels-last")
+    ctx = treat_ctx("channels-last")
 
     def body(inst):
         model(torch.randn(2, 3, 8, 8))
@@ -140,7 +129,7 @@ def test_bf16_autocast_covers_forward_and_loss_but_not_backward_or_the_step():
     during_step = []
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-    ctx = Ctx("bf16-autocast")
+    ctx = treat_ctx("bf16-autocast")
     hooks = []
 
     def body(inst):  # a step pre hook registered after the treatment's (as the script's would be)
@@ -169,7 +158,7 @@ def test_bf16_autocast_covers_forward_and_loss_but_not_backward_or_the_step():
 def test_compile_in_place_keeps_state_dict_keys_and_deepcopy_and_is_undone():
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
     keys = list(model.state_dict())
-    ctx = Ctx("compile", value="eager")
+    ctx = treat_ctx("compile", value="eager")
 
     def body(inst):
         model(torch.randn(2, 4))
@@ -185,7 +174,7 @@ def test_compile_in_place_keeps_state_dict_keys_and_deepcopy_and_is_undone():
 
 def test_flags_are_set_for_the_run_and_restored():
     before = (torch.get_float32_matmul_precision(), torch.backends.cudnn.benchmark)
-    ctx = Ctx("tf32", "cudnn-benchmark")
+    ctx = treat_ctx("tf32", "cudnn-benchmark")
 
     def body(inst):
         assert torch.get_float32_matmul_precision() == "high" and torch.backends.cudnn.benchmark
@@ -196,7 +185,7 @@ def test_flags_are_set_for_the_run_and_restored():
 
 def test_a_treatment_that_cannot_apply_is_reported_and_the_others_still_apply(monkeypatch):
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
-    ctx = Ctx("expandable-segments", "set-to-none")
+    ctx = treat_ctx("expandable-segments", "set-to-none")
     _run(ctx, lambda inst: None)
     err = ctx.last("treatment_error")
     assert err["name"] == "expandable-segments" and "does not hold" in err["error"]
@@ -204,7 +193,7 @@ def test_a_treatment_that_cannot_apply_is_reported_and_the_others_still_apply(mo
 
 
 def test_the_survey_sees_loaders_optimizers_zero_grad_and_models():
-    ctx = Ctx()
+    ctx = treat_ctx()
 
     def body(inst):
         model = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.Flatten())

@@ -10,10 +10,13 @@ from typing import Iterable
 _done: set[str] = set()
 
 
-def import_submodules(package: str, path: Iterable[str]) -> None:
-    """Import every module of ``package`` (whose ``__path__`` is ``path``), once per process."""
+def import_submodules(package: str, path: Iterable[str], recursive: bool = False) -> None:
+    """Import every module of ``package`` (whose ``__path__`` is ``path``), once per process;
+    with ``recursive``, the modules of its sub-packages too (depth first, in name order)."""
     if package in _done:
         return
-    for name in sorted(m.name for m in pkgutil.iter_modules(list(path))):
-        importlib.import_module(f"{package}.{name}")
+    for info in sorted(pkgutil.iter_modules(list(path)), key=lambda m: m.name):
+        mod = importlib.import_module(f"{package}.{info.name}")
+        if recursive and info.ispkg:
+            import_submodules(mod.__name__, mod.__path__, recursive=True)
     _done.add(package)

@@ -3,7 +3,7 @@
 Lazy (importing this module imports no torch) and feature-detected: each accessor returns
 ``None`` (or a neutral value) where the running torch lacks the API, and the caller degrades.
 Checked against torch 2.11 (GPU box) and 2.13 (CPU). Not here: the profiler's privates, whose
-single place is :mod:`torchdoctor.instruments._profiler_compat`; the checkpoint reader's names
+single place is :mod:`torchdoctor.instruments.profile._profiler_compat`; the checkpoint reader's names
 of torch's rebuild functions (``torch._utils._rebuild_*``): they are strings in a pickle, never
 called, and belong to the file format, not to the running torch.
 

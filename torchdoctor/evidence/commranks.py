@@ -1,7 +1,7 @@
 """The collectives table of a ranked run, per rank (pure: the ranks' Evidence in, a dict out).
 
 Each rank's profiler window measured its collectives (``profile_collectives``, from
-``instruments/_profile_comms.py``): per kind (all_gather, reduce_scatter, all_reduce, all_to_all,
+``instruments/profile/_profile_comms.py``): per kind (all_gather, reduce_scatter, all_reduce, all_to_all,
 broadcast), ms per step, the part exposed (nothing else ran) and overlapped, bytes and bus
 bandwidth. Here they become ``metrics.collectives``::
 

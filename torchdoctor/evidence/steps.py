@@ -36,7 +36,7 @@ DEVICE_BOUND_BUSY = 0.9  # GPU busy share from which the phase shares are by dev
 
 
 def counted_steps(ev: Evidence) -> set[int]:
-    """Steps run under the FLOP counter (``instruments/flop_count.py``): slower by its cost."""
+    """Steps run under the FLOP counter (``instruments/perf/flop_count.py``): slower by its cost."""
     return {int(e["counted_step"]) for e in ev.of("flops")
             if e.get("entered") and e.get("counted_step") is not None}
 

@@ -1,6 +1,6 @@
 """Checking custom autograd Functions on the calls a script really made (``torchdoctor gradcheck``).
 
-Measurement side, run in the child process after the bounded run (``instruments/autograd_capture.py``):
+Measurement side, run in the child process after the bounded run (``instruments/training/autograd_capture.py``):
 
 * ``limits.py``: the bounds and tolerances (no torch: the rules read the same constants);
 * ``capture.py``: bounded copies of real calls (detached, on the host), the sample book;

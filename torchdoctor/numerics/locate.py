@@ -1,6 +1,6 @@
 """Where the first non-finite value of a window started (the monitor's localization).
 
-Used by ``instruments/nan_monitor.py`` only when a row read back non-finite (rarely): these
+Used by ``instruments/nan/nan_monitor.py`` only when a row read back non-finite (rarely): these
 functions may synchronise the device. Inputs are the monitor's window (records in execution
 order) and row: per (dtype, device), an (n, k) tensor of each reduced record's statistics with
 the records' seqs (k = 2: [min, max]; k = 1: [max |x|], the fused CUDA reduction), and the

@@ -6,6 +6,6 @@
   counted step and a measured step time.
 
 Nothing here imports torch: the counting itself runs in the child
-(``torchdoctor/instruments/flop_count.py``), the metrics in the parent
+(``torchdoctor/instruments/perf/flop_count.py``), the metrics in the parent
 (``torchdoctor/pipeline/flops_metrics.py``).
 """

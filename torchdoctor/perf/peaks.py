@@ -5,7 +5,7 @@ rows "with sparsity" and notes that dense is one half: those rows are halved her
 The source of each line is in docs/yardstick.md ("Peak table"); a test checks that the page lists
 every entry with its numbers.
 
-Dtype classes (what the FLOP counter reports, ``instruments/flop_count.py``):
+Dtype classes (what the FLOP counter reports, ``instruments/perf/flop_count.py``):
 
 - ``fp32``: float32 math on the CUDA cores (matmuls with TF32 off, the default for matmuls);
 - ``tf32``: float32 matmuls/convolutions that run on tensor cores because TF32 is allowed

@@ -2,7 +2,7 @@
 peak for the dtype in use, model FLOPs utilisation (MFU).
 
 Pure: Evidence in, a dict out (None when the run did not arm the FLOP counter). The numerator is
-one counted step (``instruments/flop_count.py``); the denominator the median wall time of the
+one counted step (``instruments/perf/flop_count.py``); the denominator the median wall time of the
 plain steps: the judged steps (warm-up left out) without the counted step and, in a ``profile``
 run, without the steps the profiler window touched. Keys (docs/json.md):
 

@@ -1,11 +1,11 @@
 """Follow-up runs of the numerics family.
 
 * ``inplace-modified``: run again up to the failing step with anomaly mode switched on right
-  before it (``anomaly_from_step``, read by ``instruments/training_anomaly.py``); the
+  before it (``anomaly_from_step``, read by ``instruments/crash/training_anomaly.py``); the
   "Traceback of forward call" names the forward op and the user's line.
 * ``nonfinite-forward`` / ``nonfinite-loss`` (``nan`` probe only): run again to the step the
   first run located and check that one module call (or the loss code) op by op
-  (``nan_capture``, read by ``instruments/nan_capture.py``): the op, its line, exact stats.
+  (``nan_capture``, read by ``instruments/nan/nan_capture.py``): the op, its line, exact stats.
   ``--no-rerun`` (option ``rerun``: false) skips it.
 * ``nonfinite-loss`` in ``checkup`` (whose monitor does not watch module outputs, for cost):
   *replay* the script to that step under the ``nan`` probe's instruments, forward watch on and

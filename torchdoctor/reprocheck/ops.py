@@ -1,6 +1,6 @@
 """Two op traces compared op by op: the first op whose inputs or outputs differ.
 
-Input: the ``op_trace`` events of the localising pair (``instruments/fingerprint_ops.py``), the
+Input: the ``op_trace`` events of the localising pair (``instruments/repro/fingerprint_ops.py``), the
 ops of the divergent step (from start-up when it is step 1) in execution order. The first op
 that differs is classified:
 

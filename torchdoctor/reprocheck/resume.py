@@ -10,7 +10,7 @@ One entry, :func:`resume_check` (called by ``commands/repro.py``), on the trials
    the states it lacks that something live needs (optimizer, scheduler, scaler, RNG);
 3. **one restart per missing state**: the same script again; at that save, right after it was
    written, the child puts that one state back to a fresh process's value and keeps the rest as
-   saved (``instruments/save_audit_reset.py``), and the run goes on to ``AFTER_STEPS`` steps past
+   saved (``instruments/save_audit/save_audit_reset.py``), and the run goes on to ``AFTER_STEPS`` steps past
    the save;
 4. **comparison** (``resume_compare.py``): the runs must agree exactly up to the save (else the
    script is not reproducible and nothing is judged); after it, the first step whose loss

@@ -1,6 +1,6 @@
 """Two RNG traces compared: which global generators produced different values, and where.
 
-Input: the ``rng_trace`` events of the two runs (``instruments/rng_draws.py``). A generator is
+Input: the ``rng_trace`` events of the two runs (``instruments/repro/rng_draws.py``). A generator is
 **implicated** up to step S when, at some step boundary ≤ S, its state digests differ between
 the two runs and it was drawn from by then:
 

@@ -1,6 +1,6 @@
 """Which save the resume check restarts from, and which states that save lacks (pure, no torch).
 
-Input: the ``save`` events of the baseline run (``instruments/save_audit.py``), grouped as the
+Input: the ``save`` events of the baseline run (``instruments/save_audit/save_audit.py``), grouped as the
 save audit groups them (``rules/checkpoint_saves_roles.py`` ``checkpoints``). The checkpoint
 is the first save to a file or stream that the checkpoint family judges a training snapshot
 (``rules/checkpoint_saves_roles.py``: the same decision as ``checkpoint-audit``), with at least

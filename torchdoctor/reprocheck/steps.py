@@ -1,6 +1,6 @@
 """Two runs compared step by step, bitwise: the first divergent step and what diverged first.
 
-Input: each run's ``fingerprint`` events (``instruments/fingerprint.py``) and its per-step losses
+Input: each run's ``fingerprint`` events (``instruments/repro/fingerprint.py``) and its per-step losses
 (``TrialRun.losses()``). Within a step the order is the order of dependence: the data batch,
 the initial parameters (step 1), the root modules' forward outputs, the loss, the gradients,
 the parameters after the update. Values are compared exactly (float64 reductions of the same

@@ -1,6 +1,6 @@
 """The script's own checkpoints, judged at the ``torch.save`` line that wrote them (probes checkup, repro).
 
-Evidence: the ``save`` events of the save audit (``instruments/save_audit.py``): what each save
+Evidence: the ``save`` events of the save audit (``instruments/save_audit/save_audit.py``): what each save
 held (the checkpoint family's roles) and the live models, optimizers, LR schedulers and
 GradScalers at that moment. A checkpoint is what one step saved into one folder (one file, or
 model, optimizer and scheduler in separate files: merged); one judgement per checkpoint's first

@@ -1,6 +1,6 @@
 """A live save as the checkpoint family's evidence, so that its rules decide (no second logic).
 
-The ``save`` event (``instruments/save_audit_describe.py``) carries the roles the family's
+The ``save`` event (``instruments/save_audit/save_audit_describe.py``) carries the roles the family's
 recogniser found in the saved object, in a JSON summary. :func:`checkpoint_evidence` rebuilds
 from it the :class:`~torchdoctor.checkpoint.roles.Roles` those rules read — optimizer param
 groups (``lr``, ``initial_lr``) and whether their state has a ``step``, schedulers, scalers, RNG

@@ -2,7 +2,7 @@
 (probe ``profile`` on a ranked run; judged per rank, merged across ranks like every per-rank rule).
 
 Input: the profiler window's collectives table (``profile_collectives``,
-``instruments/_profile_comms.py``) and the un-profiled step time (``rules/profile.bare_clock``).
+``instruments/profile/_profile_comms.py``) and the un-profiled step time (``rules/profile.bare_clock``).
 Judged on the device basis only (NCCL kernels on the GPU timeline): on gloo (CPU) the collective
 runs on a worker thread that shares the cores with the training thread, so "overlap" there is
 not what prefetching buys on a GPU, and the rule says it is not applicable.

@@ -1,7 +1,7 @@
 """Gradient scale rules: exploding gradient norms and float16 trained without loss scaling.
 
-Pure functions of the evidence written by ``instruments/nan_monitor.py`` (``numerics``,
-``grad_norm_overflow``) and ``instruments/training_modes.py`` (``amp``). The thresholds are the
+Pure functions of the evidence written by ``instruments/nan/nan_monitor.py`` (``numerics``,
+``grad_norm_overflow``) and ``instruments/training/training_modes.py`` (``amp``). The thresholds are the
 constants declared with each code below (why these values: ``docs/findings/<code>.md``).
 """
 

@@ -1,6 +1,6 @@
 """Custom autograd Functions checked on their real calls (``torchdoctor gradcheck``).
 
-Pure functions of the evidence of ``instruments/autograd_capture.py``: ``gradcheck_call`` (one per
+Pure functions of the evidence of ``instruments/training/autograd_capture.py``: ``gradcheck_call`` (one per
 checked call: per input, the element-by-element comparison of analytical and numerical gradients,
 torch.autograd.gradcheck's verdict, gradgradcheck's), ``autograd_dirty``, ``autograd_ctx_tensors``,
 ``autograd_function`` and ``gradcheck_summary``. See docs/gradcheck.md.

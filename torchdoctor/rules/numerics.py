@@ -1,8 +1,8 @@
 """Numerics rules: the first non-finite value (forward, gradient, loss), and the crash codes of the
 family (raised by rules/crash.py). Exploding gradients and float16 without scaling: grad_scale.py.
 
-Pure functions of the evidence written by ``instruments/nan_monitor.py`` (``nonfinite``,
-``numerics``, ``grad_norm_overflow``, ``nan_monitor``) and ``instruments/training_modes.py``
+Pure functions of the evidence written by ``instruments/nan/nan_monitor.py`` (``nonfinite``,
+``numerics``, ``grad_norm_overflow``, ``nan_monitor``) and ``instruments/training/training_modes.py``
 (``amp``). The thresholds are the constants declared with each code below (why these values:
 ``docs/findings/<code>.md``).
 """

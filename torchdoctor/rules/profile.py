@@ -1,6 +1,6 @@
 """Performance rules of the ``profile`` probe: judgment on the profiler window's evidence.
 
-Inputs: the ``profile_*`` events of :mod:`torchdoctor.instruments.profiler_window` and the step
+Inputs: the ``profile_*`` events of :mod:`torchdoctor.instruments.profile.profiler_window` and the step
 clock's ``step`` events. Device figures are judged against the *un-profiled* step time (median
 wall time of the steps the window did not touch), because the profiler's Python tracer slows the
 host during the recorded steps but not the device. The thresholds are the constants declared

@@ -1,4 +1,4 @@
-"""unseeded-run: the seeding watch (``instruments/seeding.py``) saw no seeding call of the global
+"""unseeded-run: the seeding watch (``instruments/repro/seeding.py``) saw no seeding call of the global
 RNGs in a run that made training steps."""
 
 from __future__ import annotations

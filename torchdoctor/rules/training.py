@@ -1,9 +1,9 @@
 """Training-bug rules: gradients not cleared, eval mode, unused / unoptimized / unregistered
 parameters, loss inputs that broadcast.
 
-Pure functions of the evidence written by ``instruments/training_grads.py``
+Pure functions of the evidence written by ``instruments/training/training_grads.py``
 (``zero_grad_stale``, ``zero_grad_summary``, ``params_audit``) and
-``instruments/training_modes.py`` (``eval_mode``, ``eval_mode_summary``, ``loss_shape``).
+``instruments/training/training_modes.py`` (``eval_mode``, ``eval_mode_summary``, ``loss_shape``).
 """
 
 from __future__ import annotations

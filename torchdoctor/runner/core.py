@@ -21,6 +21,7 @@ import traceback
 import weakref
 from typing import Any
 
+from torchdoctor.instruments.base import CALLBACKS
 from torchdoctor.runner.clockthread import ADOPT_AFTER, ThreadFollow  # noqa: F401 - re-exported
 from torchdoctor.runner.context import HarnessContext
 from torchdoctor.runner.cycle import LEARN_MAX, LEARN_REPEATS, OptimizerCycle  # noqa: F401
@@ -28,8 +29,6 @@ from torchdoctor.runner.frames import user_frame  # noqa: F401 - re-exported
 from torchdoctor.runner.loaders import loader_facts
 from torchdoctor.runner.patching import Patches
 from torchdoctor.runner.stepclock import DISCOVERY_STEPS, StepClock  # noqa: F401
-
-CALLBACKS = ("on_step_end", "on_backward_begin", "on_backward_end", "on_batch", "on_crash")
 
 
 class Core(StepClock, OptimizerCycle, ThreadFollow):

@@ -1,6 +1,6 @@
 """Child side of ``treat``: the applier base class, the root-forward watch, the applier lookup.
 
-Runs inside the user's process (imported by ``instruments/treatment.py``). An :class:`Applier`
+Runs inside the user's process (imported by ``instruments/trials/treatment.py``). An :class:`Applier`
 applies one treatment: it patches torch (through :class:`~torchdoctor.runner.patching.Patches`,
 undone on uninstall), flips a flag (restored on uninstall) or treats the user's objects at
 their first use, and notes each change it made with the user's file:line and the code to write
