@@ -238,7 +238,7 @@ def test_when_imported_runs_after_the_module_code_once_and_is_removed(tmp_path, 
 def test_a_stateful_optimizer_given_to_dcp_is_described_as_its_state():
     torch = pytest.importorskip("torch")
     from torchdoctor.checkpoint.roles import recognise
-    from torchdoctor.instruments.save_audit import _dcp_view
+    from torchdoctor.instruments.save_audit.save_audit import _dcp_view
     from torchdoctor.instruments.save_audit.save_audit_mirror import mirror
 
     model = torch.nn.Linear(3, 2)
@@ -269,7 +269,7 @@ def test_a_stateful_optimizer_given_to_dcp_is_described_as_its_state():
 def test_the_folder_of_a_dcp_save_is_its_checkpoint_id_or_its_writers_path(tmp_path):
     from types import SimpleNamespace
 
-    from torchdoctor.instruments.save_audit import _dcp_folder
+    from torchdoctor.instruments.save_audit.save_audit import _dcp_folder
 
     writer = SimpleNamespace(path=tmp_path / "w")
     assert _dcp_folder(({},), {"checkpoint_id": "ck/step3", "storage_writer": writer}) == "ck/step3"
