@@ -95,6 +95,51 @@ def test_a_guarded_run_leaves_every_file_as_it_found_it(tmp_path):
     assert (run / "events.jsonl").read_text() == "{}\n"  # the run dir is left alone
 
 
+RANK_CHILD = r"""
+import os, sys, time
+from pathlib import Path
+from torchdoctor.runner import fileguard
+
+work, top, rank = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+run = top / f"rank{rank}"
+run.mkdir(parents=True, exist_ok=True)
+fileguard.install(run, also_skip=top)
+(work / "ckpt.pt").write_bytes(f"rank {rank} weights".encode())   # both ranks: the later copy holds rank 0's
+(work / f"shard{rank}.distcp").write_bytes(b"shard")                  # each its own new file
+os.makedirs(work / "out", exist_ok=True)                              # a folder both make
+(work / "out" / f"r{rank}.log").write_text("log")
+(top / "rank0" / "collectives.jsonl").open("a").write("{}\n")        # torchdoctor's: not the user's
+fileguard.stop()
+"""
+
+
+def test_a_ranked_re_run_is_put_back_from_the_copy_each_path_had_first(tmp_path):
+    # ranked treat/repro re-runs (session 10): before, a rank's child did not guard its writes at
+    # all, so a trial on N ranks left its checkpoints in the user's folder. Each rank now guards
+    # its own in D/rank{R}; a file two ranks change is put back from the first copy (rank 1's
+    # copy holds rank 0's write), what either created is removed
+    work, top = tmp_path / "work", tmp_path / "run"
+    work.mkdir()
+    (work / "ckpt.pt").write_bytes(b"main run weights")
+    (work / "notes.txt").write_text("untouched")
+    before = _tree(work)
+    for rank in (0, 1):  # rank 1 changes the shared file after rank 0 did
+        p = subprocess.run([sys.executable, "-c", RANK_CHILD, str(work), str(top), str(rank)],
+                           capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                           timeout=60)
+        assert p.returncode == 0, p.stderr
+    assert (work / "ckpt.pt").read_bytes() == b"rank 1 weights"
+    kept1 = [json.loads(x) for x in (top / "rank1" / "guard.jsonl").read_text().splitlines()]
+    assert any(r["path"].endswith("ckpt.pt") and "kept" in r for r in kept1)  # rank 0's weights
+    from torchdoctor.runner.fileguard import restore
+
+    summary = restore(top)
+    assert _tree(work) == before, summary
+    assert summary["not_restored"] == []
+    assert (top / "rank0" / "collectives.jsonl").read_text() == "{}\n{}\n"  # the run's own files stay
+    assert not any((top / f"rank{r}" / "guard").exists() for r in (0, 1))
+
+
 def test_a_file_over_the_bound_is_listed_not_copied(tmp_path, monkeypatch):
     work, run = tmp_path / "work", tmp_path / "run"
     work.mkdir()

@@ -18,6 +18,12 @@ re-run is *guarded*:
   it was before the run (content, mode, times), and what the run created is removed (folders only
   when empty). ``RUN_DIR/guard/`` is then removed, also under ``--out``.
 
+**Ranks** (a re-run launched through torchrun: ranked ``treat`` trials, the ranked resume check):
+each rank guards its own writes in ``D/rank{R}`` (the other ranks' dirs are torchdoctor's), every
+copy stamped with when it was taken; the parent restores from all the ranks' manifests at once,
+each path from the copy taken first (a later rank's copy of a file two ranks write holds the
+first rank's write).
+
 Bounds: at most ``MAX_KEEP_BYTES`` copied per run (a path over it is listed as not restored, and
 said on stderr), ``MAX_PATHS`` paths. Not seen: writes by other processes than the script's
 interpreter and its forked workers (a ``subprocess``), and by native code other than
@@ -31,6 +37,7 @@ import os
 import shutil
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +52,9 @@ _SKIP_PREFIXES = ("/dev/", "/proc/", "/sys/")
 
 
 class _Guard:
-    def __init__(self, run_dir: Path, tmp: str | None):
+    def __init__(self, run_dir: Path, tmp: str | None, also_skip: str | None = None):
         self.run_dir = str(run_dir.resolve())
-        self.skip = tuple(p.rstrip(os.sep) + os.sep for p in (self.run_dir, tmp) if p)
+        self.skip = tuple(p.rstrip(os.sep) + os.sep for p in (self.run_dir, tmp, also_skip) if p)
         (run_dir / GUARD).mkdir(exist_ok=True)
         self.fd = os.open(run_dir / MANIFEST, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self.seen: set[str] = set()
@@ -120,7 +127,8 @@ class _Guard:
             if p in self.seen or len(self.seen) >= MAX_PATHS:
                 return
             self.seen.add(p)
-            rec: dict[str, Any] = {"path": p}
+            # when this rank first saw the path change (ranks of one run: the earliest copy wins)
+            rec: dict[str, Any] = {"path": p, "t": time.time()}
             if os.path.islink(p):
                 rec["link"] = os.readlink(p)
             elif os.path.isfile(p):
@@ -163,13 +171,15 @@ def _at(path: Any, dir_fd: Any) -> Any:
 _GUARD: _Guard | None = None
 
 
-def install(run_dir: str | os.PathLike, patches: Any = None) -> None:
+def install(run_dir: str | os.PathLike, patches: Any = None, also_skip: str | os.PathLike | None = None) -> None:
     """Guard this run (the child, before the script runs). ``patches``: a
-    :class:`~torchdoctor.runner.patching.Patches` to wrap ``torch.save`` with."""
+    :class:`~torchdoctor.runner.patching.Patches` to wrap ``torch.save`` with. ``also_skip``: a
+    folder whose writes are torchdoctor's own (a rank's: the whole ranked run dir)."""
     global _GUARD
     if _GUARD is not None:
         return
-    _GUARD = _Guard(Path(run_dir), os.environ.get("TMPDIR"))
+    _GUARD = _Guard(Path(run_dir), os.environ.get("TMPDIR"),
+                    str(Path(also_skip).resolve()) if also_skip else None)
     sys.addaudithook(_GUARD)  # cannot be removed: stop() makes it inert
     torch = sys.modules.get("torch")
     if torch is not None and patches is not None:
@@ -202,30 +212,43 @@ def restore(run_dir: str | os.PathLike) -> dict[str, Any]:
     gone); returns {restored, removed, not_restored: [{path, why}]}; never raises."""
     d = Path(run_dir)
     out: dict[str, Any] = {"restored": 0, "removed": 0, "not_restored": []}
-    try:
-        lines = (d / MANIFEST).read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return out
-    recs = []
-    for line in lines:
+    # a ranked run: each rank guarded its own writes in D/rank{R}; a path two ranks changed is put
+    # back from the copy taken first (a later rank's copy may hold the first rank's write)
+    dirs = [d] + sorted(p for p in d.glob("rank*") if p.is_dir() and (p / MANIFEST).exists())
+    first: dict[str, tuple[float, int, Path, dict[str, Any]]] = {}
+    n = 0
+    for src in dirs:
         try:
-            recs.append(json.loads(line))
-        except ValueError:
-            continue  # a line cut by a kill: its file was not touched yet
-    for rec in reversed(recs):  # the deepest (created last) first: folders empty before removal
-        p = rec.get("path")
-        if not isinstance(p, str):
+            lines = (src / MANIFEST).read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
             continue
+        for line in lines:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # a line cut by a kill: its file was not touched yet
+            p = rec.get("path") if isinstance(rec, dict) else None
+            if not isinstance(p, str):
+                continue
+            t = rec.get("t")
+            key = (float(t) if isinstance(t, (int, float)) else 0.0, n)
+            n += 1
+            if p not in first or key < first[p][:2]:
+                first[p] = (*key, src, rec)
+    # the deepest (created last) first: folders empty before removal
+    for _t, _n, src, rec in sorted(first.values(), key=lambda v: (v[0], v[1]), reverse=True):
+        p = rec["path"]
         try:
-            _restore_one(d, rec, p, out)
+            _restore_one(src, rec, p, out)
         except OSError as e:
             out["not_restored"].append({"path": p, "why": e.strerror or type(e).__name__})
     if not os.environ.get("TORCHDOCTOR_KEEP_RUN"):
-        shutil.rmtree(d / GUARD, ignore_errors=True)
-        try:
-            (d / MANIFEST).unlink()
-        except OSError:
-            pass
+        for src in dirs:
+            shutil.rmtree(src / GUARD, ignore_errors=True)
+            try:
+                (src / MANIFEST).unlink()
+            except OSError:
+                pass
     return out
 
 

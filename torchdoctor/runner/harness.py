@@ -194,12 +194,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import torch
 
-        if ctx.options.get("guard_files") and not ranked:  # a re-run: the user's files are put back after it
+        if ctx.options.get("guard_files"):  # a re-run: the user's files are put back after it
             from torchdoctor.runner import fileguard
             from torchdoctor.runner.patching import Patches
 
             guard = Patches()
-            fileguard.install(run_dir, guard)
+            # a rank guards its own writes in D/rank{R}; the parent puts back every rank's
+            # (fileguard.restore(D)); the other ranks' dirs are torchdoctor's, not the user's
+            fileguard.install(run_dir, guard, also_skip=run_dir.parent if ranked else None)
 
         ctx.emit("env", python=platform.python_version(), torch=torch.__version__,
                  cuda_build=torch.version.cuda, pid=os.getpid(),
