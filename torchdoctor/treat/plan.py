@@ -158,6 +158,11 @@ def plan(survey: dict[str, Any] | None, codes: Iterable[str], *, on_cuda: bool,
     for t in CATALOGUE:
         if wanted is not None and t.name not in wanted:
             continue
+        if t.scope == "ranked":  # one process: the ranked trials are listed only when asked for
+            if wanted is not None:
+                out.skipped.append((t.name, "a trial of data parallelism: run "
+                                            "`treat --nproc-per-node N` on the DDP/FSDP2 script"))
+            continue
         value = wanted.get(t.name) if wanted else None
         if baseline_failure and not (t.name == "expandable-segments" and baseline_oom):
             out.skipped.append((t.name, f"the baseline did not train: {baseline_failure}"))

@@ -11,6 +11,10 @@ probe's instruments plus :data:`TRIAL_NEEDS` plus the variation's needs. The scr
 not echoed (its tail is kept in the evidence). ``budget_s`` bounds the whole command: a run
 gets at most the time left, and :meth:`Trials.expired` says when no run should start.
 
+With ``options["nproc_per_node"] = N`` each run is one torchrun launch of N ranks (the ranked
+launch of ``distributed/torchrun.py``) and comes back as a
+:class:`~torchdoctor.trials.ranked.RankedTrialRun` (timed on the slowest rank).
+
 Signals: under a command's :func:`torchdoctor.runner.signals.deferred` scope the first Ctrl-C,
 SIGTERM or SIGHUP is recorded (a run in progress is interrupted by the launcher); from then on
 :meth:`Trials.run` raises :class:`~torchdoctor.runner.signals.Stopped` and starts nothing, and
@@ -144,6 +148,8 @@ class Trials:
         check_target(target, self.module)
         self.argv = [target, *script_args]
         self.opts = {k: v for k, v in options.items() if k not in ("module", "quiet")}
+        # N ranks under torchrun per run (treat --nproc-per-node N): trials/ranked.py
+        self.nproc = int(options.get("nproc_per_node") or 0)
         self.opts.setdefault("timeout", DEFAULT_TIMEOUT_S)
         if self.opts.get("out"):
             self.opts["out"] = str(Path(self.opts["out"]).resolve())
@@ -211,6 +217,17 @@ class Trials:
             timeout = max(1.0, min(timeout, left))
         d = self._dir(variation, round)
         needs = armed_needs(under) | TRIAL_NEEDS | variation.needs
+        if self.nproc:  # every rank through torchrun, one rank dir each (trials/ranked.py)
+            from torchdoctor.distributed.torchrun import RankSet, quiet_patterns
+            from torchdoctor.trials.ranked import load_ranked
+
+            res = launch(d, under, self.argv, module=self.module, options=opts, timeout=timeout,
+                         quiet_patterns=QUIET_PATTERNS + quiet_patterns(dict(os.environ)),
+                         show_progress=False, env=variation.env or None, needs=needs, echo=False,
+                         ranks=RankSet(d, self.nproc))
+            run: TrialRun = load_ranked(variation, round, d, self.nproc, res.wall_s)
+            self.runs.append(run)
+            return run
         res = launch(d, under, self.argv, module=self.module, options=opts, timeout=timeout,
                      quiet_patterns=QUIET_PATTERNS, show_progress=False, env=variation.env or None,
                      needs=needs, echo=False)
