@@ -278,3 +278,81 @@ def test_fsdp2_trials_are_planned_and_measured_on_two_gpus(tmp_path):
     assert trials["compile"]["reason"].startswith("not a valid trial")
     assert trials["compile-blocks"]["compile_steps"]
     assert _no_process_left(str(tmp_path)) == []
+
+
+# ---- the child side, in this process on a one-rank gloo group --------------------------------
+@pytest.fixture
+def one_rank(tmp_path):
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_bucket_treatment_builds_ddp_with_larger_buckets_and_notes_the_line(one_rank):
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from torchdoctor.treat.dist import DdpBucketCap
+
+    orig = DDP.__init__
+    a = DdpBucketCap(None)
+    a.install(None)
+    try:
+        m = DDP(torch.nn.Linear(4, 4), bucket_cap_mb=10)  # the script's 10 MiB: 4x is 40
+        line = __import__("inspect").currentframe().f_lineno - 1
+        assert m.bucket_bytes_cap == 40 * 2**20
+        assert a.changes == [{"what": "DistributedDataParallel", "where": f"{__file__}:{line}",
+                              "code": "DistributedDataParallel(..., bucket_cap_mb=40)"}]
+        big = DDP(torch.nn.Linear(4, 4), bucket_cap_mb_list=[1, 2])  # the script's own buckets: left alone
+        assert big is not None and "bucket_cap_mb_list set by the script" in a.notes[0]
+    finally:
+        a.uninstall(None)
+    assert DDP.__init__ is orig and DDP(torch.nn.Linear(4, 4)).bucket_bytes_cap == 25 * 2**20
+
+
+def test_the_fsdp_bf16_treatment_gives_fully_shard_a_bf16_policy_and_the_survey_sees_both(one_rank):
+    import sys
+
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import torch.distributed.fsdp as fsdp
+    from torchdoctor.runner.patching import Patches
+    from torchdoctor.treat.dist import FsdpBf16
+    from torchdoctor.treat.dist_survey import DistSurvey
+
+    orig = fsdp.fully_shard
+    patches = Patches()
+    survey = DistSurvey(patches, lambda: True)
+    survey.install()
+    a = FsdpBf16(None)
+    a.install(None)
+    try:
+        from torch.distributed.fsdp import fully_shard  # as a script imports it: after the install
+
+        assert sys.modules["torch.distributed._composable.fsdp"].fully_shard is fully_shard
+        mesh = init_device_mesh("cpu", (1,))
+        net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+        fully_shard(net[0], mesh=mesh)
+        fully_shard(net, mesh=mesh)
+        assert net(torch.randn(2, 8)).dtype == torch.bfloat16
+        assert [c["what"] for c in a.changes] == ["fully_shard", "fully_shard"]  # two lines of this test
+        DDP(torch.nn.Linear(16, 16))
+        survey.snapshot()
+        rec = survey.record()
+    finally:
+        a.uninstall(None)
+        patches.undo()
+    assert fsdp.fully_shard is orig
+    assert sys.modules["torch.distributed.fsdp._fully_shard"].fully_shard is orig
+    assert [r["module"] for r in rec["fsdp2"]] == ["Linear", "Sequential"]
+    assert rec["fsdp2"][0]["param_dtype"] == "bfloat16" and rec["fsdp2"][0]["dtypes"] == ["float32"]
+    assert rec["ddp"][0]["bucket_cap_mb"] == 25.0 and rec["ddp"][0]["param_bytes"] == (16 * 16 + 16) * 4
+    assert rec["backend"] == "gloo" and rec["world_size"] == 1

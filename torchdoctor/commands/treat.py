@@ -63,7 +63,8 @@ def print_catalogue(as_json: bool) -> None:
         from torchdoctor.report.jsonout import dumps
 
         rows = [{"name": t.name, "changes": t.changes, "applies": t.applies, "device": t.device,
-                 "intent": t.intent, "loss_tolerance": t.tolerance, "value": t.value or None}
+                 "intent": t.intent, "loss_tolerance": t.tolerance, "value": t.value or None,
+                 "scope": t.scope}
                 for t in CATALOGUE]
         sys.stdout.write(dumps({"tool": "torchdoctor", "command": "treat", "catalogue": rows}) + "\n")
         return
@@ -77,7 +78,8 @@ def print_catalogue(as_json: bool) -> None:
         name = t.name + (f"\n={t.value.split(':')[0]}" if t.value else "")
         table.add_row(name, t.changes, t.applies + ("" if t.device == "any" else
                                                     "  [CUDA only]" if t.device == "cuda" else
-                                                    "  [CPU with --try]"))
+                                                    "  [CPU with --try]") + (
+                          "  [--nproc-per-node only]" if t.scope == "ranked" else ""))
     Console(highlight=False).print(table)
 
 

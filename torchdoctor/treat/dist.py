@@ -79,8 +79,11 @@ class DdpBucketCap(Applier):
 
         def make(orig):
             def init(ddp, *a, **k):
-                if inst.active():
-                    bound = sig.bind(ddp, *a, **k)
+                try:
+                    bound = sig.bind(ddp, *a, **k) if inst.active() else None
+                except TypeError:  # the script's own wrong call: torch raises its own error
+                    bound = None
+                if bound is not None:
                     mine = ddp_bucket_mb(bound)
                     want = float(inst.value) if inst.value else mine * BUCKET_FACTOR
                     if bound.arguments.get("bucket_cap_mb_list"):

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Collection
 
 from torchdoctor.evidence import Evidence
-from torchdoctor.trials.session import TrialRun
+from torchdoctor.trials.run import TrialRun
 from torchdoctor.trials.spec import Variation
 
 
