@@ -206,6 +206,7 @@ def test_the_loss_is_checked_rank_by_rank_and_the_worst_rank_decides():
                         1: _rank([5.0] * 4, [2.0, 1.8, 1.6, 1.4], treatment=CHANGED)}) for _ in range(2)]
     e = trial_entry("ddp-bucket-cap", "x", base, treated, tolerance=1e-3, intent="speed")
     assert e["loss_ok"] is True and e["speedup"] == 2.0 and e["verdict"] == "adopt"
+    assert e["slowest_ranks"] == {"baseline": [0, 0], "treated": [0, 0]}  # equal: the lower rank
     assert e["fix"] == "ddp-bucket-cap: at /x/t.py:9: DistributedDataParallel(..., bucket_cap_mb=100)"
 
 
@@ -250,7 +251,9 @@ def test_ddp_bucket_trial_runs_on_two_gloo_ranks_and_gets_a_verdict(tmp_path):
     ev = [json.loads(x) for x in next((tmp_path / "out").glob("trial-*-ddp-bucket-cap-0")).joinpath(
         "rank1", "events.jsonl").read_text().splitlines()]
     applied = [e for e in ev if e["kind"] == "treatment"][-1]["applied"][0]
-    assert applied["changes"][0]["where"].endswith("ranked_ddp_buckets.py:27")
+    line = next(i for i, text in enumerate((TREAT / "ranked_ddp_buckets.py").read_text().splitlines(), 1)
+                if text.startswith("model = DDP("))
+    assert applied["changes"][0]["where"].endswith(f"ranked_ddp_buckets.py:{line}")
     assert applied["changes"][0]["code"] == "DistributedDataParallel(..., bucket_cap_mb=100)"
     assert _no_process_left(str(tmp_path)) == []
 
@@ -262,6 +265,17 @@ def test_a_rank_crashing_under_a_trial_is_that_trials_failure(tmp_path):
     assert t["verdict"] == "failed", t
     assert t["reason"].startswith("rank 1: RuntimeError: planted: rank 1 refuses buckets over 50 MiB"), t
     assert t["rounds"]["treated"] == 0 and r["metrics"]["treat"]["runs"] == 3  # not run again
+    assert _no_process_left(str(tmp_path)) == []
+
+
+def test_a_trial_whose_ranks_hang_is_stopped_at_the_timeout_and_leaves_no_process(tmp_path):
+    p, r = _treat(tmp_path, "--steps", 6, "--timeout", 100, "--budget", 900, "ranked_ddp_buckets.py",
+                  "--hang-on-big-buckets")
+    assert p.returncode == 0, p.stderr[-3000:]
+    t = {t["name"]: t for t in r["metrics"]["trials"]}["ddp-bucket-cap"]
+    assert t["verdict"] == "failed", t
+    assert t["reason"] == "timed out after 100.0 s (all 2 ranks stopped)", t
+    assert t["rounds"] == {"baseline": 2, "treated": 0}
     assert _no_process_left(str(tmp_path)) == []
 
 

@@ -173,6 +173,9 @@ def trial_entry(name: str, setting: str, base: Sequence[Any], treated: Sequence[
     }
     if failure:
         entry["error"] = failure
+    slow = _slowest(ok_base, [r for r in treated if r.failure() is None])
+    if slow:
+        entry["slowest_ranks"] = slow
     comp = [r.evidence.last("treatment") or {} for r in treated]
     cs = [c.get("compile_s") for c in comp if c.get("compile_s") is not None]
     if cs:
@@ -182,6 +185,14 @@ def trial_entry(name: str, setting: str, base: Sequence[Any], treated: Sequence[
     if notes:
         entry["notes"] = notes
     return entry
+
+
+def _slowest(base: Sequence[Any], treated: Sequence[Any]) -> dict[str, list] | None:
+    """Ranked runs: the rank each round was timed on (its slowest), per side; else None."""
+    if not all(hasattr(r, "slowest_rank") for r in [*base, *treated]) or not [*base, *treated]:
+        return None
+    return {side: [r.slowest_rank(exclude=compile_steps(r)) for r in runs]
+            for side, runs in (("baseline", base), ("treated", treated))}
 
 
 def _basis(base: Sequence[Any], treated: Sequence[Any], name: str) -> str | None:
