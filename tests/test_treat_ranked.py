@@ -100,6 +100,15 @@ def test_fsdp2_with_its_own_policy_or_only_a_root_is_not_tried():
     assert dict(ranked_plan(s, [], on_cuda=True, nproc=2).skipped)["fsdp-bf16"] == "this GPU does not support bf16"
 
 
+def test_a_reorder_trial_on_an_fsdp2_model_computing_in_bf16_gets_the_bf16_tolerance():
+    from torchdoctor.treat.catalogue import BF16, BY_NAME, REORDER
+    from torchdoctor.treat.plan import tolerance_for
+
+    assert tolerance_for(BY_NAME["fused-optimizer"], _fsdp2()) == REORDER
+    assert tolerance_for(BY_NAME["fused-optimizer"], _fsdp2(param_dtype="bfloat16")) == BF16
+    assert tolerance_for(BY_NAME["ddp-bucket-cap"], _ddp(32)) == REORDER
+
+
 def test_a_baseline_that_did_not_train_plans_nothing():
     p = ranked_plan(_ddp(32), [], on_cuda=False, nproc=2, baseline_failure="rank 1: RuntimeError: x")
     assert p.trials == [] and all(r == "the baseline did not train: rank 1: RuntimeError: x"

@@ -121,9 +121,12 @@ def fragmented(peaks: dict[str, Any] | None) -> str | None:
 def tolerance_for(t: Treatment, survey: dict[str, Any] | None) -> float:
     """The loss tolerance of ``t`` for this script: a treatment that only reorders float math
     (``REORDER``) in a script that already computes in bf16/fp16 (autocast, or half
-    parameters) changes rounding at *that* precision, so it gets the bf16 tolerance."""
+    parameters, or on ranks a ``fully_shard`` policy computing in bf16/fp16) changes rounding at
+    *that* precision, so it gets the bf16 tolerance."""
     models = (survey or {}).get("models") or []
     low = any(m.get("autocast") or set(m.get("dtypes") or ()) & set(LOW_PRECISION) for m in models)
+    shards = ((survey or {}).get("parallel") or {}).get("fsdp2") or []
+    low = low or any(c.get("param_dtype") in LOW_PRECISION for c in shards)
     return max(t.tolerance, BF16) if low and t.tolerance == REORDER else t.tolerance
 
 
