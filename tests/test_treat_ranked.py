@@ -210,7 +210,7 @@ def test_the_loss_is_checked_rank_by_rank_and_the_worst_rank_decides():
     e = trial_entry("ddp-bucket-cap", "x", base, treated, tolerance=1e-3, intent="speed")
     assert e["verdict"] == "reject" and e["loss_ok"] is False
     assert e["loss_max_rel_diff"] == pytest.approx(0.14 / 1.54, rel=1e-3)
-    assert e["loss_note"].startswith("rank 1 (the worst of 2 ranks)")
+    assert e["loss_note"].startswith("loss checked on each of 2 ranks, worst: rank 1")
     treated = [_ranked({0: _rank([5.0] * 4, ok, treatment=CHANGED),
                         1: _rank([5.0] * 4, [2.0, 1.8, 1.6, 1.4], treatment=CHANGED)}) for _ in range(2)]
     e = trial_entry("ddp-bucket-cap", "x", base, treated, tolerance=1e-3, intent="speed")
@@ -252,7 +252,7 @@ def test_ddp_bucket_trial_runs_on_two_gloo_ranks_and_gets_a_verdict(tmp_path):
     assert t["rounds"] == {"baseline": 2, "treated": 2}
     assert t["setting"] == "DistributedDataParallel(bucket_cap_mb=100)"
     assert t["step_time_basis"].endswith("the slowest of 2 ranks")
-    assert t["loss_ok"] is True and t["loss_note"].endswith("(the worst of 2 ranks)")
+    assert t["loss_ok"] is True and t["loss_note"].startswith("loss checked on each of 2 ranks, worst: rank")
     assert trials["channels-last"]["reason"].startswith("not a valid trial on a data-parallel model")
     assert r["metrics"]["treat"]["ranks"] == 2 and r["metrics"]["treat"]["wrapping"] == ["ddp"]
     assert r["metrics"]["treat"]["runs"] == 4

@@ -103,7 +103,7 @@ def _loss_check(base: Sequence[Any], treated: Sequence[Any], tolerance: float) -
     k, worst = max(checks.items(), key=badness)
     worst = dict(worst)
     if worst["ok"] is not None or len(checks) > 1:
-        worst["note"] = (f"rank {k} (the worst of {len(checks)} ranks)" +
+        worst["note"] = (f"loss checked on each of {len(checks)} ranks, worst: rank {k}" +
                          ("; " + worst["note"] if worst["note"] else ""))
     worst["steps"] = min(c["steps"] for c in checks.values())
     return worst
