@@ -288,6 +288,43 @@ def test_a_trial_whose_ranks_hang_is_stopped_at_the_timeout_and_leaves_no_proces
     assert _no_process_left(str(tmp_path)) == []
 
 
+def test_ctrl_c_during_a_ranked_trial_stops_every_rank_and_prints_what_ran(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent), "CUDA_VISIBLE_DEVICES": ""}
+    p = subprocess.Popen([sys.executable, "-m", "torchdoctor", "treat", "--nproc-per-node", "2", "--json",
+                          "--steps", "6", "--out", str(tmp_path / "out"), "ranked_ddp_buckets.py",
+                          "--hang-on-big-buckets"], cwd=TREAT, env=env, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    err_lines: list[str] = []
+    deadline = time.monotonic() + 400
+    while time.monotonic() < deadline:  # the baseline's progress line: the trial's launch starts now
+        line = p.stderr.readline()
+        if not line:
+            break
+        err_lines.append(line)
+        if "baseline (round 1)" in line:
+            break
+    marker = tmp_path / "out"
+    while time.monotonic() < deadline and not list(marker.glob("trial-*-ddp-bucket-cap-0/rank1/events.jsonl")):
+        time.sleep(0.5)  # rank 1 of the trial started its script
+    time.sleep(8.0)  # ... and reached its hang at step 3 (rank 0 waits in the all-reduce)
+    p.send_signal(signal.SIGINT)
+    out, rest = p.communicate(timeout=180)
+    err = "".join(err_lines) + rest
+    assert p.returncode == 130, err[-2000:]
+    r = json.loads(out)
+    assert r["status"] == "interrupted" and r["metrics"]["treat"]["stopped"] == "interrupted"
+    t = {t["name"]: t for t in r["metrics"]["trials"]}["ddp-bucket-cap"]
+    assert t["verdict"] == "skipped" and t["reason"] == "not run: interrupted (Ctrl-C)", t
+    assert "Traceback" not in out and "[3/" not in err
+    assert _no_process_left(str(tmp_path)) == []
+
+
 # ---- FSDP2 on 2 GPUs ---------------------------------------------------------------------------
 @pytest.mark.multigpu
 def test_fsdp2_trials_are_planned_and_measured_on_two_gpus(tmp_path):
