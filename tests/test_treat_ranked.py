@@ -416,3 +416,33 @@ def test_the_fsdp_bf16_treatment_gives_fully_shard_a_bf16_policy_and_the_survey_
     assert rec["fsdp2"][0]["param_dtype"] == "bfloat16" and rec["fsdp2"][0]["dtypes"] == ["float32"]
     assert rec["ddp"][0]["bucket_cap_mb"] == 25.0 and rec["ddp"][0]["param_bytes"] == (16 * 16 + 16) * 4
     assert rec["backend"] == "gloo" and rec["world_size"] == 1
+
+
+def test_compile_blocks_compiles_each_fsdp2_unit_below_the_root_and_undoes_it(one_rank):
+    from types import SimpleNamespace
+
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from torchdoctor.treat.dist import CompileBlocks
+
+    mesh = init_device_mesh("cpu", (1,))
+    net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+    fully_shard(net[0], mesh=mesh)
+    fully_shard(net[1], mesh=mesh)
+    fully_shard(net, mesh=mesh)
+    ctx = SimpleNamespace(step=0)
+    a = CompileBlocks("eager")
+    a.install(ctx)
+    try:
+        assert a.on_root(ctx, net, ()) is None
+        assert a.on_root(ctx, net, ()) is None  # once per root
+        assert [m._compiled_call_impl is not None for m in net] == [True, True, False]
+        assert net._compiled_call_impl is None  # the root (its all-gather hooks) is left to FSDP2
+        assert a.changes[0]["code"].startswith("block.compile(backend='eager')   # each fully_shard-ed block (2 here)")
+        y = net(torch.randn(4, 8))
+        assert y.shape == (4, 2)
+    finally:
+        a.uninstall(ctx)
+    assert [m._compiled_call_impl for m in net] == [None, None, None]
