@@ -69,6 +69,7 @@ def test_fsdp2_on_cuda_plans_its_own_trials_and_keeps_the_invalid_one_process_on
     trials, skipped = _lines(ranked_plan(_fsdp2(), [], on_cuda=True, nproc=2))
     assert {"fsdp-bf16", "compile-blocks", "fused-optimizer", "tf32"} <= set(trials)
     assert trials["fsdp-bf16"] == "CUDA: FSDP2 all-gathers and computes in float32"
+    assert trials["fused-optimizer"] == "CUDA: the optimizer holds DTensor parameters (FSDP2's shards)"
     for name, word in (("bf16-autocast", "fsdp-bf16"), ("compile", "compile-blocks"),
                        ("channels-last", "before fully_shard")):
         assert skipped[name].startswith("not a valid trial on a data-parallel model:"), name

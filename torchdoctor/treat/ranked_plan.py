@@ -146,6 +146,8 @@ def ranked_plan(survey: dict[str, Any] | None, codes: Iterable[str], *, on_cuda:
             out.skipped.append((t.name, f"no CUDA; `--try {t.name}` runs it on CPU"))
             continue
         why = _chosen_ranked(t, s, codes, on_cuda) if ranked else _chosen(t, codes, on_cuda, peaks)
+        if why and t.name == "fused-optimizer" and any(o.get("dtensor") for o in s.get("optimizers") or []):
+            why += ": the optimizer holds DTensor parameters (FSDP2's shards)"
         if why is None:
             out.skipped.append((t.name, _not_chosen_ranked(t) if ranked else _not_chosen(t)))
             continue
