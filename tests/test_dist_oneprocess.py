@@ -1,8 +1,9 @@
-"""Plain repro and treat on a ranked script (issue 29 items 3 and 4): both run the script in one
-process, so ``--nproc-per-node N`` is refused before any run, with the reasons and what to run
-instead (torchdoctor/distributed/oneprocess.py). Before, the option was taken for the script
-("script not found: --nproc-per-node"). ``repro --resume-check --nproc-per-node N`` runs (the
-resume check on N ranks: tests/test_repro_dcp.py); a bad N is refused there too."""
+"""Plain repro on a ranked script (issue 29 item 3): it runs the script in one process, so
+``--nproc-per-node N`` is refused before any run, with the reasons and what to run instead
+(torchdoctor/distributed/oneprocess.py). Before, the option was taken for the script ("script not
+found: --nproc-per-node"). ``repro --resume-check --nproc-per-node N`` runs (the resume check on N
+ranks: tests/test_repro_dcp.py); a bad N is refused there too. treat was refused here too until it
+ran its trials on N ranks (issue 29 item 4: tests/test_treat_ranked.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from conftest import ROOT, run_cli
 SCRIPT = ROOT / "tests" / "fixtures" / "scripts" / "dist" / "fsdp2_nan.py"
 
 
-@pytest.mark.parametrize("argv", [["repro"], ["treat"]])
+@pytest.mark.parametrize("argv", [["repro"]])
 def test_ranked_one_process_commands_refuse_with_the_reasons(argv, tmp_path):
     p = run_cli(*argv, "--nproc-per-node", 2, "--out", tmp_path / "out", SCRIPT, timeout=60)
     assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
@@ -21,20 +22,17 @@ def test_ranked_one_process_commands_refuse_with_the_reasons(argv, tmp_path):
     assert "script not found" not in err and "Traceback" not in err, err
     assert f"{argv[0]} runs the script in one process: --nproc-per-node 2 is not supported" in err
     assert "hint: Instead:" in err
-    if argv[0] == "repro":
-        assert "step by step" in err and "What runs on N ranks is the resume check" in err
-        assert "repro --resume-check --nproc-per-node N SCRIPT" in err
-    else:
-        assert "profile --nproc-per-node N" in err
-        assert "MixedPrecisionPolicy" in err and "bucket_cap_mb" in err and "compile per FSDP2 block" in err
+    assert "step by step" in err and "What runs on N ranks is the resume check" in err
+    assert "repro --resume-check --nproc-per-node N SCRIPT" in err
     assert p.stdout == ""
     assert not (tmp_path / "out").exists()  # refused before anything was prepared or run
 
 
-def test_treat_help_names_the_refused_option():
+def test_treat_help_offers_ranked_trials_and_repro_help_the_refused_option():
     p = run_cli("treat", "--help", timeout=60)
     assert p.returncode == 0 and "--nproc-per-node" in p.stdout
-    assert "Not supported" in " ".join(p.stdout.split())
+    text = " ".join(p.stdout.split())
+    assert "Not supported" not in text and "timed on the slowest rank" in text
 
 
 def test_repro_resume_check_on_zero_ranks_is_a_clear_error(tmp_path):

@@ -256,7 +256,8 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
         "torchdoctor.checkpoint", "torchdoctor.distributed",
         "torchdoctor.treat.child", "torchdoctor.treat.survey", "torchdoctor.treat.backend",
         "torchdoctor.treat.data", "torchdoctor.treat.model", "torchdoctor.treat.optim",
-        "torchdoctor.treat.precision", "torchdoctor.treat.catalogue")),
+        "torchdoctor.treat.precision", "torchdoctor.treat.catalogue", "torchdoctor.treat.dist",
+        "torchdoctor.treat.dist_survey")),
     ("evidence: what a run measured, and the views derived from it that rules and metrics read", (
         "torchdoctor.evidence", "torchdoctor.attach.views", "torchdoctor.compilecheck.summary",
         "torchdoctor.distributed.stragglers")),

@@ -22,6 +22,7 @@ from torchdoctor.evidence import Evidence
 from torchdoctor.reprocheck.resume_ranked import check, compare_ranks, pick, ranked_finding, union_missing
 from torchdoctor.reprocheck.saved import Missing
 from torchdoctor.trials import TrialRun, Variation
+from torchdoctor.trials.ranked import RankedTrialRun
 
 HERE = Path(__file__).resolve().parent
 WHERE = "/x/train.py:40"
@@ -56,7 +57,8 @@ def _ranked(per: dict, name="resume-baseline", result=None):
     events = [{**e, "rank": r} for r, run in per.items() for e in run.evidence.events]
     merged = Evidence.from_events(events, meta={"world_size": len(per), "started": time.time()},
                                   result=result or {"outcome": "exit", "exit_code": 0})
-    return TrialRun(Variation(name), 0, merged, 1.0, ranks=per)
+    return RankedTrialRun(Variation(name), 0, per[min(per)].evidence, 1.0, per=per,
+                          result=result or {"outcome": "exit", "exit_code": 0}, nproc=len(per), merged=merged)
 
 
 BASE = {0: [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2], 1: [2.0, 1.9, 1.8, 1.7, 1.6, 1.5, 1.4, 1.3, 1.2]}
@@ -129,8 +131,8 @@ def test_a_restart_that_changes_nothing_and_one_that_crashed_on_a_rank():
 
 def test_a_ranked_run_whose_rank_never_started_or_made_no_step_is_a_failure():
     one = _ranked({0: _rank_run(BASE[0], LRS)})
-    one.evidence.meta["world_size"] = 2
-    assert one.failure() == "rank 1 did not start"
+    one.nproc = 2  # launched on 2 ranks: rank 1 left no run dir
+    assert one.failure().startswith("rank 1 did not start")
     quiet = _ranked({0: _rank_run(BASE[0], LRS), 1: _rank_run([], [])})
     assert quiet.failure() == "rank 1: no training step was measured"
     assert _baseline().failure() is None

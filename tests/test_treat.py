@@ -99,7 +99,8 @@ def test_no_loss_on_one_side_is_not_compared():
 def test_the_catalogue_names_the_issue_lists():
     assert [t.name for t in CATALOGUE] == [
         "dataloader-workers", "pin-memory", "tf32", "bf16-autocast", "channels-last",
-        "fused-optimizer", "cudnn-benchmark", "expandable-segments", "compile", "set-to-none"]
+        "fused-optimizer", "cudnn-benchmark", "expandable-segments", "compile", "set-to-none",
+        "ddp-bucket-cap", "fsdp-bf16", "compile-blocks"]
     assert BY_NAME["tf32"].tolerance == TF32 and BY_NAME["bf16-autocast"].tolerance == BF16
     assert TF32 < BF16 and EXACT < TF32
 

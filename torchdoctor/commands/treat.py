@@ -19,7 +19,8 @@ from torchdoctor.commands._common import eprint, guarded_runs
 HELP = ("Measure the cure: run SCRIPT once under the checkup instruments, then try each fix its "
         "findings and the device point at (DataLoader workers, pinned memory, TF32, bf16 autocast, "
         "channels-last, fused optimizer, cuDNN benchmark, expandable segments, compile, "
-        "set_to_none) in-process on the unmodified script, alternating with baseline runs, and "
+        "set_to_none; on N ranks: DDP bucket_cap_mb, FSDP2 bf16 MixedPrecisionPolicy, per-block "
+        "compile) in-process on the unmodified script, alternating with baseline runs, and "
         "say which to adopt, with the file:line and the code to write there.")
 DEFAULT_STEPS = 30
 DEFAULT_ROUNDS = 2
@@ -33,10 +34,13 @@ def _params() -> list:
 
     P = inspect.Parameter
     kw = P.KEYWORD_ONLY
-    from torchdoctor.distributed.oneprocess import nproc_param
-
-    params = one_process_params(DEFAULT_STEPS, DEFAULT_TIMEOUT_S)  # one process: no ranks, no nodes
-    return params + [nproc_param("treat"),
+    params = one_process_params(DEFAULT_STEPS, DEFAULT_TIMEOUT_S)  # one node: no --nnodes & co.
+    return params + [
+        P("nproc_per_node", kw, default=None, annotation=Annotated[Optional[int], typer.Option(
+            "--nproc-per-node", metavar="N", min=1, show_default=False,
+            help="Run every trial on N local ranks through torchrun (DDP/FSDP2 scripts), timed on "
+                 "the slowest rank; the data-parallel trials (DDP bucket_cap_mb, FSDP2 bf16 "
+                 "MixedPrecisionPolicy, per-block compile) join the plan.")]),
         P("try_", kw, default=None, annotation=Annotated[Optional[list[str]], typer.Option(
             "--try", metavar="NAME[=VALUE]", show_default=False,
             help="Try this treatment (repeatable); replaces the automatic choice. "
@@ -60,7 +64,8 @@ def print_catalogue(as_json: bool) -> None:
         from torchdoctor.report.jsonout import dumps
 
         rows = [{"name": t.name, "changes": t.changes, "applies": t.applies, "device": t.device,
-                 "intent": t.intent, "loss_tolerance": t.tolerance, "value": t.value or None}
+                 "intent": t.intent, "loss_tolerance": t.tolerance, "value": t.value or None,
+                 "scope": t.scope}
                 for t in CATALOGUE]
         sys.stdout.write(dumps({"tool": "torchdoctor", "command": "treat", "catalogue": rows}) + "\n")
         return
@@ -74,7 +79,8 @@ def print_catalogue(as_json: bool) -> None:
         name = t.name + (f"\n={t.value.split(':')[0]}" if t.value else "")
         table.add_row(name, t.changes, t.applies + ("" if t.device == "any" else
                                                     "  [CUDA only]" if t.device == "cuda" else
-                                                    "  [CPU with --try]"))
+                                                    "  [CPU with --try]") + (
+                          "  [--nproc-per-node only]" if t.scope == "ranked" else ""))
     Console(highlight=False).print(table)
 
 
@@ -88,9 +94,7 @@ def treat(**kw: Any) -> None:
         print_catalogue(as_json)
         return
     from torchdoctor.commands._script import require_target
-    from torchdoctor.distributed.oneprocess import refuse
 
-    refuse("treat", kw["nproc_per_node"])  # before the script is looked for: no run starts
     target, args = require_target("treat", kw["script"], kw["module"], list(ctx.args))
     module = kw["module"]
     steps, timeout, budget = kw["steps"], kw["timeout"], kw["budget"]
@@ -121,16 +125,20 @@ def treat(**kw: Any) -> None:
     outputs = prepare_outputs(sarif=kw.get("sarif"), junit=kw.get("junit"))
     from torchdoctor.pipeline.options import RunOptions
 
+    nproc = kw["nproc_per_node"]  # set: every run through torchrun (treat/ranked_session.py)
     options = RunOptions(steps=steps, timeout=timeout, out=out, module=bool(module),
-                         steps_default=DEFAULT_STEPS)
+                         steps_default=DEFAULT_STEPS, nproc_per_node=nproc)
     shown = f"{'-m ' if module else ''}{target}{' ' + ' '.join(args) if args else ''}"
     bound = f"up to {steps} steps a run, " if steps else ""
+    bound = f"{nproc} ranks, {bound}" if nproc is not None else bound
     eprint(f"torchdoctor treat: running {shown} ({bound}timeout {timeout:g} s a run"
            f"{f', budget {budget:g} s' if budget else ''})")
+    from torchdoctor.treat.ranked_session import RankedTreatSession
     from torchdoctor.treat.session import TreatSession
 
-    report = TreatSession(target, args, options, budget_s=budget, forced=forced,
-                          rounds=kw["rounds"], progress=eprint).run()
+    session = RankedTreatSession if nproc is not None else TreatSession
+    report = session(target, args, options, budget_s=budget, forced=forced,
+                     rounds=kw["rounds"], progress=eprint).run()
     emit(report, as_json, fail_on, out, html=html, outputs=outputs)
 
 

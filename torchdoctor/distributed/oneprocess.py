@@ -1,9 +1,11 @@
-"""Commands that run the script in one process (``repro``, ``treat``) asked for several ranks.
+"""A command that runs the script in one process (``repro``) asked for several ranks.
 
-They accept ``--nproc-per-node N`` only to refuse it with the reasons (``repro`` runs its resume
-check on N ranks: ``repro --resume-check --nproc-per-node N``; plain ``repro`` refuses) (before, the option was taken
-for the script: "script not found: --nproc-per-node"). What each would need on N ranks, and what
-to run instead, is stated here once (docs/dist.md "One-process commands on ranked scripts").
+Plain ``repro`` accepts ``--nproc-per-node N`` only to refuse it with the reasons (its resume check
+runs on N ranks: ``repro --resume-check --nproc-per-node N``, reprocheck/resume_ranked.py); before,
+the option was taken for the script: "script not found: --nproc-per-node". What it would need on N
+ranks, and what to run instead, is stated here once (docs/dist.md "One-process commands on ranked
+scripts").
+``treat`` was refused here too until it ran its trials on N ranks itself (torchdoctor/treat/ranked_session.py).
 """
 
 from __future__ import annotations
@@ -24,24 +26,12 @@ WHY = {
         "--resume-check --nproc-per-node N` launches the baseline and the restarts through torchrun, "
         "resets the state on every rank at the same save (a DCP save or a torch.save on every rank) and "
         "compares losses and LR rank by rank."),
-    "treat": (
-        "treat times trials of one process. Under data parallelism the trials that matter are others: "
-        "a bf16 MixedPrecisionPolicy for fully_shard (not autocast), a fused optimizer on DTensor "
-        "parameters, torch.compile per FSDP2 block (not the whole sharded model), DDP's bucket_cap_mb; "
-        "and each trial would be a torchrun launch of every rank, timed on the slowest rank with the "
-        "alternating rounds of docs/performance.md. None of that is built, and the one-process trials "
-        "(autocast, whole-model compile, channels-last) are not valid measurements of a sharded "
-        "model, so no trial is run."),
 }
 INSTEAD = {
     "repro": ("Instead: `torchdoctor repro --resume-check --nproc-per-node N SCRIPT` (does the script's own "
               "checkpoint resume exactly, rank by rank); `checkup --nproc-per-node N SCRIPT` runs it on N "
               "ranks; a script that can train as one rank runs under plain repro with RANK=0 WORLD_SIZE=1 "
               "LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=<free port> set."),
-    "treat": ("Instead: `torchdoctor profile --nproc-per-node N SCRIPT` measures the collectives (time, exposed "
-              "share, bus bandwidth) and names the FSDP2/DDP settings that apply; a script that can train as one rank runs under "
-              "treat with RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=<free port> "
-              "set (one rank: no collective is timed)."),
 }
 
 

@@ -197,7 +197,8 @@ def ranked_report(target: str, script_args: list[str], options: Any) -> Any:
             report.skip("resume-check", f"interrupted by {e.signame} before the baseline started")
             return report
         per = {r: run.evidence for r, run in sorted((base.ranks or {}).items())}
-        report = assemble("repro", label, per, judge_ranks("repro", per), base.evidence, n)
+        merged = getattr(base, "merged", None) or base.evidence  # the cross-rank evidence
+        report = assemble("repro", label, per, judge_ranks("repro", per), merged, n)
         report.skip("repro", f"on {n} ranks only the resume check runs: the step-by-step comparison of two "
                              f"runs is built for one process (torchdoctor repro without --nproc-per-node)")
         resumed = None

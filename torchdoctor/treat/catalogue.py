@@ -5,6 +5,11 @@ tolerance and why (docs/treat.md prints the same table). Pure data: no torch.
 "no CUDA"); ``"auto-cuda"`` — chosen by itself only on CUDA, but ``--try`` runs it on CPU too
 (it has a CPU meaning: fused CPU Adam, CPU bf16 autocast, …); ``"any"``.
 
+``scope``: ``"ranked"`` — a trial of ``treat --nproc-per-node N`` only (DDP's buckets, FSDP2's
+mixed precision and per-block compile), never in a one-process plan; ``"both"``: one process and
+ranks alike — except where :data:`RANKED_INVALID` says that, on ranks wrapped in DDP or FSDP2, the
+one-process trial is not a valid measurement of the fix (then it is listed as skipped, with why).
+
 ``intent``: ``"speed"`` (adopted when faster beyond the noise band) or ``"memory"`` (adopted
 when it saves memory as intended, or avoids the baseline's out-of-memory crash).
 
@@ -31,6 +36,8 @@ from dataclasses import dataclass
 
 EXACT = 1e-5
 REORDER = 1e-3
+DDP_DEFAULT_MB = 25.0  # torch's DistributedDataParallel bucket_cap_mb when a script passes none
+BUCKET_FACTOR = 4.0  # ddp-bucket-cap without a value: this many times the script's bucket size
 TF32 = 2e-2
 BF16 = 5e-2
 
@@ -50,6 +57,7 @@ class Treatment:
     # words that mark this treatment's advice inside another finding's fix text (``; ``-joined
     # parts): a trial measured slower or within noise withdraws those parts (treat/confirm.py)
     fix_words: tuple[str, ...] = ()
+    scope: str = "both"  # "both" | "ranked" (see the module docstring)
 
 
 CATALOGUE: tuple[Treatment, ...] = (
@@ -103,10 +111,50 @@ CATALOGUE: tuple[Treatment, ...] = (
     Treatment("set-to-none", "optim",
               "zero_grad(set_to_none=True) where the script calls zero_grad(set_to_none=False)",
               "a zero_grad(set_to_none=False) call", tolerance=EXACT),
+    # ---- under data parallelism (``treat --nproc-per-node N``): docs/treat.md "On N ranks" ----
+    Treatment("ddp-bucket-cap", "dist",
+              "DistributedDataParallel(bucket_cap_mb=MB): larger gradient buckets (default 4x the "
+              "script's, 25 MiB when unset): fewer all-reduces, each nearer bus bandwidth",
+              "DDP whose parameters fill more than one bucket of its bucket_cap_mb",
+              tolerance=REORDER, value="MB: the bucket size in MiB", scope="ranked",
+              fix_words=("bucket_cap_mb",)),
+    Treatment("fsdp-bf16", "dist",
+              "fully_shard(..., mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, "
+              "reduce_dtype=torch.float32)) for every fully_shard call without a param_dtype: "
+              "bf16 all-gathers and compute, float32 gradient reduction",
+              "FSDP2 with float32 parameters and no param_dtype, CUDA with bf16 support",
+              device="auto-cuda", tolerance=BF16, group="precision", scope="ranked",
+              fix_words=("MixedPrecisionPolicy",)),
+    Treatment("compile-blocks", "dist",
+              "block.compile() of every fully_shard unit below the root (each FSDP2 block "
+              "compiled in place, the root's all-gather hooks left to FSDP2); the steps until "
+              "compilation settles are left out of the step time",
+              "CUDA, FSDP2 with blocks sharded apart from the root, not compiled already",
+              device="auto-cuda", scope="ranked",
+              value="MODE: default, reduce-overhead, max-autotune, or a backend (eager, "
+                    "aot_eager, inductor)"),
 )
 
 BY_NAME: dict[str, Treatment] = {t.name: t for t in CATALOGUE}
-FAMILIES = ("data", "precision", "model", "optim", "backend")
+FAMILIES = ("data", "precision", "model", "optim", "backend", "dist")
+
+# why a one-process trial is left out of the ranked plan, by what the ranks were wrapped in
+# ("fsdp2", "ddp"); a wrapping not named here keeps the trial
+RANKED_INVALID: dict[str, dict[str, str]] = {
+    "bf16-autocast": {
+        "fsdp2": "under FSDP2 autocast around the sharded model keeps float32 all-gathers and "
+                 "reduce-scatters; bf16 compute there is fully_shard's MixedPrecisionPolicy "
+                 "(fsdp-bf16)"},
+    "compile": {
+        "fsdp2": "whole-model compile of an FSDP2 model traces across its units' all-gather hooks; "
+                 "FSDP2 compiles per block (compile-blocks)"},
+    "channels-last": {
+        "fsdp2": "converting sharded DTensor parameters at the first forward changes their layout "
+                 "under FSDP2's all-gather buffers: convert before fully_shard",
+        "ddp": "converting the parameters at the first forward comes after DDP built its gradient "
+               "buckets from their old strides (a slower gradient copy, not the fix): convert "
+               "before wrapping in DDP"},
+}
 
 
 def lookup(name: str) -> Treatment | None:
@@ -129,6 +177,13 @@ def parse_try(spec: str) -> tuple[str, str | None]:
         raise ValueError(f"{name} takes no value (got {spec!r})")
     if sep and not value.strip():
         raise ValueError(f"{name}=: a value is missing ({t.value})")
+    if sep and name == "ddp-bucket-cap":
+        try:
+            ok = 0 < float(value) <= 4096
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ValueError(f"ddp-bucket-cap=MB needs a bucket size in MiB (0 < MB <= 4096), not {value!r}")
     if sep and name == "dataloader-workers":
         if not value.strip().isdigit() or int(value) < 1:
             raise ValueError(f"dataloader-workers=N needs a number of workers >= 1, not {value!r}")

@@ -29,8 +29,8 @@ RUN_NEEDS = frozenset({"treatment", "treat_survey", "flops"})
 def compile_steps(run: Any) -> set[int]:
     """Steps left out of a compile trial's step time: those in which torch.compile compiled and
     every step before the first compiled one (eager)."""
-    tr = run.evidence.last("treatment") or {}
-    steps = [int(s) for s in tr.get("compile_steps") or []]
+    steps = [int(s) for _, ev in _evidences(run)  # a ranked run: any rank's compile steps
+             for s in (ev.last("treatment") or {}).get("compile_steps") or []]
     if not steps:
         return set()
     return set(range(1, min(steps))) | set(steps)
@@ -61,19 +61,52 @@ def _rounds_median(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _evidences(run: Any) -> list[tuple[str, Any]]:
+    """(label, Evidence) of a run: one, or each rank's of a ranked run ("rank R: ")."""
+    per = getattr(run, "rank_evidence", None)
+    return [(f"rank {r}: ", ev) for r, ev in per()] if per else [("", run.evidence)]
+
+
 def failure_of(runs: Sequence[Any]) -> str | None:
     for r in runs:
-        errs = r.evidence.of("treatment_error")
-        if errs:
-            e = errs[0]
-            return f"the treatment raised: {e.get('error')}"
-        inst = [e for e in r.evidence.of("instrument_error") if e.get("instrument") == "treatment"]
-        if inst:
-            return f"the treatment failed in {inst[0].get('callback')}"
+        for label, ev in _evidences(r):
+            errs = ev.of("treatment_error")
+            if errs:
+                return f"{label}the treatment raised: {errs[0].get('error')}"
+            inst = [e for e in ev.of("instrument_error") if e.get("instrument") == "treatment"]
+            if inst:
+                return f"{label}the treatment failed in {inst[0].get('callback')}"
         f = r.failure()
         if f:
             return f
     return None
+
+
+def _loss_check(base: Sequence[Any], treated: Sequence[Any], tolerance: float) -> dict[str, Any]:
+    """The numerics guard over one process's losses, or rank by rank on ranked runs (each rank
+    trains on its own shard: compared with the same rank of the baseline); the worst rank's."""
+    ranked = [getattr(r, "rank_losses", None) for r in [*base, *treated]]
+    if not ranked or not all(ranked):
+        return loss_check([r.losses() for r in base], [r.losses() for r in treated], tolerance)
+    b = [r.rank_losses() for r in base]
+    t = [r.rank_losses() for r in treated]
+    ranks = sorted({k for x in [*b, *t] for k in x})
+    checks = {k: loss_check([x.get(k) or [] for x in b], [x.get(k) or [] for x in t], tolerance)
+              for k in ranks}
+    if not checks:
+        return loss_check([], [], tolerance)
+
+    def badness(item):
+        k, c = item
+        return (c["ok"] is False, c["ok"] is not None, c["max_rel_diff"] or 0.0, -k)
+
+    k, worst = max(checks.items(), key=badness)
+    worst = dict(worst)
+    if worst["ok"] is not None or len(checks) > 1:
+        worst["note"] = (f"loss checked on each of {len(checks)} ranks, worst: rank {k}" +
+                         ("; " + worst["note"] if worst["note"] else ""))
+    worst["steps"] = min(c["steps"] for c in checks.values())
+    return worst
 
 
 def _losses_comparable(name: str, survey: dict[str, Any]) -> str | None:
@@ -103,9 +136,8 @@ def trial_entry(name: str, setting: str, base: Sequence[Any], treated: Sequence[
     if memory_key == "peak_reserved":
         kind = "cuda-reserved"
     note = _losses_comparable(name, survey or {})
-    lc = loss_check([r.losses() for r in ok_base],
-                    [r.losses() for r in treated if r.failure() is None],
-                    float("inf") if note else tolerance)
+    lc = _loss_check(ok_base, [r for r in treated if r.failure() is None],
+                     float("inf") if note else tolerance)
     if note:
         lc["note"] = (note + ("; " + lc["note"] if lc["note"] else ""))
         if lc["ok"] is not False:
@@ -141,6 +173,9 @@ def trial_entry(name: str, setting: str, base: Sequence[Any], treated: Sequence[
     }
     if failure:
         entry["error"] = failure
+    slow = _slowest(ok_base, [r for r in treated if r.failure() is None])
+    if slow:
+        entry["slowest_ranks"] = slow
     comp = [r.evidence.last("treatment") or {} for r in treated]
     cs = [c.get("compile_s") for c in comp if c.get("compile_s") is not None]
     if cs:
@@ -150,6 +185,14 @@ def trial_entry(name: str, setting: str, base: Sequence[Any], treated: Sequence[
     if notes:
         entry["notes"] = notes
     return entry
+
+
+def _slowest(base: Sequence[Any], treated: Sequence[Any]) -> dict[str, list] | None:
+    """Ranked runs: the rank each round was timed on (its slowest), per side; else None."""
+    if not all(hasattr(r, "slowest_rank") for r in [*base, *treated]) or not [*base, *treated]:
+        return None
+    return {side: [r.slowest_rank(exclude=compile_steps(r)) for r in runs]
+            for side, runs in (("baseline", base), ("treated", treated))}
 
 
 def _basis(base: Sequence[Any], treated: Sequence[Any], name: str) -> str | None:

@@ -121,9 +121,12 @@ def fragmented(peaks: dict[str, Any] | None) -> str | None:
 def tolerance_for(t: Treatment, survey: dict[str, Any] | None) -> float:
     """The loss tolerance of ``t`` for this script: a treatment that only reorders float math
     (``REORDER``) in a script that already computes in bf16/fp16 (autocast, or half
-    parameters) changes rounding at *that* precision, so it gets the bf16 tolerance."""
+    parameters, or on ranks a ``fully_shard`` policy computing in bf16/fp16) changes rounding at
+    *that* precision, so it gets the bf16 tolerance."""
     models = (survey or {}).get("models") or []
     low = any(m.get("autocast") or set(m.get("dtypes") or ()) & set(LOW_PRECISION) for m in models)
+    shards = ((survey or {}).get("parallel") or {}).get("fsdp2") or []
+    low = low or any(c.get("param_dtype") in LOW_PRECISION for c in shards)
     return max(t.tolerance, BF16) if low and t.tolerance == REORDER else t.tolerance
 
 
@@ -157,6 +160,11 @@ def plan(survey: dict[str, Any] | None, codes: Iterable[str], *, on_cuda: bool,
     wanted = dict(forced) if forced else None
     for t in CATALOGUE:
         if wanted is not None and t.name not in wanted:
+            continue
+        if t.scope == "ranked":  # one process: the ranked trials are listed only when asked for
+            if wanted is not None:
+                out.skipped.append((t.name, "a trial of data parallelism: run "
+                                            "`treat --nproc-per-node N` on the DDP/FSDP2 script"))
             continue
         value = wanted.get(t.name) if wanted else None
         if baseline_failure and not (t.name == "expandable-segments" and baseline_oom):

@@ -40,8 +40,13 @@ def setting_of(p: Planned, survey: dict[str, Any]) -> str:
     if p.name == "dataloader-workers":
         n = int(p.value) if p.value else default_workers(survey.get("cpus"))
         return f"num_workers={n}, persistent_workers=True, prefetch_factor=2"
-    if p.name == "compile":
-        return f"model.compile({'' if not p.value or p.value == 'default' else p.value})"
+    if p.name in ("compile", "compile-blocks"):
+        what = "model" if p.name == "compile" else "each fully_shard block"
+        return f"{what}.compile({'' if not p.value or p.value == 'default' else p.value})"
+    if p.name == "ddp-bucket-cap":
+        from torchdoctor.treat.ranked_plan import bucket_target
+
+        return f"DistributedDataParallel(bucket_cap_mb={bucket_target(survey, p.value):g})"
     return BY_NAME[p.name].changes
 
 
@@ -97,14 +102,14 @@ class TreatSession:
             trials.runs.remove(r)
             raise Stop("interrupted")
         ms = r.median_ms()
-        what = r.failure() or (f"{ms:.4g} ms/step" if ms is not None else "no step")
+        slow = r.slowest_rank() if hasattr(r, "slowest_rank") else None  # a ranked run
+        what = r.failure() or (f"{ms:.4g} ms/step" + (f" (slowest: rank {slow})" if slow is not None else "")
+                               if ms is not None else "no step")
         self.progress(f"torchdoctor treat: {label}: {what} ({time.monotonic() - t:.1f} s)")
         return r
 
     # ---- the whole command ----------------------------------------------------------------------
     def run(self):
-        from torchdoctor.pipeline.judging import judge_run
-
         with Trials("checkup", self.target, self.args, options=self.options,
                     budget_s=self.budget_s) as trials:
             try:
@@ -115,13 +120,9 @@ class TreatSession:
                 return self._empty_report(trials)
             self.est_s = base0.wall_s
 
-            def relaunch(extra: dict[str, Any], probe: str | None = None):
-                v = dataclasses.replace(BASE, name="followup", options={**BASE.options, **extra})
-                return trials.run(v, probe=probe).evidence
-
             shown = " ".join(["-m", self.target] if trials.module else [self.target])
             try:
-                report = judge_run("checkup", base0.evidence, target=shown, relaunch=relaunch)
+                report = self._judge_baseline(trials, base0, shown)
             except KeyboardInterrupt:  # Ctrl-C while judging: the baseline's report without it
                 self.stopped = "interrupted"
                 return self._empty_report(trials)
@@ -136,11 +137,24 @@ class TreatSession:
             oom = "out-of-memory" in codes
             peaks = {"allocated": base0.peak_memory()[0] if on_cuda else None,
                      "reserved": base0.peak_reserved()}
-            p = plan(survey, codes, on_cuda=on_cuda, forced=self.forced,
-                     baseline_failure=base0.failure(), baseline_oom=oom, peaks=peaks)
+            p = self._plan(survey, codes, on_cuda=on_cuda, forced=self.forced,
+                           baseline_failure=base0.failure(), baseline_oom=oom, peaks=peaks)
             entries = self._schedule(trials, base0, p, survey, oom)
         self._finish(report, entries, p, survey)
         return report
+
+    def _judge_baseline(self, trials: Trials, base0, shown: str):
+        """The baseline judged as ``checkup`` judges one run (follow-ups relaunched)."""
+        from torchdoctor.pipeline.judging import judge_run
+
+        def relaunch(extra: dict[str, Any], probe: str | None = None):
+            v = dataclasses.replace(BASE, name="followup", options={**BASE.options, **extra})
+            return trials.run(v, probe=probe).evidence
+
+        return judge_run("checkup", base0.evidence, target=shown, relaunch=relaunch)
+
+    def _plan(self, survey: dict[str, Any], codes: set[str], **kw: Any):
+        return plan(survey, codes, **kw)
 
     def _schedule(self, trials: Trials, base0, p, survey: dict[str, Any], oom: bool) -> list[dict]:
         bases = [base0]

@@ -14,7 +14,10 @@ Recorded in every ``treat`` run (baseline and treated alike, so both carry the s
   parameter dtypes and device, channels-last already, compiled already, the forward's line,
   autocast active at the forward, whether the input shapes changed between steps;
 * ``flags``: float32 matmul precision, TF32 and cuDNN flags after the first step;
-  ``alloc_conf`` (PYTORCH_CUDA_ALLOC_CONF); ``device``: cuda capability and bf16 support.
+  ``alloc_conf`` (PYTORCH_CUDA_ALLOC_CONF); ``device``: cuda capability and bf16 support;
+* ``parallel`` (a rank of ``treat --nproc-per-node N`` only): DDP and ``fully_shard`` calls, the
+  backend (:mod:`torchdoctor.treat.dist_survey`); an optimizer's ``dtensor``: its parameters are
+  DTensors (FSDP2's shards).
 
 Cost: one stack walk per DataLoader/optimizer built, a wrapper on ``zero_grad``, global
 forward hooks and an RNG-state read per batch during the first ``WATCH_STEPS`` steps only.
@@ -49,6 +52,7 @@ class Survey:
         self.rng_looks = 0
         self.watch: Any = None
         self.watch_steps = WATCH_STEPS  # 1 in a compile trial: no hook of ours traced by dynamo
+        self.dist: Any = None  # a DistSurvey on a rank of a torchrun launch
 
     def _mine(self) -> bool:
         return self.live and os.getpid() == self.pid
@@ -91,12 +95,17 @@ class Survey:
                 orig(opt, *a, **k)
                 if s._mine() and id(opt) not in s.opt_index and len(s.optimizers) < MAX_ITEMS:
                     try:
-                        devs = sorted({p.device.type for g in opt.param_groups for p in g["params"]})
+                        ps = [p for g in opt.param_groups for p in g["params"]]
+                        devs = sorted({p.device.type for p in ps})
                         s.opt_index[id(opt)] = len(s.optimizers)
-                        s.optimizers.append({
-                            "cls": type(opt).__name__, "module": type(opt).__module__,
-                            "site": creation_site(opt, 2), "fused": opt.defaults.get("fused"),
-                            "foreach": opt.defaults.get("foreach"), "devices": devs})
+                        row = {"cls": type(opt).__name__, "module": type(opt).__module__,
+                               "site": creation_site(opt, 2), "fused": opt.defaults.get("fused"),
+                               "foreach": opt.defaults.get("foreach"), "devices": devs}
+                        if s.dist is not None:
+                            from torchdoctor.torch_internals import is_dtensor
+
+                            row["dtensor"] = any(is_dtensor(p) for p in ps)
+                        s.optimizers.append(row)
                     except Exception:  # noqa: BLE001
                         pass
             return init
@@ -121,6 +130,11 @@ class Survey:
         P.wrap(torch.optim.Optimizer, "zero_grad", zg)
         P.wrap(torch.nn.Module, "zero_grad", zg)
         self.watch = RootWatch(ctx, self._on_root)
+        from torchdoctor.treat.dist_survey import DistSurvey, ranked
+
+        if ranked():
+            self.dist = DistSurvey(P, self._mine)
+            self.dist.install()
 
     # -- models -----------------------------------------------------------------------------------
     def _on_root(self, module: Any, args: tuple) -> None:
@@ -185,6 +199,8 @@ class Survey:
         torch = self.torch
         if step == 1:
             self.flags = _flags(torch)
+            if self.dist is not None:
+                self.dist.snapshot()
         if step >= self.watch_steps and self.watch is not None:
             self.watch.stop()
             self.watch = None
@@ -216,6 +232,7 @@ class Survey:
                 "models": [{k: v for k, v in m.items() if k != "shapes"} for m in self.models.values()],
                 "flags": self.flags or _flags(torch), "device": dev,
                 "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+                **({"parallel": self.dist.record()} if self.dist is not None else {}),
                 "rng_in_fetch": self.rng_moves >= 2 or (self.rng_looks == 1 and self.rng_moves == 1),
                 "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                 else os.cpu_count()}

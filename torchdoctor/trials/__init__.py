@@ -10,7 +10,8 @@ Every probe that answers "what changes if…" runs the user's unmodified script 
 2. **bounded run** (:mod:`.session`): :class:`Trials` runs the script under the variation with
    the same argv, bounded in steps and by the whole command's budget, output not echoed, one
    run dir each (under ``--out DIR/trials/`` or a temp dir removed at the end);
-3. **evidence** (:class:`TrialRun`): the run's Evidence with what every comparison reads —
+3. **evidence** (:class:`TrialRun`, :mod:`.run`; on N ranks :mod:`.ranked`, timed on the
+   slowest rank): the run's Evidence with what every comparison reads —
    judged step times (warm-up left out, as ``metrics.steps``), the per-step loss and the peak
    memory (instrument ``trial_trace``), and a failure text when the run did not train;
 4. **comparison** (:mod:`.compare`): medians, spread across rounds, speed-up and noise band,

@@ -5,17 +5,15 @@
         tf32 = trials.run(Variation("tf32", "allow_tf32=True", options={"treatment": ...}))
         base.median_ms(), tf32.losses(), tf32.failure()
 
-Each run has the same argv, module flag, steps and timeout as the command (``options``: the
-command's :class:`~torchdoctor.pipeline.options.RunOptions`, as ``run_probe`` takes them), the variation's child options and environment on top, and arms the
+Each run has the same argv, module flag, steps and timeout as the command (``options`` as
+``run_probe`` takes them), the variation's child options and environment on top, and arms the
 probe's instruments plus :data:`TRIAL_NEEDS` plus the variation's needs. The script's output is
 not echoed (its tail is kept in the evidence). ``budget_s`` bounds the whole command: a run
 gets at most the time left, and :meth:`Trials.expired` says when no run should start.
 
-Ranks: with ``options["nproc_per_node"] = N`` every run is a torchrun launch of N ranks (the
-harness on each, one run dir per rank): the :class:`TrialRun` holds the cross-rank evidence
-(``result``: the merged outcome; ``meta.started``) and ``ranks``, one :class:`TrialRun` per rank
-on that rank's evidence, which the comparisons read rank by rank. The launcher's clean-up applies
-(a rank that crashes or hangs: every rank's process group killed, the timeout for all).
+With ``options["nproc_per_node"] = N`` each run is one torchrun launch of N ranks (the ranked
+launch of ``distributed/torchrun.py``) and comes back as a
+:class:`~torchdoctor.trials.ranked.RankedTrialRun` (timed on the slowest rank).
 
 Signals: under a command's :func:`torchdoctor.runner.signals.deferred` scope the first Ctrl-C,
 SIGTERM or SIGHUP is recorded (a run in progress is interrupted by the launcher); from then on
@@ -29,142 +27,16 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Collection, Mapping
+from typing import Any, Mapping
 
 from torchdoctor.evidence import Evidence
 from torchdoctor.pipeline.options import RunOptions
+from torchdoctor.trials.run import TrialRun  # noqa: F401 - the run type, exported here too
 from torchdoctor.trials.spec import Variation
 
 TRIAL_NEEDS = frozenset({"loss_trace", "peak_memory"})
 MIN_RUN_S = 5.0  # a run is not started with less budget left than this
-
-
-@dataclass
-class TrialRun:
-    """One bounded run under one variation, as the comparisons read it."""
-
-    variation: Variation
-    round: int
-    evidence: Evidence
-    wall_s: float
-    ranks: dict[int, "TrialRun"] | None = None  # a ranked run: each rank's own (module doc)
-
-    def step_ms(self, exclude: Collection[int] = ()) -> list[float]:
-        """Time of each judged step (warm-up left out), in ms, by the one step-time basis (on
-        CUDA the longer of host wall and device span: ``evidence/steps.py``); ``exclude``: step
-        numbers left out too (e.g. the steps in which torch.compile compiled)."""
-        from torchdoctor.evidence.steps import judged_steps, step_seconds
-
-        steps = [s for s in judged_steps(self.evidence) if int(s.get("step", 0)) not in exclude]
-        return [t * 1e3 for t in step_seconds(self.evidence, steps)[0]]
-
-    def window(self, exclude: Collection[int] = ()) -> dict[str, Any] | None:
-        """The synchronised window of a CUDA trial run (``trial_window``: a synchronize at its
-        start and end, so steps / window time is exact), when it holds no excluded step."""
-        w = self.evidence.last("trial_window")
-        if not w or not w.get("steps") or not w.get("wall_s"):
-            return None
-        from torchdoctor.evidence.steps import counted_steps
-
-        lo, hi = int(w["from_step"]), int(w["to_step"])
-        if any(lo <= int(s) <= hi for s in [*exclude, *counted_steps(self.evidence)]):
-            return None
-        return w
-
-    def median_ms(self, exclude: Collection[int] = ()) -> float | None:
-        """The run's step time: window wall / steps when a synchronised window was measured
-        (CUDA), else the median of :meth:`step_ms`."""
-        from torchdoctor.trials.compare import median
-
-        w = self.window(exclude)
-        if w is not None:
-            return float(w["wall_s"]) / int(w["steps"]) * 1e3
-        return median(self.step_ms(exclude))
-
-    def time_basis(self, exclude: Collection[int] = ()) -> str:
-        from torchdoctor.evidence.steps import judged_steps, step_seconds
-
-        if self.window(exclude) is not None:
-            return "synchronised window (steps / wall between two cuda synchronize)"
-        return step_seconds(self.evidence, judged_steps(self.evidence)[:1])[1]
-
-    def losses(self) -> list:
-        """Per-step losses in step order (None: no backward that step; "nan"/"inf" strings)."""
-        tr = self.evidence.last("loss_trace")
-        if not tr:
-            return []
-        by_step = dict(zip(tr.get("steps", []), tr.get("losses", [])))
-        n = max(by_step, default=0)
-        return [by_step.get(s) for s in range(1, n + 1)]
-
-    def peak_memory(self) -> tuple[int | None, str]:
-        """(bytes, what): the CUDA allocator peak summed over devices, else the host peak RSS."""
-        pk = self.evidence.last("peak_memory") or {}
-        cuda = pk.get("cuda") or {}
-        if cuda:
-            return int(sum(cuda.values())), "cuda-allocated"
-        rss = pk.get("host_rss")
-        return (int(rss) if rss is not None else None), "host-rss"
-
-    def peak_reserved(self) -> int | None:
-        """The CUDA caching allocator's reserved peak summed over devices (None on CPU): what
-        fragmentation and the allocator's configuration change."""
-        res = (self.evidence.last("peak_memory") or {}).get("cuda_reserved") or {}
-        return int(sum(res.values())) if res else None
-
-    def interrupted(self) -> bool:
-        """The run was stopped by Ctrl-C / SIGTERM / SIGHUP (forwarded to the child)."""
-        res = self.evidence.result or {}
-        return res.get("outcome") == "interrupted" or bool(res.get("interrupted"))
-
-    def failure(self) -> str | None:
-        """Why this run cannot be compared (crash, timeout, no step), or None. A ranked run: the
-        first rank that failed by itself, named (``rank 1: RuntimeError: …``), else the merged
-        outcome, else a rank without a step."""
-        if self.ranks is not None:
-            return self._ranked_failure()
-        res = self.evidence.result or {}
-        outcome = res.get("outcome")
-        if outcome == "crash":
-            exc = res.get("exception") or {}
-            uf = exc.get("user_frame") or {}
-            where = f" at {uf.get('file')}:{uf.get('line')}" if uf else ""
-            msg = str(exc.get("message", "")).strip().splitlines()
-            return f"{exc.get('type', 'error')}: {msg[0] if msg else ''}{where}"[:500]
-        if outcome == "timeout":
-            return f"timed out after {res.get('timeout_s')} s"
-        if outcome in ("signal", "interrupted"):
-            return f"run ended by {res.get('signal') or res.get('interrupted_by') or outcome}"
-        if outcome == "exit" and res.get("exit_code") not in (0, None):
-            return f"the script exited with code {res.get('exit_code')}"
-        if not self.evidence.of("step"):
-            return "no training step was measured"
-        return None
-
-    def _ranked_failure(self) -> str | None:
-        res = self.evidence.result or {}
-        ranks = self.ranks or {}
-        failed = res.get("failed_rank")
-        order = ([failed] if failed in ranks else []) + [r for r in sorted(ranks) if r != failed]
-        if res.get("outcome") == "timeout":  # every rank was stopped: none failed by itself
-            return f"timed out after {res.get('timeout_s')} s (on {len(ranks)} ranks)"
-        if res.get("outcome") not in ("exit", "stopped", None) or res.get("exit_code") not in (0, None):
-            for r in order:
-                why = ranks[r].failure()
-                if why and why != "no training step was measured":
-                    return f"rank {r}: {why}"
-            return f"the ranked run ended with {res.get('outcome')} (exit code {res.get('exit_code')})"
-        world = int(self.evidence.meta.get("world_size") or len(ranks))
-        missing = [r for r in range(world) if r not in ranks]
-        if missing:
-            return f"rank {missing[0]} did not start"
-        for r in order:
-            why = ranks[r].failure()
-            if why:
-                return f"rank {r}: {why}"
-        return None
 
 
 class Trials:
@@ -181,7 +53,8 @@ class Trials:
         check_target(target, self.module)
         self.argv = [target, *script_args]
         self.opts = run_opts.wire()  # what each run's child reads, a variation's options on top
-        self.nproc = run_opts.nproc_per_node
+        # N ranks under torchrun per run (treat/repro --nproc-per-node N): trials/ranked.py
+        self.nproc = int(run_opts.nproc_per_node or 0)
         self.t0 = time.monotonic()
         self.budget_s = budget_s
         self.runs: list[TrialRun] = []
@@ -246,27 +119,23 @@ class Trials:
             timeout = max(1.0, min(timeout, left))
         d = self._dir(variation, round)
         needs = armed_needs(under) | TRIAL_NEEDS | variation.needs
-        ranks = quiet = None
-        if self.nproc:
+        if self.nproc:  # every rank through torchrun, one rank dir each (trials/ranked.py)
             from torchdoctor.distributed.torchrun import RankSet, quiet_patterns
+            from torchdoctor.trials.ranked import load_ranked
 
-            ranks, quiet = RankSet(d, self.nproc), quiet_patterns(dict(os.environ))
+            res = launch(d, under, self.argv, module=self.module, options=opts, timeout=timeout,
+                         quiet_patterns=QUIET_PATTERNS + quiet_patterns(dict(os.environ)),
+                         show_progress=False, env=variation.env or None, needs=needs, echo=False,
+                         ranks=RankSet(d, self.nproc))
+            run: TrialRun = load_ranked(variation, round, d, self.nproc, res.wall_s)
+            self.runs.append(run)
+            return run
         res = launch(d, under, self.argv, module=self.module, options=opts, timeout=timeout,
-                     quiet_patterns=QUIET_PATTERNS + (quiet or []), show_progress=False,
-                     env=variation.env or None, needs=needs, echo=False, ranks=ranks)
-        run = self._ranked(variation, round, d, res.wall_s) if self.nproc else \
-            TrialRun(variation, round, Evidence.load(d), res.wall_s)
+                     quiet_patterns=QUIET_PATTERNS, show_progress=False, env=variation.env or None,
+                     needs=needs, echo=False)
+        run = TrialRun(variation, round, Evidence.load(d), res.wall_s)
         self.runs.append(run)
         return run
-
-    def _ranked(self, variation: Variation, round: int, d: Path, wall_s: float) -> TrialRun:
-        from torchdoctor.evidence.ranks import merged_evidence
-        from torchdoctor.runner.rundir import META, read_json
-
-        per, merged = merged_evidence(d, int(self.nproc or 0))
-        merged.meta["started"] = (read_json(d / META) or {}).get("started")
-        return TrialRun(variation, round, merged, wall_s,
-                        ranks={r: TrialRun(variation, round, ev, wall_s) for r, ev in per.items()})
 
     def close(self) -> None:
         if not os.environ.get("TORCHDOCTOR_KEEP_RUN"):

@@ -47,7 +47,7 @@ class Treatment(Instrument):
                 ctx.emit("treatment_error", name=name, error=f"{type(e).__name__}: {e}"[:500],
                          traceback=traceback.format_exc(limit=6))
         self.together = frozenset(a.name for a in self.appliers)
-        if "compile" in self.together:
+        if self.together & {"compile", "compile-blocks"}:
             self.survey.watch_steps = 1
         if self._roots_wanted(0):
             self.watch = RootWatch(ctx, self._on_root)
