@@ -385,10 +385,11 @@ CASES: list[Case] = [
          exercises="torch.save(model) every epoch (whole-module pickle), PIL YCbCr decoding in 2 workers"),
     Case("timm_train", "huggingface/pytorch-image-models", "pytorch-image-models", "pytorch-image-models/train.py",
          ("--data-dir", "{case}/assets/imagefolder", "--model", "resnet10t", "--num-classes", "4",
-          "--img-size", "64", "-b", "16", "--epochs", "2", "-j", "0", "--output", "out", "--experiment", "run",
+          "--img-size", "64", "-b", "16", "--epochs", "2", "-j", "1", "--output", "out", "--experiment", "run",
           "--log-interval", "1", "--device", "cpu", "--checkpoint-hist", "2"),
          "timm's train.py: resnet10t on a 4-class ImageFolder of random 64x64 PNGs, 2 epochs = 8 steps, "
-         "cosine schedule, checkpoint every epoch",
+         "cosine schedule, checkpoint every epoch, 1 loader worker (its create_loader asks for persistent "
+         "workers, which torch's DataLoader refuses with -j 0)",
          checkpoints=("out/run/last.pth.tar",),
          outputs=("out/run/checkpoint-*.pth.tar", "out/run/model_best.pth.tar", "out/run/summary.csv"),
          prepare=prep_imagefolder, needs=("torchvision", "PIL", "yaml", "huggingface_hub", "safetensors"),
