@@ -186,11 +186,13 @@ class Bench:
             return (f"{case.script} not found: fetch github:{case.repo} and extract it to "
                     f"{self.src / case.folder} (docs/realworld.md, 'What was fetched')")
         if case.needs:
-            probe = "import importlib.util, sys; print(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))"
+            probe = ("import importlib.util, sys; "
+                     "print(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))")
             try:
                 out = subprocess.run([self.python, "-c", probe, *case.needs], capture_output=True, text=True,
                                      timeout=120)
-                absent = out.stdout.strip() if out.returncode == 0 else f"(--python failed: {out.stderr.strip()[-200:]})"
+                absent = (out.stdout.strip() if out.returncode == 0
+                          else f"(--python failed: {out.stderr.strip()[-200:]})")
             except (OSError, subprocess.TimeoutExpired) as e:
                 absent = f"(--python failed: {e})"
             if absent:
