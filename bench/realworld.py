@@ -13,7 +13,16 @@ For each case of ``bench/realworld_cases.py`` (scripts live OUTSIDE this repo, u
    [--nproc-per-node N] script ARGS``), each in a fresh working dir, alternating plain and probe runs
    (a plain run before the first probe, after every ``--plain-every`` probes and at the end) so the
    box's load touches both; every run is under ``nice -n 5`` unless ``--no-nice``;
-3. runs ``checkpoint-audit --json`` on the checkpoints the first plain run wrote.
+3. runs ``checkpoint-audit --json`` on the checkpoints the first plain run wrote;
+4. harm check: hashes the checkpoints and ``outputs`` of every run that ended by itself and compares
+   each probed run's with the first plain run's (and the plain runs' among themselves, which tells
+   a file that differs between any two runs from one a probe changed), likewise the script's
+   output lines matching the case's ``compare`` regex;
+5. peak RSS of each run's whole process tree (the command, the script, DataLoader workers, torchrun
+   ranks, follow-up runs), summed over the tree, sampled every 0.2 s from /proc.
+
+A case whose repository is not under --src, or whose modules --python cannot import, is skipped
+with a line saying what is missing (the table's "Skipped" line).
 
 Fairness of "whole-run overhead": ``--steps 0`` lets torchdoctor run the script to its own end, so
 a plain and a probed run do the same training steps (the script's argv bounds them); the ratio is the
@@ -32,15 +41,18 @@ from __future__ import annotations
 
 import argparse
 import glob
+import hashlib
 import json
 import os
 import platform
+import re
 import resource
 import shutil
 import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -52,6 +64,75 @@ ALL_PROBES = ("checkup", "profile", "memory", "nan", "dist", "treat", "repro", "
 PROBE_OPTS = {"treat": ["--budget", "180"],
               "repro": ["--steps", "30"]}  # repro compares bounded runs (>= 1 step)
 INTERNAL = "internal-error"
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _tree_rss(root: int) -> int:
+    """Bytes resident in ``root`` and every process below it (one pass over /proc)."""
+    kids: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat", "rb") as f:
+                st = f.read()
+            fields = st[st.rindex(b")") + 2:].split()  # fields[0] is stat's 3rd field (state)
+            pid, ppid = int(d), int(fields[1])
+            rss[pid] = int(fields[21]) * _PAGE
+            kids.setdefault(ppid, []).append(pid)
+        except (OSError, ValueError, IndexError):
+            continue
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += rss.get(pid, 0)
+        todo += kids.get(pid, [])
+    return total
+
+
+def _sample_tree_rss(root: int, done: threading.Event, peak: list) -> None:
+    while not done.is_set():
+        peak[0] = max(peak[0], _tree_rss(root))
+        done.wait(0.2)
+
+
+def harm_check(rec: dict, plains: list[dict]) -> str:
+    """Compare a probed run's files and output lines with the first plain run's (see the module doc)."""
+    ref = [r for r in plains if r["rc"] == 0]
+    if not ref:
+        return "no plain run ended by itself"
+    if rec.get("outcome") != "exit":
+        return f"not compared (outcome={rec.get('outcome')})"
+    if "hashes" not in rec:
+        return "—"
+    first = ref[0]
+    same, varies, differs = 0, [], []
+    for name in sorted(set(first["hashes"]) | set(rec["hashes"])):
+        want, got = first["hashes"].get(name), rec["hashes"].get(name)
+        if want == got:
+            same += 1
+        elif len({r["hashes"].get(name) for r in ref}) > 1:
+            varies.append(Path(name).name)
+        else:
+            differs.append(Path(name).name + (" (missing)" if got is None else ""))
+    n_lines = len(first.get("lines", []))
+    shown = bool(rec.get("lines")) or not first.get("lines")
+    if not shown:  # repro keeps its runs' output in its report (result.json), not on the terminal
+        n_lines = 0
+    elif first.get("lines", []) != rec.get("lines", []):
+        if len({tuple(r.get("lines", [])) for r in ref}) > 1:
+            varies.append("output lines")
+        else:
+            differs.append("output lines")
+    out = [f"identical ({same} files, {n_lines} lines)" if not differs else "DIFFERS: " + ", ".join(differs)]
+    if not shown:
+        out.append("the probe does not show the script's output lines")
+    if varies:
+        out.append("plain runs differ too: " + ", ".join(varies))
+    return "; ".join(out)
 
 
 def fmt(s: str, case_dir: Path, run_dir: Path, src: Path) -> str:
@@ -99,6 +180,25 @@ class Bench:
             env["OMP_NUM_THREADS"] = str(self.threads)
         return env
 
+    def missing(self, case: Case) -> str:
+        """Why the case cannot run here ("" when it can): its fetched repository or a module."""
+        if not (self.src / case.script).is_file():
+            return (f"{case.script} not found: fetch github:{case.repo} and extract it to "
+                    f"{self.src / case.folder} (docs/realworld.md, 'What was fetched')")
+        if case.needs:
+            probe = ("import importlib.util, sys; "
+                     "print(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))")
+            try:
+                out = subprocess.run([self.python, "-c", probe, *case.needs], capture_output=True, text=True,
+                                     timeout=120)
+                absent = (out.stdout.strip() if out.returncode == 0
+                          else f"(--python failed: {out.stderr.strip()[-200:]})")
+            except (OSError, subprocess.TimeoutExpired) as e:
+                absent = f"(--python failed: {e})"
+            if absent:
+                return f"{self.python} cannot import {absent}: pip install them into the bench venv"
+        return ""
+
     def prepare(self, case: Case) -> Path:
         case_dir = self.work / case.name
         mark = case_dir / ".prepared"
@@ -127,13 +227,18 @@ class Bench:
     def _exec(self, argv: list[str], cwd: Path, env: dict, log: Path) -> tuple[int, float, str, float]:
         """Run one command; return (rc, wall s, stdout, CPU s). CPU s = user+sys of every waited-for
         descendant (the script, its DataLoader workers, torchrun ranks, torchdoctor's follow-up runs):
-        far less sensitive than wall time to the neighbours on a shared box."""
+        far less sensitive than wall time to the neighbours on a shared box. The peak RSS of the
+        process tree is left in ``self.last_peak_mb``."""
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "wb") as err:
             ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.perf_counter()
             p = subprocess.Popen(self.nice + argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=err,
                                  start_new_session=True)
+            peak = [0]
+            done = threading.Event()
+            sampler = threading.Thread(target=_sample_tree_rss, args=(p.pid, done, peak), daemon=True)
+            sampler.start()
             try:
                 so, _ = p.communicate(timeout=self.timeout + 60)
                 rc = p.returncode
@@ -146,7 +251,10 @@ class Bench:
                     pass
                 if p.poll() is None:
                     p.wait()
+                done.set()
+                sampler.join()
             wall = time.perf_counter() - t0
+            self.last_peak_mb = round(peak[0] / 2**20, 1)
             ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
             cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
             return rc, wall, so.decode("utf-8", "replace"), cpu
@@ -163,10 +271,12 @@ class Bench:
         (log.with_suffix(".stdout")).write_text(out)
         ckpts = self.found_checkpoints(case, run_dir)
         rec = {"case": case.name, "probe": "plain", "round": rnd, "tag": tag, "rc": rc, "wall_s": round(wall, 2),
-               "cpu_s": round(cpu, 2),
+               "cpu_s": round(cpu, 2), "peak_rss_mb": self.last_peak_mb,
                "checkpoints": [str(p.relative_to(run_dir)) for p in ckpts], "run_dir": str(run_dir),
-               "log": str(log)}
-        print(f"  {tag:<22} rc={rc} {wall:7.1f} s  cpu {cpu:6.1f} s  ckpts={len(ckpts)}", flush=True)
+               "log": str(log), "outcome": "exit" if rc == 0 else None,
+               "hashes": self.hashes(case, run_dir), "lines": self.lines(case, [log, log.with_suffix(".stdout")])}
+        print(f"  {tag:<22} rc={rc} {wall:7.1f} s  cpu {cpu:6.1f} s  rss {self.last_peak_mb:7.1f} MB  "
+              f"ckpts={len(ckpts)}", flush=True)
         self.runs.append(rec)
         return rec
 
@@ -184,16 +294,39 @@ class Bench:
         log = self.out / "runs" / case.name / f"{tag}.log"
         rc, wall, out, cpu = self._exec(argv, run_dir, self.env(case, case_dir, run_dir, True), log)
         rec = {"case": case.name, "probe": probe, "round": rnd, "tag": tag, "rc": rc, "wall_s": round(wall, 2),
-               "cpu_s": round(cpu, 2),
+               "cpu_s": round(cpu, 2), "peak_rss_mb": self.last_peak_mb,
                "run_dir": str(run_dir), "log": str(log), "argv": argv}
         rec.update(parse_report(out))
         ckpts = self.found_checkpoints(case, run_dir)
         rec["checkpoints"] = [str(p.relative_to(run_dir)) for p in ckpts]
+        rec["hashes"] = self.hashes(case, run_dir)
+        rec["lines"] = self.lines(case, [log])
         fs = " ".join(rec["findings"]) or "-"
-        print(f"  {tag:<22} rc={rc} {wall:7.1f} s  cpu {cpu:6.1f} s  status={rec.get('status')} outcome={rec.get('outcome')} "
-              f"steps={rec.get('steps')} {fs}", flush=True)
+        print(f"  {tag:<22} rc={rc} {wall:7.1f} s  cpu {cpu:6.1f} s  rss {self.last_peak_mb:7.1f} MB  "
+              f"status={rec.get('status')} outcome={rec.get('outcome')} steps={rec.get('steps')} {fs}", flush=True)
         self.runs.append(rec)
         return rec
+
+    def hashes(self, case: Case, run_dir: Path) -> dict:
+        """sha256 of every checkpoint and output file the run wrote (a folder: of its files)."""
+        out = {}
+        for pat in case.checkpoints + case.outputs:
+            for p in sorted(Path(x) for x in glob.glob(str(run_dir / pat))):
+                files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
+                for f in files:
+                    out[str(f.relative_to(run_dir))] = hashlib.sha256(f.read_bytes()).hexdigest()
+        return out
+
+    def lines(self, case: Case, logs: list[Path]) -> list[str]:
+        """The script's output lines the case compares (stdout of a plain run, stderr of a probed one)."""
+        if not case.compare:
+            return []
+        rx = re.compile(case.compare)
+        found = []
+        for log in logs:
+            if log.exists():
+                found += [ln.rstrip() for ln in log.read_text("utf-8", "replace").splitlines() if rx.search(ln)]
+        return sorted(found)
 
     def found_checkpoints(self, case: Case, run_dir: Path) -> list[Path]:
         found: list[Path] = []
@@ -221,6 +354,11 @@ class Bench:
     # ------------------------------------------------------------------ one case
     def run_case(self, case: Case, probes: list[str], rounds: int, plain_every: int) -> None:
         wanted = [p for p in probes if p in case.probes]
+        missing = self.missing(case)
+        if missing:
+            self.skipped.append({"case": case.name, "reason": missing})
+            print(f"{case.name}: skipped ({missing})", flush=True)
+            return
         if case.needs_gpu and self.gpus < case.needs_gpu:
             self.skipped.append({"case": case.name, "reason": f"needs {case.needs_gpu} GPUs, found {self.gpus}"})
             print(f"{case.name}: skipped (needs {case.needs_gpu} GPUs, found {self.gpus})", flush=True)
@@ -261,6 +399,8 @@ class Bench:
                 plain_cpu = statistics.median(base_cpu) if base_cpu else None
                 probe_cpu = statistics.median([r["cpu_s"] for r in recs])
                 last = recs[-1]
+                plain_rss = [r["peak_rss_mb"] for r in plain_ok if r.get("peak_rss_mb") and r["round"] in rounds_]
+                probe_rss = [r["peak_rss_mb"] for r in recs if r.get("peak_rss_mb")]
                 plain_ckpts = set(plains[0]["checkpoints"]) if plains else set()
                 notes = []
                 if plains and plains[0]["rc"] != 0:
@@ -282,7 +422,10 @@ class Bench:
                     "plain_s": round(plain_s, 1) if plain_s else None, "probe_s": round(probe_s, 1),
                     "ratio": round(probe_s / plain_s, 2) if plain_s else None,
                     "plain_cpu_s": round(plain_cpu, 1) if plain_cpu else None, "probe_cpu_s": round(probe_cpu, 1),
-                    "cpu_ratio": round(probe_cpu / plain_cpu, 2) if plain_cpu else None, "notes": notes})
+                    "cpu_ratio": round(probe_cpu / plain_cpu, 2) if plain_cpu else None,
+                    "plain_rss_mb": round(statistics.median(plain_rss)) if plain_rss else None,
+                    "probe_rss_mb": round(max(probe_rss)) if probe_rss else None,
+                    "harm": "; ".join(dict.fromkeys(harm_check(r, plains) for r in recs)), "notes": notes})
         return rows
 
     def write(self, meta: dict) -> None:
@@ -362,8 +505,8 @@ def markdown(meta: dict, rows: list[dict], audits: list[dict], skipped: list[dic
            f"{meta['rounds']} round(s), plain run every {meta['plain_every']} probes, `nice -n 5`: "
            f"{meta['nice']}, OMP_NUM_THREADS={meta['threads'] or 'unset'}", "",
            "| case | probe | exit | steps | findings (code@severity) | internal errors | plain s | probe s | ratio "
-           "| plain CPU s | probe CPU s | CPU ratio | notes |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| plain CPU s | probe CPU s | CPU ratio | peak RSS MB plain / probe | harm check | notes |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def x(v, suffix=""):
         if v is None:
@@ -374,7 +517,9 @@ def markdown(meta: dict, rows: list[dict], audits: list[dict], skipped: list[dic
         out.append(f"| {r['case']} | {r['probe']} | {r['rc']} | {x(r.get('steps'))} | {_cell(r['findings'])} | "
                    f"{_cell(r['internal'])} | "
                    f"{x(r['plain_s'])} | {r['probe_s']} | {x(r['ratio'], '×')} | {x(r.get('plain_cpu_s'))} | "
-                   f"{x(r.get('probe_cpu_s'))} | {x(r.get('cpu_ratio'), '×')} | {'; '.join(r['notes']) or ''} |")
+                   f"{x(r.get('probe_cpu_s'))} | {x(r.get('cpu_ratio'), '×')} | "
+                   f"{x(r.get('plain_rss_mb'))} / {x(r.get('probe_rss_mb'))} | {r.get('harm') or '—'} | "
+                   f"{'; '.join(r['notes']) or ''} |")
     for key, label in (("ratio", "Whole-run wall ratio"), ("cpu_ratio", "Whole-run CPU ratio")):
         vals = [(r[key], r) for r in rows if r.get(key) is not None]
         if vals:
@@ -411,7 +556,12 @@ def main() -> int:
     a = ap.parse_args()
     if a.from_json:
         d = json.loads(Path(a.from_json).read_text())
-        print(markdown(d["meta"], d["rows"], d["audits"], d["skipped"]), end="")
+        rows = d["rows"]
+        if d.get("runs"):  # summarise again from the runs (the current summary and harm check)
+            b = Bench.__new__(Bench)
+            b.runs = d["runs"]
+            rows = b.summary()
+        print(markdown(d["meta"], rows, d["audits"], d["skipped"]), end="")
         return 0
     if not (a.src and a.python and a.checkout and a.out):
         ap.error("--src, --python, --checkout and --out are required")

@@ -51,6 +51,9 @@ class Case:
     dirs: tuple[str, ...] = ()      # empty folders the script expects in its working dir
     needs_gpu: int = 0              # GPUs needed (0: runs on the CPU box)
     exercises: str = ""             # issue-13 items / behaviours it exercises
+    outputs: tuple[str, ...] = ()   # other files the harm check compares (globs relative to the run dir)
+    compare: str = ""               # regex: the script's output lines the harm check compares
+    needs: tuple[str, ...] = ()     # modules --python must import (else the case is skipped, saying which)
 
 
 # ---------------------------------------------------------------------------------- data makers
@@ -128,6 +131,91 @@ def prep_fabric(case: Path, src: Path) -> None:
         link.symlink_to(case / "data")
 
 
+def prep_cora(case: Path, src: Path) -> None:
+    """gcn/main.py fetches ``cora.tgz`` with ``requests.get(URL, stream=True)`` at every start and
+    extracts it into its cwd, then reads ``./cora/cora.content`` (paper id, 1433 binary word features,
+    class name; tab-separated) and ``./cora/cora.cites`` (cited id, citing id). Writes a tgz in that
+    format (Cora's sizes: 2708 papers, 7 classes, 5429 citations; random values) and a ``requests``
+    stand-in (``assets/shim``, put first on PYTHONPATH) whose ``get`` serves that one URL from disk and
+    refuses any other."""
+    import io
+    import tarfile
+
+    r = _rng(11)
+    classes = ("Case_Based", "Genetic_Algorithms", "Neural_Networks", "Probabilistic_Methods",
+               "Reinforcement_Learning", "Rule_Learning", "Theory")
+    ids = r.sample(range(30, 1_200_000), 2708)
+    rows = []
+    for pid in ids:
+        words = ["1" if r.random() < 0.0127 else "0" for _ in range(1433)]
+        rows.append("\t".join([str(pid)] + words + [r.choice(classes)]))
+    cites = set()
+    while len(cites) < 5429:
+        a, b = r.choice(ids), r.choice(ids)
+        if a != b:
+            cites.add((a, b))
+    files = {"cora/cora.content": "\n".join(rows) + "\n",
+             "cora/cora.cites": "".join(f"{a}\t{b}\n" for a, b in sorted(cites)),
+             "cora/README": "A synthetic stand-in in Cora's format (random features, labels and citations).\n"}
+    a = case / "assets"
+    a.mkdir(parents=True, exist_ok=True)
+    tgz = a / "cora.tgz"
+    with tarfile.open(tgz, "w:gz") as t:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(data), 0
+            t.addfile(info, io.BytesIO(data))
+    shim = a / "shim"
+    shim.mkdir(exist_ok=True)
+    (shim / "requests.py").write_text(
+        '"""A stand-in for requests.get in the real-world bench: serves gcn\'s Cora URL from a local file."""\n'
+        "CORA_URL = 'https://linqs-data.soe.ucsc.edu/public/lbc/cora.tgz'\n"
+        f"CORA_TGZ = {str(tgz)!r}\n\n\n"
+        "class _Response:\n"
+        "    def __init__(self, path):\n"
+        "        self.raw = open(path, 'rb')\n\n"
+        "    def __enter__(self):\n"
+        "        return self\n\n"
+        "    def __exit__(self, *exc):\n"
+        "        self.raw.close()\n\n\n"
+        "def get(url, stream=False, **kwargs):\n"
+        "    if url != CORA_URL:\n"
+        "        raise ConnectionError(f'the bench has no network: {url}')\n"
+        "    return _Response(CORA_TGZ)\n", encoding="utf-8")
+
+
+def _random_images(folder: Path, n: int, size: tuple[int, int], suffix: str, seed: int) -> None:
+    """n random RGB images (noise over a random base colour, so classes are not all alike)."""
+    import numpy as np
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    g = np.random.default_rng(seed)
+    w, h = size
+    for i in range(n):
+        base = g.integers(0, 256, 3)
+        px = np.clip(base + g.normal(0, 40, (h, w, 3)), 0, 255).astype(np.uint8)
+        Image.fromarray(px, "RGB").save(folder / f"{i:05d}{suffix}")
+
+
+def prep_bsds300(case: Path, src: Path) -> None:
+    """super_resolution's data.py downloads BSDS300 unless ``dataset/BSDS300/images`` exists (cwd):
+    32 train + 10 test random JPEGs of BSDS300's size (481 x 321)."""
+    root = case / "assets" / "dataset" / "BSDS300" / "images"
+    _random_images(root / "train", 32, (481, 321), ".jpg", 21)
+    _random_images(root / "test", 10, (481, 321), ".jpg", 22)
+
+
+def prep_imagefolder(case: Path, src: Path) -> None:
+    """timm's train.py with ``--data-dir``: an ImageFolder tree (``train/``, ``validation/``), 4 classes,
+    16 + 4 random 64 x 64 PNGs a class."""
+    root = case / "assets" / "imagefolder"
+    for k in range(4):
+        _random_images(root / "train" / f"class{k}", 16, (64, 64), ".png", 100 + k)
+        _random_images(root / "validation" / f"class{k}", 4, (64, 64), ".png", 200 + k)
+
+
 _WORDS = ("the market rose sharply after the company said profits would grow while analysts "
           "expected a weaker quarter and the shares fell in early trading on the news of a "
           "merger between two large banks that regulators had approved last week").split()
@@ -198,6 +286,13 @@ LIGHTNING_ARGS = ("--trainer.max_epochs=1", "--trainer.limit_train_batches=50",
                   "--trainer.limit_val_batches=10", "--trainer.limit_test_batches=10",
                   "--trainer.limit_predict_batches=5", "--trainer.accelerator=cpu",
                   "--trainer.default_root_dir={run}/logs", "--trainer.enable_progress_bar=false")
+
+# the LightningCLI classifier: the same bounds, but a relative log dir, so its checkpoints do not hold
+# the run dir's path and two runs' files can be compared byte for byte
+LIGHTNING_CLS_ARGS = tuple(a for a in LIGHTNING_ARGS if not a.startswith("--trainer.default_root_dir")) + (
+    "--trainer.default_root_dir=logs",)
+LIGHTNING_NEEDS = ("lightning", "jsonargparse", "torchvision")
+LIGHTNING_CKPT = ("logs/lightning_logs/version_0/checkpoints/*.ckpt",)
 
 CASES: list[Case] = [
     Case("nanogpt", "karpathy/nanoGPT", "nanoGPT", "nanoGPT/train.py",
@@ -275,6 +370,43 @@ CASES: list[Case] = [
          checkpoints=("out/epoch_2",),  # the save_state folder is one checkpoint (audited as a directory)
          exercises="accelerate DDP wrapper, gather_for_metrics, save_state (safetensors, optimizer.bin, "
                    "scheduler.bin, random_states_0.pkl: item 12's NumPy RNG state)"),
+    Case("gcn", "pytorch/examples", "examples", "examples/gcn/main.py",
+         ("--epochs", "30", "--include-bias"),
+         "2-layer GCN on a Cora-format stand-in (2708 nodes x 1433 features, 7 classes), 30 full-graph steps",
+         prepare=prep_cora, needs=("numpy",), env={"PYTHONPATH": "{case}/assets/shim"}, compare=r"^Test set results",
+         exercises="issue 27 item 2 (sparse COO adjacency, torch.spmm in forward), a download at start-up "
+                   "(served from disk by a requests stand-in), eval after every step"),
+    Case("super_resolution", "pytorch/examples", "examples", "examples/super_resolution/main.py",
+         ("--upscale_factor", "3", "--batchSize", "8", "--testBatchSize", "5", "--nEpochs", "2",
+          "--threads", "2"),
+         "ESPCN super-resolution on 32 + 10 random BSDS300-sized JPEGs, 2 epochs = 8 steps, 2 loader workers",
+         checkpoints=("model_epoch_2.pth",), outputs=("model_epoch_1.pth",), prepare=prep_bsds300,
+         needs=("torchvision", "PIL", "six"),
+         links=(("dataset", "assets/dataset"),), compare=r"Avg\. PSNR",
+         exercises="torch.save(model) every epoch (whole-module pickle), PIL YCbCr decoding in 2 workers"),
+    Case("timm_train", "huggingface/pytorch-image-models", "pytorch-image-models", "pytorch-image-models/train.py",
+         ("--data-dir", "{case}/assets/imagefolder", "--model", "resnet10t", "--num-classes", "4",
+          "--img-size", "64", "-b", "16", "--epochs", "2", "-j", "1", "--output", "out", "--experiment", "run",
+          "--log-interval", "1", "--device", "cpu", "--checkpoint-hist", "2"),
+         "timm's train.py: resnet10t on a 4-class ImageFolder of random 64x64 PNGs, 2 epochs = 8 steps, "
+         "cosine schedule, checkpoint every epoch, 1 loader worker (its create_loader asks for persistent "
+         "workers, which torch's DataLoader refuses with -j 0)",
+         checkpoints=("out/run/last.pth.tar",),
+         outputs=("out/run/checkpoint-*.pth.tar", "out/run/model_best.pth.tar", "out/run/summary.csv"),
+         prepare=prep_imagefolder, needs=("torchvision", "PIL", "yaml", "huggingface_hub", "safetensors"),
+         exercises="issue 27 items 3 (profile's trace export) and 5 (timm's CosineLRScheduler.step(epoch), "
+                   "the epoch saved, no scheduler state), CheckpointSaver's tmp-file rename"),
+    Case("lightning_cls", "Lightning-AI/pytorch-lightning", "pytorch-lightning",
+         "pytorch-lightning/examples/pytorch/basics/backbone_image_classifier.py", LIGHTNING_CLS_ARGS,
+         "LightningCLI MNIST backbone classifier on synthetic MNIST: fit 50 batches, test/predict from 'best'",
+         checkpoints=LIGHTNING_CKPT, prepare=prep_lightning, needs=LIGHTNING_NEEDS, links=(("data", "data"),),
+         compare=r"^tensor\(|^\s+\[", exercises="LightningCLI with a backbone, Trainer loops, buffer-written .ckpt"),
+    Case("lightning_cls_ddp", "Lightning-AI/pytorch-lightning", "pytorch-lightning",
+         "pytorch-lightning/examples/pytorch/basics/backbone_image_classifier.py",
+         LIGHTNING_CLS_ARGS + ("--trainer.strategy=ddp", "--trainer.devices=2"),
+         "the same classifier, strategy=ddp on 2 CPU ranks (gloo) launched by torchrun",
+         probes=DDP_PROBES, nproc=2, checkpoints=LIGHTNING_CKPT, prepare=prep_lightning, needs=LIGHTNING_NEEDS,
+         links=(("data", "data"),), exercises="issue 27 item 7 (rank-straggler on a healthy gloo job)"),
     Case("ddp_tutorial", "pytorch/examples", "examples",
          "examples/distributed/ddp-tutorial-series/multigpu_torchrun.py",
          ("5", "2", "--batch_size", "32"),
