@@ -37,7 +37,6 @@ SLOW_S = 1.0  # a test that starts Python processes and takes this long belongs 
 
 _state = {"node": None, "count": 0, "what": [], "t0": 0.0, "cpu0": 0.0, "lane0": 0.0}
 _lane_cpu = [0.0]  # CPU seconds of the children the background lanes reaped, in all
-_log: list[tuple[str, int, float, str, float]] = []
 
 
 def _counted_thread() -> bool:
@@ -130,9 +129,11 @@ def pytest_runtest_protocol(item, nextitem):
                   cpu0=_children_cpu(), lane0=_lane_cpu[0])
     yield
     cpu = (_children_cpu() - _state["cpu0"]) - (_lane_cpu[0] - _state["lane0"])
-    if (_state["count"] or cpu >= 0.05) and os.environ.get("TD_SPAWN_LOG"):
-        _log.append((item.nodeid, _state["count"], time.monotonic() - _state["t0"],
-                     ",".join(_state["what"]), max(cpu, 0.0)))
+    path = os.environ.get("TD_SPAWN_LOG")
+    if path and (_state["count"] or cpu >= 0.05):  # written as it goes: a stopped run keeps its lines
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"{item.nodeid}\t{_state['count']}\t{time.monotonic() - _state['t0']:.1f}\t"
+                    f"{','.join(_state['what'])}\t{max(cpu, 0.0):.2f}\n")
     _state["node"] = None
 
 
@@ -150,10 +151,3 @@ def pytest_runtest_makereport(item, call):
                         "@pytest.mark.slow or list it in tests/slow_tests.txt (docs/testing.md, "
                         "'The fast lane').")
 
-
-def pytest_sessionfinish(session):
-    path = os.environ.get("TD_SPAWN_LOG")
-    if path and _log:
-        with open(path, "a", encoding="utf-8") as f:
-            for node, n, secs, what, cpu in _log:
-                f.write(f"{node}\t{n}\t{secs:.1f}\t{what}\t{cpu:.2f}\n")
