@@ -38,10 +38,10 @@ def test_out_that_cannot_be_created_is_exit_2_before_the_run(tmp_path):
     _one_line_usage_error(p, "cannot create the folder")
 
 
-def test_checkpoint_audit_checks_out_before_the_audit(tmp_path):
+def test_checkpoint_audit_checks_out_before_the_audit(tmp_path, cli_inproc):
     f = tmp_path / "file.txt"
     f.write_text("mine")
-    p = run_cli("checkpoint-audit", "--out", f, tmp_path / "missing.pt")
+    p = cli_inproc("checkpoint-audit", "--out", f, tmp_path / "missing.pt")
     assert p.returncode == 2 and "is a file, not a folder" in p.stderr
 
 

@@ -162,14 +162,14 @@ def test_ctrl_c_still_gives_a_report():
     assert r["status"] == "interrupted" and proc.returncode == 130
 
 
-def test_bad_input_is_one_line_exit_2(tmp_path):
-    p = run_cli("checkup", str(tmp_path / "missing.py"))
+def test_bad_input_is_one_line_exit_2(tmp_path, cli_inproc):
+    p = cli_inproc("checkup", str(tmp_path / "missing.py"))  # in-process: nothing here needs a child
     assert p.returncode == 2 and "script not found" in p.stderr and "Traceback" not in p.stderr
-    p = run_cli("checkup")
+    p = cli_inproc("checkup")
     assert p.returncode == 2 and "missing SCRIPT" in p.stderr
-    p = run_cli("checkup", "-m", "no_such_module_xyz")
+    p = cli_inproc("checkup", "-m", "no_such_module_xyz")
     assert p.returncode == 2 and "module not found" in p.stderr
-    p = run_cli("checkup", "--steps", "-1", "x.py")
+    p = cli_inproc("checkup", "--steps", "-1", "x.py")
     assert p.returncode == 2
 
 
