@@ -147,7 +147,9 @@ def test_demo_before_and_after_the_fix(tmp_path: Path):
     src = path("slow_loader_train.py").read_text()
     assert FIXED[0] in src
     (tmp_path / "slow_loader_train.py").write_text(src.replace(*FIXED))
-    before = _cli("demo", "--json", cwd=tmp_path)
+    from fixture_runs import run_cli_once
+
+    before = run_cli_once("demo", "--json", timeout=600)  # the session's demo run (tests/test_checkup.py)
     assert before.returncode == 1, before.stderr[-2000:]
     (tmp_path / "before.json").write_text(before.stdout)
     after = _cli("checkup", "--json", "--steps", "30", "slow_loader_train.py", cwd=tmp_path)
