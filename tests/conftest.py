@@ -148,7 +148,7 @@ def cli():
 
 # what a command does once its input is checked (tests/test_fail_on_usage.py forbids the same)
 WORK = ("torchdoctor.pipeline.run.run_probe", "torchdoctor.distributed.probe.run_dist",
-        "torchdoctor.checkpoint.audit.run")
+        "torchdoctor.checkpoint.audit.run", "torchdoctor.treat.session.TreatSession.run")
 
 
 @pytest.fixture
