@@ -107,6 +107,7 @@ def run_main(*args, input=None, env=None, cwd=None):
     call only, `cwd` likewise."""
     import contextlib
     import io
+    import tempfile
 
     from torchdoctor.main import main
 
@@ -123,8 +124,14 @@ def run_main(*args, input=None, env=None, cwd=None):
         os.environ.setdefault("COLUMNS", "120")
         if cwd is not None:
             os.chdir(cwd)
-        sys.stdin = io.StringIO(input or "")
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        # stdin with a file descriptor (ask reads its fd, bounded): `input` in a temp file, else
+        # /dev/null (a test's child gets pytest's stdin, which is not a terminal either)
+        stdin = tempfile.TemporaryFile("w+", encoding="utf-8") if input is not None else open(os.devnull)
+        if input is not None:
+            stdin.write(input)
+            stdin.seek(0)
+        sys.stdin = stdin
+        with stdin, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 main(argv)
             except SystemExit as e:

@@ -79,8 +79,8 @@ def test_stdin_console_quotes_the_decisive_line(cli):
     (("-",), "   \n", "nothing on stdin"),
     (("fix my training", "--run", "train.py"), None, "no route to run yet"),
 ])
-def test_bad_usage_exits_2_with_one_clear_line(cli, args, stdin, message):
-    r = cli("ask", *args, input=stdin)
+def test_bad_usage_exits_2_with_one_clear_line(cli_inproc, args, stdin, message):
+    r = cli_inproc("ask", *args, input=stdin)  # in-process, any run forbidden (conftest)
     assert r.returncode == 2
     assert message in r.stderr and "Traceback" not in r.stderr + r.stdout
 
