@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import ROOT
 
 SCRIPT = ROOT / "tests" / "fixtures" / "scripts" / "dist" / "fsdp2_nan.py"
 
 
 @pytest.mark.parametrize("argv", [["repro", "--resume-check"], ["repro"], ["treat"]])
-def test_ranked_one_process_commands_refuse_with_the_reasons(argv, tmp_path):
-    p = run_cli(*argv, "--nproc-per-node", 2, "--out", tmp_path / "out", SCRIPT, timeout=60)
+def test_ranked_one_process_commands_refuse_with_the_reasons(argv, tmp_path, cli_inproc):
+    # in-process, any run forbidden (conftest): refused before anything runs
+    p = cli_inproc(*argv, "--nproc-per-node", 2, "--out", tmp_path / "out", SCRIPT)
     assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
     err = " ".join(p.stderr.split())
     assert "script not found" not in err and "Traceback" not in err, err
@@ -29,6 +30,8 @@ def test_ranked_one_process_commands_refuse_with_the_reasons(argv, tmp_path):
 
 
 def test_treat_help_names_the_refused_option():
-    p = run_cli("treat", "--help", timeout=60)
+    from conftest import run_main
+
+    p = run_main("treat", "--help")  # in-process: a help text needs no child
     assert p.returncode == 0 and "--nproc-per-node" in p.stdout
     assert "Not supported" in " ".join(p.stdout.split())
