@@ -268,7 +268,8 @@ def run_cli_once(*argv: str, timeout: float = 300) -> CliRun:
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.communicate()
-                    raise RuntimeError(f"torchdoctor {' '.join(argv)}: no end within {timeout:.0f} s (killed)") from None
+                    raise RuntimeError(f"torchdoctor {' '.join(argv)}: no end within {timeout:.0f} s "
+                                       "(killed)") from None
                 finally:
                     fixture_lanes.SESSION.track(p, False)
             return CliRun(tuple(argv), p.returncode, out, err, time.monotonic() - t0)
