@@ -61,6 +61,8 @@ def test_a_symlinked_report_is_not_followed(tmp_path):
     out = tmp_path / "o"
     p = run_cli("checkup", "--steps", "2", "--out", out, "healthy.py", cwd=RUN)
     assert p.returncode == 0, p.stderr[-2000:]
+    assert (out / "run" / "events.jsonl").exists()  # --out keeps the run dir and the report
+    assert json.loads((out / "report.json").read_text())["command"] == "checkup"
     outside = tmp_path / "precious.txt"
     outside.write_text("keep me")
     (out / "report.txt").unlink()
