@@ -97,6 +97,77 @@ def run_cli(*args, input=None, timeout=300, env=None, cwd=None):
                           capture_output=True, text=True, timeout=timeout, env=e, cwd=cwd)
 
 
+def run_main(*args, input=None, env=None, cwd=None):
+    """`torchdoctor ARGS` in this process (``torchdoctor.main.main``, the console entry point),
+    returns a CompletedProcess (text) like ``run_cli``. For what does not depend on being a
+    separate process — usage errors, exit codes and messages given before any run — at no
+    interpreter start (a CLI process costs ~1 s of CPU on the 2-core box, ~3 s more if it
+    imports torch; docs/testing.md). An exception torchdoctor lets escape is raised here, where
+    the process would have printed a traceback. `env` entries are set (None: removed) for the
+    call only, `cwd` likewise."""
+    import contextlib
+    import io
+    import tempfile
+
+    from torchdoctor.main import main
+
+    argv = [*map(str, args)]
+    out, err = io.StringIO(), io.StringIO()
+    saved_env, saved_cwd, saved_in = dict(os.environ), os.getcwd(), sys.stdin
+    code = 0
+    try:
+        for k, v in (env or {}).items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = str(v)
+        os.environ.setdefault("COLUMNS", "120")
+        if cwd is not None:
+            os.chdir(cwd)
+        # stdin with a file descriptor (ask reads its fd, bounded): `input` in a temp file, else
+        # /dev/null (a test's child gets pytest's stdin, which is not a terminal either)
+        stdin = tempfile.TemporaryFile("w+", encoding="utf-8") if input is not None else open(os.devnull)
+        if input is not None:
+            stdin.write(input)
+            stdin.seek(0)
+        sys.stdin = stdin
+        with stdin, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main(argv)
+            except SystemExit as e:
+                if e.code is None or isinstance(e.code, int):
+                    code = e.code or 0
+                else:  # sys.exit("text"): the interpreter prints it and exits 1
+                    code = 1
+                    err.write(f"{e.code}\n")
+    finally:
+        sys.stdin = saved_in
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return subprocess.CompletedProcess(["torchdoctor", *argv], code, out.getvalue(), err.getvalue())
+
+
 @pytest.fixture
 def cli():
     return run_cli
+
+
+# what a command does once its input is checked (tests/test_fail_on_usage.py forbids the same)
+WORK = ("torchdoctor.pipeline.run.run_probe", "torchdoctor.pipeline.dist.run_dist",
+        "torchdoctor.pipeline.checkpoint.run", "torchdoctor.treat.session.TreatSession.run")
+
+
+@pytest.fixture
+def cli_inproc(monkeypatch):
+    """``run_main`` with every command's work forbidden: a usage error must be given before any
+    run, and a call that reaches one fails the test (a child's output would not reach
+    ``run_main``'s capture, so "the script never ran" is checked here instead)."""
+    def forbid(target):
+        def ran(*a, **k):
+            raise AssertionError(f"{target} ran: the usage error must come before any work")
+        monkeypatch.setattr(target, ran)
+
+    for target in WORK:
+        forbid(target)
+    return run_main

@@ -237,6 +237,47 @@ def run_fixture(rel: str | Path, command: str | None = None) -> Run:
     return fixture_lanes.SESSION.once(_key(h), lambda: launch(h, keep=True))
 
 
+
+@dataclass
+class CliRun:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+    wall: float    # seconds the CLI took
+
+
+def run_cli_once(*argv: str, timeout: float = 300) -> CliRun:
+    """The session's one run of ``torchdoctor ARGV`` (no fixture, e.g. ``demo --json``), from a
+    fresh temp folder with the session's environment: tests that assert on the same command's
+    output read this run instead of launching their own (a run that imports torch costs ~5 s
+    of CPU on the 2-core box). Its error, if it has one, goes to every test that reads it."""
+    def make() -> CliRun:
+        tmp = tempfile.mkdtemp(prefix="td-cli-", dir=fixture_lanes.TMPDIR)
+        try:
+            env = dict(fixture_lanes.ENV)
+            env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+            env.setdefault("COLUMNS", "120")
+            t0 = time.monotonic()
+            with fixture_lanes.Popen([sys.executable, "-m", "torchdoctor", *argv], cwd=tmp, env=env,
+                                     text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     stdin=subprocess.DEVNULL) as p:
+                fixture_lanes.SESSION.track(p, True)
+                try:
+                    out, err = p.communicate(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.communicate()
+                    raise RuntimeError(f"torchdoctor {' '.join(argv)}: no end within {timeout:.0f} s "
+                                       "(killed)") from None
+                finally:
+                    fixture_lanes.SESSION.track(p, False)
+            return CliRun(tuple(argv), p.returncode, out, err, time.monotonic() - t0)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    return fixture_lanes.SESSION.once(("cli", tuple(argv)), make)
+
 # ----------------------------------------------------------------------------- normalising
 # The fixtures whose whole normalised report is a golden (tests/golden/<name>.json): one per probe,
 # together every top-level key and every metrics section (the JSON contract). Every other fixture

@@ -6,8 +6,12 @@ its own code. This plugin watches process starts (``subprocess``'s fork-exec and
 ``os.fork``) from the test's own threads — the background fixture lanes (``fixture-lane-*``)
 are not the running test's — and:
 
-* ``TD_SPAWN_LOG=FILE``: writes one line per test that started a Python process (nodeid, how
-  many, seconds), to grow ``tests/slow_tests.txt`` from a measured run;
+* ``TD_SPAWN_LOG=FILE``: writes one line per test that started a Python process or whose
+  children used CPU: node id, how many Python processes, wall seconds, the first three program
+  names, and the CPU seconds (user+system) of the test's own children — the
+  ``getrusage(RUSAGE_CHILDREN)`` growth over the test less what the background lanes reaped
+  meanwhile (their ``waitpid`` goes through ``wait4``, which gives each reaped child's usage).
+  Sorting that column says which tests cost the suite's CPU (docs/testing.md);
 * ``TD_SPAWN_STRICT=1`` (``make test-fast``): fails a test outside the ``slow`` lane that starts
   one and takes ``SLOW_S`` or more, saying how to mark it, so the fast lane stays fast as tests are
   added (``torchdoctor --help`` in a child, which imports no torch, costs ~0.3 s and may stay).
@@ -18,6 +22,7 @@ Starting a non-Python program (``sleep``, ``sh -c true``) is not counted: it cos
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 import threading
@@ -30,8 +35,8 @@ SLOW_LIST = Path(__file__).resolve().parent / "slow_tests.txt"
 LANE_PREFIX = "fixture-lane-"
 SLOW_S = 1.0  # a test that starts Python processes and takes this long belongs to the slow lane
 
-_state = {"node": None, "count": 0, "what": [], "t0": 0.0}
-_log: list[tuple[str, int, float, str]] = []
+_state = {"node": None, "count": 0, "what": [], "t0": 0.0, "cpu0": 0.0, "lane0": 0.0}
+_lane_cpu = [0.0]  # CPU seconds of the children the background lanes reaped, in all
 
 
 def _counted_thread() -> bool:
@@ -74,6 +79,22 @@ def _wrap_fork(real):
     return fork
 
 
+def _children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _wrap_waitpid(real):
+    def waitpid(pid, options):
+        if _counted_thread() or not hasattr(os, "wait4"):
+            return real(pid, options)
+        got, status, ru = os.wait4(pid, options)  # a lane's reap: keep its children's CPU apart
+        if got:
+            _lane_cpu[0] += ru.ru_utime + ru.ru_stime
+        return got, status
+    return waitpid
+
+
 def install() -> None:
     if getattr(subprocess, "_fork_exec", None) is not None:
         subprocess._fork_exec = _wrap_fork_exec(subprocess._fork_exec)
@@ -81,6 +102,7 @@ def install() -> None:
         if hasattr(os, name):
             setattr(os, name, _wrap_spawn(getattr(os, name)))
     os.fork = _wrap_fork(os.fork)
+    os.waitpid = _wrap_waitpid(os.waitpid)
 
 
 def slow_nodes() -> set[str]:
@@ -103,11 +125,15 @@ def listed_slow(nodeid: str, listed: set[str]) -> bool:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    _state.update(node=item.nodeid, count=0, what=[], t0=time.monotonic())
+    _state.update(node=item.nodeid, count=0, what=[], t0=time.monotonic(),
+                  cpu0=_children_cpu(), lane0=_lane_cpu[0])
     yield
-    if _state["count"] and os.environ.get("TD_SPAWN_LOG"):
-        _log.append((item.nodeid, _state["count"], time.monotonic() - _state["t0"],
-                     ",".join(_state["what"])))
+    cpu = (_children_cpu() - _state["cpu0"]) - (_lane_cpu[0] - _state["lane0"])
+    path = os.environ.get("TD_SPAWN_LOG")
+    if path and (_state["count"] or cpu >= 0.05):  # written as it goes: a stopped run keeps its lines
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"{item.nodeid}\t{_state['count']}\t{time.monotonic() - _state['t0']:.1f}\t"
+                    f"{','.join(_state['what'])}\t{max(cpu, 0.0):.2f}\n")
     _state["node"] = None
 
 
@@ -125,10 +151,3 @@ def pytest_runtest_makereport(item, call):
                         "@pytest.mark.slow or list it in tests/slow_tests.txt (docs/testing.md, "
                         "'The fast lane').")
 
-
-def pytest_sessionfinish(session):
-    path = os.environ.get("TD_SPAWN_LOG")
-    if path and _log:
-        with open(path, "a", encoding="utf-8") as f:
-            for node, n, secs, what in _log:
-                f.write(f"{node}\t{n}\t{secs:.1f}\t{what}\n")

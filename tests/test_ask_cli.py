@@ -1,4 +1,6 @@
-"""`torchdoctor ask` as a fresh process: output, JSON contract, stdin, exit codes, imports, speed."""
+"""`torchdoctor ask`: output, JSON contract, stdin, exit codes (in this process: conftest
+run_main, the same entry point), and as a fresh process what is about the process: imports,
+speed, broken pipes, the hand-off to a probe's run."""
 
 from __future__ import annotations
 
@@ -19,16 +21,16 @@ FIX = FIXTURES / "ask"
 CONTRACT_KEYS = {"tool", "version", "schema", "command", "query", "clarify", "routes", "recognized"}
 
 
-def test_console_answer_shows_route_why_steps_and_next(cli):
-    r = cli("ask", "my loss goes nan after a while")
+def test_console_answer_shows_route_why_steps_and_next(cli_inproc):
+    r = cli_inproc("ask", "my loss goes nan after a while")
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert "debugging-techniques" in out and "torchdoctor nan SCRIPT" in out
     assert "why:" in out and '"nan"' in out and "1." in out and "Next: torchdoctor nan SCRIPT" in out
 
 
-def test_json_follows_the_contract(cli):
-    r = cli("ask", "CUDA out of memory with DDP on 8 GPUs", "--json")
+def test_json_follows_the_contract(cli_inproc):
+    r = cli_inproc("ask", "CUDA out of memory with DDP on 8 GPUs", "--json")
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)  # nothing but one JSON object on stdout
     assert CONTRACT_KEYS <= set(d)
@@ -42,8 +44,8 @@ def test_json_follows_the_contract(cli):
     assert d["next"] == "torchdoctor dist [SCRIPT]"
 
 
-def test_ambiguous_query_json_has_one_question_and_no_route(cli):
-    d = json.loads(cli("ask", "optimize", "my", "model", "--json").stdout)
+def test_ambiguous_query_json_has_one_question_and_no_route(cli_inproc):
+    d = json.loads(cli_inproc("ask", "optimize", "my", "model", "--json").stdout)
     assert d["routes"] == [] and d["clarify"] == "Optimize what? Training speed? Memory usage? Inference?"
 
 
@@ -65,8 +67,8 @@ def test_stdin_10k_line_log_answered_under_a_second_with_the_decisive_line(cli):
     assert best < 1.0, best
 
 
-def test_stdin_console_quotes_the_decisive_line(cli):
-    r = cli("ask", "-", input=make_training_log(nan_at=321, n=2000))
+def test_stdin_console_quotes_the_decisive_line(cli_inproc):
+    r = cli_inproc("ask", "-", input=make_training_log(nan_at=321, n=2000))
     assert r.returncode == 0, r.stderr
     assert "line 321 of 2000" in r.stdout and "step 321 loss nan" in r.stdout
 
@@ -79,8 +81,8 @@ def test_stdin_console_quotes_the_decisive_line(cli):
     (("-",), "   \n", "nothing on stdin"),
     (("fix my training", "--run", "train.py"), None, "no route to run yet"),
 ])
-def test_bad_usage_exits_2_with_one_clear_line(cli, args, stdin, message):
-    r = cli("ask", *args, input=stdin)
+def test_bad_usage_exits_2_with_one_clear_line(cli_inproc, args, stdin, message):
+    r = cli_inproc("ask", *args, input=stdin)  # in-process, any run forbidden (conftest)
     assert r.returncode == 2
     assert message in r.stderr and "Traceback" not in r.stderr + r.stdout
 

@@ -55,9 +55,9 @@ def test_the_cli_expands_each_command_by_its_own_arguments(argv, want):
     ("checkpoint-audit", "--html PATH.html"), ("profile", "--html=PATH"), ("dist", "--html PATH.html"),
 ])
 def test_the_help_of_each_command_shows_the_accepted_forms(command, form):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "400", "TERMINAL_WIDTH": "400"}
-    r = subprocess.run([sys.executable, "-m", "torchdoctor", command, "--help"], env=env,
-                       capture_output=True, text=True, timeout=120)
+    from conftest import run_main  # in-process: a help text needs no child
+
+    r = run_main(command, "--help", env={"COLUMNS": "400", "TERMINAL_WIDTH": "400"})
     assert r.returncode == 0, r.stderr
     assert form in " ".join(r.stdout.split())
 

@@ -101,6 +101,14 @@ def test_median_se_needs_three_points():
     assert median_se([1.0, 2.0]) is None and median_se([1.0, 1.0, 1.0]) == 0.0
 
 
+def _main(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`torchdoctor compare ...` in this process (conftest run_main): compare reads two JSON files
+    and writes a report, nothing of which depends on being a separate process."""
+    from conftest import run_main
+
+    return run_main(*args, cwd=cwd, env={"COLUMNS": "160"})
+
+
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "160"}
     return subprocess.run([sys.executable, "-m", "torchdoctor", *args], cwd=cwd, env=env,
@@ -114,7 +122,7 @@ def test_bad_input_is_exit_2_without_traceback(tmp_path: Path):
     (tmp_path / "bad.json").write_text("{not json")
     for args in (["missing.json", "good.json"], ["good.json", "other.json"], ["bad.json", "good.json"],
                  ["good.json", "good.json", "--fail-on", "warning"]):
-        r = _cli("compare", *args, cwd=tmp_path)
+        r = _main("compare", *args, cwd=tmp_path)
         assert r.returncode == 2, (args, r.stderr)
         assert "Traceback" not in r.stderr and r.stderr.startswith("torchdoctor: error:")
 
@@ -122,13 +130,13 @@ def test_bad_input_is_exit_2_without_traceback(tmp_path: Path):
 def test_cli_json_html_and_fail_on(tmp_path: Path):
     (tmp_path / "b.json").write_text(json.dumps(_rep(50, 45, findings=[_f("dataloader-bound", "error")])))
     (tmp_path / "a.json").write_text(json.dumps(_rep(10, 0.5, seed=1)))
-    r = _cli("compare", "b.json", "a.json", "--json", "--html", "cmp.html", "--fail-on", "regression", cwd=tmp_path)
+    r = _main("compare", "b.json", "a.json", "--json", "--html", "cmp.html", "--fail-on", "regression", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     cmp = json.loads(r.stdout)
     assert cmp["command"] == "compare" and cmp["verdict"] == "improvement"
     page = (tmp_path / "cmp.html").read_text()
     assert "Before and after" in page and page.count("<svg") >= 2
-    r = _cli("compare", "a.json", "b.json", "--fail-on", "regression", cwd=tmp_path)
+    r = _main("compare", "a.json", "b.json", "--fail-on", "regression", cwd=tmp_path)
     assert r.returncode == 1 and "verdict: regression" in r.stdout and "slower" in r.stdout
 
 
@@ -147,19 +155,21 @@ def test_demo_before_and_after_the_fix(tmp_path: Path):
     src = path("slow_loader_train.py").read_text()
     assert FIXED[0] in src
     (tmp_path / "slow_loader_train.py").write_text(src.replace(*FIXED))
-    before = _cli("demo", "--json", cwd=tmp_path)
+    from fixture_runs import run_cli_once
+
+    before = run_cli_once("demo", "--json", timeout=600)  # the session's demo run (tests/test_checkup.py)
     assert before.returncode == 1, before.stderr[-2000:]
     (tmp_path / "before.json").write_text(before.stdout)
     after = _cli("checkup", "--json", "--steps", "30", "slow_loader_train.py", cwd=tmp_path)
     (tmp_path / "after.json").write_text(after.stdout)
     assert after.returncode in (0, 1), after.stderr[-2000:]
-    r = _cli("compare", "before.json", "after.json", "--json", cwd=tmp_path)
+    r = _main("compare", "before.json", "after.json", "--json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     cmp = json.loads(r.stdout)
     d = _delta(cmp, "steps.data_wait_ms")
     assert d["verdict"] == "faster" and d["after"] < d["before"] - d["band"], d
     print(json.dumps(d))
-    r = _cli("compare", "after.json", "before.json", "--fail-on", "regression", cwd=tmp_path)
+    r = _main("compare", "after.json", "before.json", "--fail-on", "regression", cwd=tmp_path)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "data wait" in r.stdout and "slower" in r.stdout
 
@@ -172,7 +182,7 @@ def test_hostile_strings_from_a_report_never_reach_the_terminal_raw(tmp_path: Pa
     (tmp_path / "b.json").write_text(json.dumps(before))
     (tmp_path / "a.json").write_text(json.dumps(after))
     for extra in ([], ["--json"], ["--html", "c.html"]):
-        r = _cli("compare", "b.json", "a.json", *extra, cwd=tmp_path)
+        r = _main("compare", "b.json", "a.json", *extra, cwd=tmp_path)
         assert r.returncode == 0, r.stderr
         assert "\x1b" not in r.stdout and "\x07" not in r.stdout and "\x1b" not in r.stderr
     assert "\x1b" not in (tmp_path / "c.html").read_text()

@@ -130,12 +130,14 @@ def test_shape_mismatch_is_named_with_both_shapes():
 
 
 # --------------------------------------------------------------------------- usage (fast)
-def test_bad_nproc_and_selftest_options_with_a_script_are_usage_errors(cli):
-    p = cli("checkup", "--nproc-per-node", "0", "x.py")
+def test_bad_nproc_and_selftest_options_with_a_script_are_usage_errors():
+    from conftest import run_main  # in-process: no child needed to give these
+
+    p = run_main("checkup", "--nproc-per-node", "0", "x.py")
     assert p.returncode == 2 and "Traceback" not in p.stderr
-    p = cli("dist", "--backend", "gloo", str(DIST / "healthy_ddp.py"))
+    p = run_main("dist", "--backend", "gloo", str(DIST / "healthy_ddp.py"))
     assert p.returncode == 2 and "self-test" in p.stderr and "Traceback" not in p.stderr
-    p = cli("dist", "--nproc-per-node", "2", "missing.py")
+    p = run_main("dist", "--nproc-per-node", "2", "missing.py")
     assert p.returncode == 2 and "script not found" in p.stderr
 
 

@@ -65,14 +65,19 @@ def test_cpu_selftest_timeout_is_reported_and_every_rank_is_gone(cli, tmp_path):
     (["--sizes", "big"], "cannot read size"),
     (["--timeout", "0"], "--timeout must be positive"),
 ])
-def test_usage_errors_exit_2(cli, args, needle):
-    r = cli("dist", *args)
+def test_usage_errors_exit_2(args, needle):
+    from conftest import run_main
+
+    r = run_main("dist", *args)  # in-process (`dist SCRIPT` checks the script inside its run)
     assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr
 
 
 def test_bad_nproc_and_nccl_without_gpu_exit_2(cli):
-    r = cli("dist", "--nproc-per-node", "0", "--backend", "gloo")
+    from conftest import run_main
+
+    r = run_main("dist", "--nproc-per-node", "0", "--backend", "gloo")  # in-process
     assert r.returncode == 2 and "at least 1" in r.stderr
+    # a child: CUDA_VISIBLE_DEVICES is read when CUDA starts, which this process may have done
     r = cli("dist", "--backend", "nccl", env={"CUDA_VISIBLE_DEVICES": ""})
     assert r.returncode == 2 and "needs CUDA GPUs" in r.stderr
 

@@ -24,8 +24,8 @@ FUNCS = "tests/fixtures/gradcheck/functions.py"
     (["--shape", "4", "tests/fixtures/scripts/gradcheck/healthy.py"], "--shape is for one Function"),
     (["missing.py:F", "--shape", "4"], "file not found"),
 ])
-def test_bad_single_function_usage_exits_2_before_anything_runs(argv, says):
-    p = run_cli("gradcheck", *argv, cwd=ROOT, timeout=60)
+def test_bad_single_function_usage_exits_2_before_anything_runs(cli_inproc, argv, says):
+    p = cli_inproc("gradcheck", *argv, cwd=ROOT)  # in-process, any run forbidden (conftest)
     assert p.returncode == 2, p.stderr
     assert says in p.stderr and "Traceback" not in p.stderr
 

@@ -187,7 +187,7 @@ def test_console_report_draws_timeline_and_breakdown():
     assert "No problems found" in out
 
 
-def test_bad_input_is_a_clear_usage_error():
-    p = run_cli("memory", str(MEM / "no_such_script.py"), cwd=ROOT)
+def test_bad_input_is_a_clear_usage_error(cli_inproc):
+    p = cli_inproc("memory", str(MEM / "no_such_script.py"), cwd=ROOT)
     assert p.returncode == 2
     assert "script not found" in p.stderr and "Traceback" not in p.stderr

@@ -299,9 +299,8 @@ def test_node_bandwidth_inside_and_between_nodes():
     assert nb["inter_busbw_gbs"] == round((1 << 30) / 0.05 / 1e9, 3)
 
 
-def test_unfit_multi_node_options_exit_2_before_anything_starts(tmp_path):
-    from conftest import run_cli
-
+def test_unfit_multi_node_options_exit_2_before_anything_starts(tmp_path, cli_inproc):
+    run_cli = cli_inproc  # in-process; a run started would fail the test (conftest cli_inproc)
     script = tmp_path / "train.py"
     script.write_text("print('never run')\n")
     p = run_cli("checkup", "--nnodes", "2", "--rdzv-endpoint", "h:1", str(script))

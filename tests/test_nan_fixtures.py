@@ -266,8 +266,8 @@ def test_cli_nan_healthy_console(cli):
     assert "No problems found" in r.stdout
 
 
-def test_cli_nan_bad_input(cli):
-    r = cli("nan", "no/such/train.py")
+def test_cli_nan_bad_input(cli_inproc):
+    r = cli_inproc("nan", "no/such/train.py")
     assert r.returncode == 2 and "script not found" in r.stderr
     assert "Traceback" not in r.stderr
 

@@ -23,34 +23,34 @@ def _one_line_usage_error(p, text: str) -> None:
     assert "running" not in p.stderr  # refused before the run started
 
 
-def test_out_pointing_at_a_file_is_exit_2_before_the_run(tmp_path):
+def test_out_pointing_at_a_file_is_exit_2_before_the_run(tmp_path, cli_inproc):
     f = tmp_path / "file.txt"
     f.write_text("mine")
-    p = run_cli("checkup", "--out", f, "healthy.py", cwd=RUN)
+    p = cli_inproc("checkup", "--out", f, "healthy.py", cwd=RUN)  # in-process, the run forbidden
     _one_line_usage_error(p, "is a file, not a folder")
     assert f.read_text() == "mine"
 
 
-def test_out_that_cannot_be_created_is_exit_2_before_the_run(tmp_path):
+def test_out_that_cannot_be_created_is_exit_2_before_the_run(tmp_path, cli_inproc):
     f = tmp_path / "file.txt"
     f.write_text("mine")
-    p = run_cli("checkup", "--out", f / "sub", "healthy.py", cwd=RUN)
+    p = cli_inproc("checkup", "--out", f / "sub", "healthy.py", cwd=RUN)  # in-process, the run forbidden
     _one_line_usage_error(p, "cannot create the folder")
 
 
-def test_checkpoint_audit_checks_out_before_the_audit(tmp_path):
+def test_checkpoint_audit_checks_out_before_the_audit(tmp_path, cli_inproc):
     f = tmp_path / "file.txt"
     f.write_text("mine")
-    p = run_cli("checkpoint-audit", "--out", f, tmp_path / "missing.pt")
+    p = cli_inproc("checkpoint-audit", "--out", f, tmp_path / "missing.pt")
     assert p.returncode == 2 and "is a file, not a folder" in p.stderr
 
 
-def test_a_folder_with_the_users_files_is_refused_and_left_alone(tmp_path):
+def test_a_folder_with_the_users_files_is_refused_and_left_alone(tmp_path, cli_inproc):
     """`--out .` in a project folder used to delete its run/meta.json, report.json ..."""
     (tmp_path / "report.json").write_text("the user's")
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "events.jsonl").write_text("the user's too")
-    p = run_cli("checkup", "--out", ".", str(RUN / "healthy.py"), cwd=tmp_path)
+    p = cli_inproc("checkup", "--out", ".", str(RUN / "healthy.py"), cwd=tmp_path)  # in-process, the run forbidden
     _one_line_usage_error(p, "is not empty and was not made by torchdoctor")
     assert (tmp_path / "report.json").read_text() == "the user's"
     assert (tmp_path / "run" / "events.jsonl").read_text() == "the user's too"
@@ -61,6 +61,8 @@ def test_a_symlinked_report_is_not_followed(tmp_path):
     out = tmp_path / "o"
     p = run_cli("checkup", "--steps", "2", "--out", out, "healthy.py", cwd=RUN)
     assert p.returncode == 0, p.stderr[-2000:]
+    assert (out / "run" / "events.jsonl").exists()  # --out keeps the run dir and the report
+    assert json.loads((out / "report.json").read_text())["command"] == "checkup"
     outside = tmp_path / "precious.txt"
     outside.write_text("keep me")
     (out / "report.txt").unlink()

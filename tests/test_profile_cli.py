@@ -57,15 +57,15 @@ def test_window_beyond_the_run_is_reported_not_judged(cli):
     assert rep["metrics"]["profile"]["status"] == "not-reached"
 
 
-def test_missing_script_is_a_usage_error(cli, tmp_path):
-    p = cli("profile", tmp_path / "nope.py")
+def test_missing_script_is_a_usage_error(cli_inproc, tmp_path):
+    p = cli_inproc("profile", tmp_path / "nope.py")
     assert p.returncode == 2
     assert "script not found" in p.stderr and "Traceback" not in p.stderr
 
 
 @pytest.mark.parametrize("flag,value", [("--window", "0"), ("--skip", "-1")])
-def test_bad_window_options_are_usage_errors(cli, flag, value):
-    p = cli("profile", flag, value, SCRIPTS / "cpu_healthy.py")
+def test_bad_window_options_are_usage_errors(cli_inproc, flag, value):
+    p = cli_inproc("profile", flag, value, SCRIPTS / "cpu_healthy.py")  # the run is forbidden
     assert p.returncode == 2, p.stderr
     assert "Traceback" not in p.stderr
 

@@ -49,9 +49,9 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def test_healthy_script_gets_argv_file_sibling_imports_and_no_finding(tmp_path):
-    echo = tmp_path / "echo.txt"
-    p, r = checkup("--steps", "10", "healthy.py", "--epochs", "1", "--echo", str(echo))
+def test_healthy_script_gets_argv_file_sibling_imports_and_no_finding():
+    p, r = cached("healthy.py", "checkup --steps 10 -- --epochs 1 --echo {tmp}/echo.txt")  # the session's run
+    echo = p.tmp / "echo.txt"
     assert p.returncode == 0, p.stderr
     assert r["status"] == "ok" and r["findings"] == []
     seen = eval(echo.read_text())
@@ -60,7 +60,8 @@ def test_healthy_script_gets_argv_file_sibling_imports_and_no_finding(tmp_path):
     assert r["metrics"]["run"]["outcome"] == "stopped"
     assert r["metrics"]["steps"]["count"] == 10
     assert r["context"]["device"] == "cpu" and r["context"]["torch"]
-    assert "final loss" not in p.stdout  # the script's output goes to stderr
+    # stdout held only the JSON (the shared run parses all of it); the script's own output going to
+    # stderr is the next test's
 
 
 def test_script_output_streams_to_stderr_and_stdout_is_pure_json():
@@ -162,21 +163,18 @@ def test_ctrl_c_still_gives_a_report():
     assert r["status"] == "interrupted" and proc.returncode == 130
 
 
-def test_bad_input_is_one_line_exit_2(tmp_path):
-    p = run_cli("checkup", str(tmp_path / "missing.py"))
+def test_bad_input_is_one_line_exit_2(tmp_path, cli_inproc):
+    p = cli_inproc("checkup", str(tmp_path / "missing.py"))  # in-process: nothing here needs a child
     assert p.returncode == 2 and "script not found" in p.stderr and "Traceback" not in p.stderr
-    p = run_cli("checkup")
+    p = cli_inproc("checkup")
     assert p.returncode == 2 and "missing SCRIPT" in p.stderr
-    p = run_cli("checkup", "-m", "no_such_module_xyz")
+    p = cli_inproc("checkup", "-m", "no_such_module_xyz")
     assert p.returncode == 2 and "module not found" in p.stderr
-    p = run_cli("checkup", "--steps", "-1", "x.py")
+    p = cli_inproc("checkup", "--steps", "-1", "x.py")
     assert p.returncode == 2
 
-
-def test_out_dir_keeps_run_dir_and_report(tmp_path):
-    p, r = checkup("--steps", "4", "--out", str(tmp_path / "o"), "healthy.py")
-    assert (tmp_path / "o" / "run" / "events.jsonl").exists()
-    assert json.loads((tmp_path / "o" / "report.json").read_text())["command"] == "checkup"
+# --out keeps the run dir and report.json: tests/test_out_dir.py (test_a_symlinked_report_is_not_followed,
+# whose first run is the same command)
 
 
 def test_timeout_on_a_progressing_run_stops_it_cleanly_and_judges_it(tmp_path):

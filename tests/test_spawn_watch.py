@@ -39,3 +39,21 @@ def test_a_test_is_listed_by_id_by_id_without_parameters_or_by_file():
 def test_the_slow_list_reads_ids_and_skips_comments():
     nodes = sw.slow_nodes()
     assert nodes and all(n.startswith("tests/test_") and "#" not in n for n in nodes)
+
+
+def test_a_lanes_reaped_child_cpu_is_kept_apart_from_the_tests():
+    import subprocess
+
+    real = sw.os.waitpid
+    sw.os.waitpid = sw._wrap_waitpid(real)
+    try:
+        before = sw._lane_cpu[0]
+        burn = ["/bin/sh", "-c", "i=0; while [ $i -lt 30000 ]; do i=$((i+1)); done"]  # ~0.1 s of CPU
+        subprocess.run(burn, check=True)  # the test's own: not the lanes'
+        assert sw._lane_cpu[0] == before
+        lane = threading.Thread(target=subprocess.run, args=(burn,), name=sw.LANE_PREFIX + "0")
+        lane.start()
+        lane.join()
+        assert sw._lane_cpu[0] - before >= 0.02  # wait4 gave the lane's child's usage
+    finally:
+        sw.os.waitpid = real

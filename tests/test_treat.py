@@ -332,19 +332,15 @@ def test_the_console_shows_the_table_the_fix_and_untrusted_text_made_visible():
     (["nope.py"], "script not found: nope.py"),
     ([], "missing SCRIPT (or -m MODULE)"),
 ])
-def test_bad_usage_is_one_line_and_exit_2_before_any_run(tmp_path, args, message):
-    from conftest import run_cli
-
+def test_bad_usage_is_one_line_and_exit_2_before_any_run(tmp_path, cli_inproc, args, message):
     (tmp_path / "x.py").write_text("print('ran')\n")
-    p = run_cli("treat", *args, cwd=tmp_path)
+    p = cli_inproc("treat", *args, cwd=tmp_path)  # in-process: a run started fails the test (conftest)
     assert p.returncode == 2 and p.stdout == "" and "ran" not in p.stderr
     assert p.stderr.splitlines()[0] == f"torchdoctor: error: {message}"
 
 
-def test_list_prints_the_catalogue_without_running_anything():
-    from conftest import run_cli
-
-    p = run_cli("treat", "--list", "--json")
+def test_list_prints_the_catalogue_without_running_anything(cli_inproc):
+    p = cli_inproc("treat", "--list", "--json")  # in-process: a run started fails the test
     assert p.returncode == 0
     import json
 
