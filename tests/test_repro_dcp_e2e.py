@@ -69,7 +69,9 @@ def test_a_dcp_save_without_the_optimizer_on_2_fsdp2_ranks_is_measured_and_the_f
     f = next(f for f in run.report["findings"] if f["code"] == "ckpt-missing-optimizer")
     assert "resuming 2 ranks from this checkpoint (step 3) is not exact: without the optimizer state (AdamW)" in f["title"]
     assert f["title"].endswith("losses differ on ranks 0, 1 (the figures: rank 0's)")
-    assert res["own_files"]["restored"] >= 2  # the restarts rewrote the later DCP folders
+    # the restarts rewrote the later DCP folders: every rank's file guard puts them back after each
+    # restart (runner/fileguard.py), the resume check's own guard after the last; what counts is
+    # that the folders end as a plain run leaves them:
     plain = tmp_path / "plain"
     plain.mkdir()
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]

@@ -14,10 +14,9 @@ lone surrogates become ``\\udXXX`` text.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from torchdoctor.distributed.peer import MAX_BYTES, MAX_ITEMS, MAX_REASONS, number, shown, text
+from torchdoctor.distributed.peer import MAX_REASONS, decode, number, shown, text
 
 VERSION = 1
 KIND = "attach"
@@ -178,17 +177,9 @@ class _Checker:
 
 def parse(blob: bytes, node_rank: int) -> tuple[dict[str, Any] | None, list[str]]:
     """Bytes from the gather port → (the checked summary, or None when nothing can be used; reasons)."""
-    if len(blob) > MAX_BYTES:
-        return None, [f"its summary of {len(blob)} bytes exceeds the {MAX_BYTES}-byte bound"]
-    items = blob.count(b",") + blob.count(b"[") + blob.count(b"{")
-    if items > MAX_ITEMS:
-        return None, [f"its summary holds about {items} JSON values, over the bound of {MAX_ITEMS}"]
-    try:
-        data = json.loads(blob.decode("utf-8"))
-    except RecursionError:
-        return None, ["its summary nests too deep"]
-    except (ValueError, UnicodeDecodeError) as e:
-        return None, [f"its summary is not JSON ({type(e).__name__}: {shown(e, 120)})"]
+    data, why = decode(blob)
+    if why:
+        return None, [why]
     return check(data, node_rank)
 
 

@@ -82,19 +82,27 @@ def number(v: Any) -> bool:
     return t is int and -10**15 < v < 10**15
 
 
-def parse(blob: bytes, node_rank: int) -> tuple[dict[str, Any] | None, list[str]]:
-    """Bytes from the gather port → (the checked summary or None, reasons)."""
+def decode(blob: bytes) -> tuple[Any, str | None]:
+    """Bytes from the gather port → (the decoded JSON, or None and why not): bounded in bytes and
+    in values before anything is parsed (every reader of a peer's summary starts here)."""
     if len(blob) > MAX_BYTES:
-        return None, [f"its summary of {len(blob)} bytes exceeds the {MAX_BYTES}-byte bound"]
+        return None, f"its summary of {len(blob)} bytes exceeds the {MAX_BYTES}-byte bound"
     items = blob.count(b",") + blob.count(b"[") + blob.count(b"{")
     if items > MAX_ITEMS:
-        return None, [f"its summary holds about {items} JSON values, over the bound of {MAX_ITEMS}"]
+        return None, f"its summary holds about {items} JSON values, over the bound of {MAX_ITEMS}"
     try:
-        data = json.loads(blob.decode("utf-8"))
+        return json.loads(blob.decode("utf-8")), None
     except RecursionError:
-        return None, [f"its summary nests deeper than {MAX_DEPTH} levels"]
+        return None, f"its summary nests deeper than {MAX_DEPTH} levels"
     except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError, too many digits, not UTF-8
-        return None, [f"its summary is not JSON ({type(e).__name__}: {shown(e, 120)})"]
+        return None, f"its summary is not JSON ({type(e).__name__}: {shown(e, 120)})"
+
+
+def parse(blob: bytes, node_rank: int) -> tuple[dict[str, Any] | None, list[str]]:
+    """Bytes from the gather port → (the checked summary or None, reasons)."""
+    data, why = decode(blob)
+    if why:
+        return None, [why]
     # strict UTF-8 cannot hold a surrogate: only a \uD800-\uDFFF escape makes one (then copy)
     return check(data, node_rank, copy=_SURROGATE_ESCAPE.search(blob) is not None)
 

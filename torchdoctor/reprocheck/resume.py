@@ -75,28 +75,41 @@ def resume_check(trials: Any, *, baseline: Any = None, after_steps: int = AFTER_
     if not missing:
         return [], {**section, "status": "complete", "restarts": []}
     stop = min(last, k + after_steps) if last else k + after_steps
-    restarts, findings = [], []
-    own = OwnFiles(base)  # the restarts write the script's checkpoints again: put back after
+    findings, restarts, section["own_files"], refused = run_restarts(
+        trials, base, save, missing, stop, lambda run, miss: compare(base, run, k, miss),
+        lambda miss, cmp: finding_for(save, miss, cmp, last))
+    if refused:
+        return [], {**section, "status": "not-run", "reason": refused}
+    diverged = any(r["verdict"] == "differs" for r in restarts)
+    nondet = any(r["verdict"] == "not-reproducible" for r in restarts)
+    section.update(status="not-reproducible" if nondet and not diverged else
+                   "inexact" if diverged else "exact", restarts=restarts)
+    return findings, section
+
+
+def run_restarts(trials: Any, base: Any, save: dict, missing: list, stop: int, compare_one: Any,
+                 finding_one: Any) -> tuple[list, list, dict, str | None]:
+    """One restart per missing state, each stopped at ``stop`` (one process or N ranks: the
+    comparison and the finding are the caller's). The restarts write the script's checkpoints
+    again: they are kept aside first and put back after (``OwnFiles``). Returns (findings,
+    restarts, own_files summary, why none ran: the files could not be kept aside, or None)."""
+    own = OwnFiles(base)
     if not own.keep():
-        return [], {**section, "status": "not-run", "reason": own.refused, "own_files": own.summary()}
+        return [], [], own.summary(), own.refused
+    restarts, findings = [], []
     try:
         for miss in missing:
             if trials.expired():
                 restarts.append({"state": miss.state, "verdict": "not-run", "reason": "out of time budget"})
                 continue
             run = trials.run(restart_variation(save, miss), steps=stop)
-            cmp = compare(base, run, k, miss)
+            cmp = compare_one(run, miss)
             restarts.append(cmp)
             if cmp["verdict"] == "differs":
-                findings.append(finding_for(save, miss, cmp, last))
+                findings.append(finding_one(miss, cmp))
     finally:
         own.restore()
-    section["own_files"] = own.summary()
-    diverged = any(r["verdict"] == "differs" for r in restarts)
-    nondet = any(r["verdict"] == "not-reproducible" for r in restarts)
-    section.update(status="not-reproducible" if nondet and not diverged else
-                   "inexact" if diverged else "exact", restarts=restarts)
-    return findings, section
+    return findings, restarts, own.summary(), None
 
 
 def no_checkpoint_reason(ev: Any, last: int) -> str:

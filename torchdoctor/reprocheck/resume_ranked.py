@@ -129,8 +129,7 @@ def _ranks(rs: list) -> str:
 
 def check(trials: Any, base: Any, section: dict, after_steps: int) -> tuple[list[Finding], dict]:
     """The ranked resume check from its baseline run (which did not fail: :func:`ranked_report`)."""
-    from torchdoctor.reprocheck.guard import OwnFiles
-    from torchdoctor.reprocheck.resume import no_checkpoint_reason, restart_variation
+    from torchdoctor.reprocheck.resume import no_checkpoint_reason, run_restarts
 
     per = base.ranks or {}
     section["ranks"] = len(per)
@@ -150,23 +149,11 @@ def check(trials: Any, base: Any, section: dict, after_steps: int) -> tuple[list
     if not missing:
         return [], {**section, "status": "complete", "restarts": []}
     stop = min(last, k + after_steps) if last else k + after_steps
-    restarts, findings = [], []
-    own = OwnFiles(base)
-    if not own.keep():
-        return [], {**section, "status": "not-run", "reason": own.refused, "own_files": own.summary()}
-    try:
-        for miss in missing:
-            if trials.expired():
-                restarts.append({"state": miss.state, "verdict": "not-run", "reason": "out of time budget"})
-                continue
-            run = trials.run(restart_variation(save, miss), steps=stop)
-            cmp = compare_ranks(base, run, k, miss)
-            restarts.append(cmp)
-            if cmp["verdict"] == "differs":
-                findings.append(ranked_finding(save, miss, cmp, last, len(per)))
-    finally:
-        own.restore()
-    section["own_files"] = own.summary()
+    findings, restarts, section["own_files"], refused = run_restarts(
+        trials, base, save, missing, stop, lambda run, miss: compare_ranks(base, run, k, miss),
+        lambda miss, cmp: ranked_finding(save, miss, cmp, last, len(per)))
+    if refused:
+        return [], {**section, "status": "not-run", "reason": refused}
     verdicts = {r["verdict"] for r in restarts}
     section.update(status="inexact" if "differs" in verdicts else
                    "failed" if "failed" in verdicts else
