@@ -447,3 +447,14 @@ def test_compile_blocks_compiles_each_fsdp2_unit_below_the_root_and_undoes_it(on
     finally:
         a.uninstall(ctx)
     assert [m._compiled_call_impl for m in net] == [None, None, None]
+
+
+def test_the_ranked_session_reads_its_ranks_from_run_options_or_a_mapping():
+    # regression (session 10 merge): the command builds RunOptions; the session indexed it as a dict
+    # ("'RunOptions' object is not subscriptable", an internal error on every ranked treat)
+    from torchdoctor.pipeline.options import RunOptions
+    from torchdoctor.treat.ranked_session import RankedTreatSession
+
+    kw = {"budget_s": None, "forced": None}
+    assert RankedTreatSession("t.py", [], RunOptions(nproc_per_node=2), **kw).nproc == 2
+    assert RankedTreatSession("t.py", [], {"nproc_per_node": 3, "steps": 6}, **kw).nproc == 3

@@ -26,9 +26,11 @@ from torchdoctor.trials import Trials
 
 
 class RankedTreatSession(TreatSession):
-    def __init__(self, target: str, args: list[str], options: dict[str, Any], **kw: Any):
+    def __init__(self, target: str, args: list[str], options: Any, **kw: Any):
+        from torchdoctor.pipeline.options import RunOptions
+
         super().__init__(target, args, options, **kw)
-        self.nproc = int(options["nproc_per_node"])
+        self.nproc = int(RunOptions.of(options).nproc_per_node or 0)
 
     def _judge_baseline(self, trials: Trials, base0, shown: str):
         from torchdoctor.distributed.ranked import judge

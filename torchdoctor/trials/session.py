@@ -11,7 +11,7 @@ probe's instruments plus :data:`TRIAL_NEEDS` plus the variation's needs. The scr
 not echoed (its tail is kept in the evidence). ``budget_s`` bounds the whole command: a run
 gets at most the time left, and :meth:`Trials.expired` says when no run should start.
 
-With ``options["nproc_per_node"] = N`` each run is one torchrun launch of N ranks (the ranked
+With ``nproc_per_node = N`` in the options each run is one torchrun launch of N ranks (the ranked
 launch of ``distributed/torchrun.py``) and comes back as a
 :class:`~torchdoctor.trials.ranked.RankedTrialRun` (timed on the slowest rank).
 
