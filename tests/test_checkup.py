@@ -73,7 +73,7 @@ def test_model_moved_in_loop_names_the_line(monkeypatch):
     seen = []
 
     def run_probe(probe, target, args, options):
-        seen.append((probe, target, options["steps"]))
+        seen.append((probe, target, options.steps))  # the command's RunOptions
         rep = Report(command=probe, target=target)
         rep.add(finding(f["code"], f["title"], f["evidence"]))
         return rep

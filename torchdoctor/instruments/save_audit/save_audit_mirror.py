@@ -176,7 +176,9 @@ def data_ptr(t: Any) -> int | None:
     """The address that identifies ``t``'s data (a DTensor: its local shard's), or None (no storage)."""
     import torch
 
-    t = getattr(t, "_local_tensor", t)  # a DTensor's data_ptr() is 0: its shard holds the storage
+    from torchdoctor.torch_internals import local_tensor
+
+    t = local_tensor(t)  # a DTensor's data_ptr() is 0: its shard holds the storage
     try:
         if t.device.type == "meta" or t.layout != torch.strided:
             return None
