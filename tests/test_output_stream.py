@@ -10,13 +10,14 @@ import os
 import re
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
-from conftest import ROOT, run_cli
-from proc_helpers import Watched, kill_leftovers
+from conftest import ROOT
 
-PROC = ROOT / "tests" / "fixtures" / "scripts" / "proc"
+OUTSTREAM = ROOT / "tests" / "fixtures" / "outstream"
 pytestmark = pytest.mark.slow
 
 
@@ -26,9 +27,42 @@ def _env() -> dict:
     return e
 
 
-def test_a_long_line_without_newline_keeps_torchdoctor_small(tmp_path):
-    """300 MiB in one line: torchdoctor's own peak RSS stays under 300 MB (it was 3x the line)."""
-    rss = tmp_path / "maxrss"
+class _Scan:
+    """Reads a pipe to its end on a thread, keeping only which of ``texts`` it has seen: the
+    script's 300 MiB line passes through without being held."""
+
+    def __init__(self, pipe, texts: tuple[bytes, ...]) -> None:
+        self.pipe, self.texts, self.seen = pipe, texts, set()
+        self.tail = b""
+        self.t = threading.Thread(target=self._read, daemon=True)
+        self.t.start()
+
+    def _read(self) -> None:
+        keep = max(map(len, self.texts))
+        while chunk := self.pipe.read1(1 << 20):
+            window = self.tail[-keep:] + chunk
+            self.seen.update(t for t in self.texts if t in window)
+            self.tail = window[-4096:]
+
+    def wait_for(self, text: bytes, proc: subprocess.Popen, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.seen:
+            assert time.monotonic() < deadline and proc.poll() is None, (text, self.tail[-2000:])
+            time.sleep(0.05)
+
+
+def test_output_and_input_pass_through_a_bounded_parent(tmp_path):
+    """One run of tests/fixtures/outstream's `-m pkg.train` (four checks that each had a run of
+    their own, on independent paths of the parent):
+
+    - a long line without newline (300 MiB): torchdoctor's own peak RSS stays under 300 MB (it was
+      3x the line);
+    - carriage-return progress is passed on before any newline: `[bar] 1/2` arrives while the
+      script still waits mid-line for the file `go`;
+    - stdin is passed to the script as python would;
+    - `-m pkg.train` is found from the current folder without it on sys.path (the console entry
+      point's sys.path does not hold the current folder: simulated with python -P)."""
+    rss, go = tmp_path / "maxrss", tmp_path / "go"
     # VmHWM, not ru_maxrss: Linux carries the parent's RSS at fork into a child's ru_maxrss
     # across exec, so under a big pytest process ru_maxrss read 759 MB for a 21 MB torchdoctor
     boot = ("import atexit, re, runpy, sys\n"
@@ -36,11 +70,30 @@ def test_a_long_line_without_newline_keeps_torchdoctor_small(tmp_path):
             "r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)))\n"
             "sys.argv = ['torchdoctor'] + sys.argv[1:]\n"
             "runpy.run_module('torchdoctor', run_name='__main__')\n")
-    with open(os.devnull, "wb") as null:
-        p = subprocess.run([sys.executable, "-c", boot, "checkup", "--json", "no_newline.py", "300"],
-                           cwd=PROC, env=_env(), stdout=subprocess.PIPE, stderr=null, timeout=300)
-    r = json.loads(p.stdout)
+    p = subprocess.Popen([sys.executable, "-P", "-c", boot, "checkup", "--json", "-m", "pkg.train",
+                          str(go), "300"], cwd=OUTSTREAM, env=_env(), stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    texts = (b"[bar] 1/2", b"[bar] 2/2", b"stdin said: 'hello from a pipe'", b"pkg.helper imported",
+             b"wrote everything")
+    err = _Scan(p.stderr, texts)
+    try:
+        p.stdin.write(b"hello from a pipe\n")
+        p.stdin.close()
+        err.wait_for(b"[bar] 1/2", p, timeout=120)  # still mid-line: the script waits for `go`
+        assert p.poll() is None
+        go.write_text("1")
+        out = p.stdout.read()
+        assert p.wait(timeout=300) == 0, err.tail[-3000:]
+        err.t.join(timeout=60)
+    finally:
+        go.write_text("1")
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert err.seen == set(texts), (err.seen, err.tail[-3000:])
+    r = json.loads(out)
     assert r["metrics"]["run"]["outcome"] == "exit", r["metrics"]["run"]
+    assert r["metrics"]["steps"]["count"] == 2
     peak_mb = int(rss.read_text()) / 1024
     assert peak_mb < 300, f"torchdoctor peaked at {peak_mb:.0f} MB"
 
@@ -56,36 +109,6 @@ def test_the_tail_keeps_the_end_of_a_long_line_only(tmp_path):
     t.feed("20%", b"\r")
     t.feed("done", b"\n")
     assert t.snapshot() == ["y" * TAIL_LINE_MAX, "done"]
-
-
-def test_carriage_return_progress_is_passed_on_before_any_newline(tmp_path):
-    go = tmp_path / "go"
-    w = Watched("checkup", "--json", "progress_bar.py", go, cwd=PROC)
-    try:
-        w.wait_for(b"[bar] 1/3", timeout=60)  # still mid-line: the script waits for `go`
-        assert w.proc.poll() is None
-        go.write_text("1")
-        rc, out = w.finish(timeout=60)
-        assert rc == 0 and b"[bar] 3/3" in w.err
-    finally:
-        go.write_text("1")
-        kill_leftovers(list(w.seen))
-
-
-def test_stdin_is_passed_to_the_script_as_python_would():
-    p = run_cli("checkup", "--json", "read_stdin.py", input="hello from a pipe\n", cwd=PROC)
-    assert "stdin said: 'hello from a pipe'" in p.stderr, p.stderr[-2000:]
-
-
-def test_module_is_found_from_the_current_folder_without_it_on_sys_path():
-    """`torchdoctor checkup -m pkg.train` from the folder holding pkg/ (the console entry
-    point's sys.path does not hold the current folder: simulated with python -P)."""
-    p = subprocess.run([sys.executable, "-P", "-m", "torchdoctor", "checkup", "--json", "-m",
-                        "pkg.train"], cwd=PROC / "modproj", env=_env(), capture_output=True,
-                       text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-2000:]
-    assert "pkg.helper imported" in p.stderr
-    assert json.loads(p.stdout)["metrics"]["steps"]["count"] == 2
 
 
 def test_plain_progress_line_without_a_terminal():
