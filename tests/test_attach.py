@@ -131,7 +131,8 @@ def test_a_slow_rank_then_a_skipped_all_reduce_are_named_with_their_lines(pyspy,
         assert "all_reduce at skip_allreduce.py:" in title, title
 
         stop.write_text("the data ran out\n")
-        time.sleep(8)  # rank 1 finishes its slow step, both reach the place where they hang
+        job.wait_for("rank 1 skips the all_reduce")  # rank 1 finished its slow step
+        time.sleep(1)  # both reach the place where they hang (rank 1 its barrier, rank 0 the all_reduce)
         code, rep, err = attach("--job", str(job.proc.pid), "--duration", "3")
         assert rep is not None, err
         found = {f["code"]: f for f in rep["findings"]}
@@ -194,11 +195,33 @@ def start_plain(script: str, env: dict) -> subprocess.Popen:
     return p
 
 
+@pytest.fixture(scope="module")
+def healthy_twin(pyspy):
+    """healthy_twin.py (gil_thread.py's and leak_steps.py's loops with SICK unset, in one process)
+    attached for leak_steps's default 10 s window, run to its end, beside the same run never
+    attached: what the two tests of those fixtures check of their healthy twin, from one run."""
+    healthy = start_plain("healthy_twin.py", {"STEPS": "300"})
+    unattached = start_plain("healthy_twin.py", {"STEPS": "300"})  # the same run, never attached
+    try:
+        assert healthy.stdout.readline().strip() == "training"
+        code, rep, err = attach(str(healthy.pid), "--duration", "10")
+        assert rep is not None, err
+        out, _ = healthy.communicate(timeout=300)
+        plain, _ = unattached.communicate(timeout=300)
+        return {"code": code, "findings": rep["findings"],
+                "warnings": [f for f in rep["findings"] if f["severity"] != "info"],
+                "processes": rep["metrics"]["attach"]["processes"], "returncode": healthy.returncode,
+                "unattached_returncode": unattached.returncode, "out": out, "plain": plain}
+    finally:
+        kill_tree(healthy)
+        kill_tree(unattached)
+
+
 @pytest.mark.slow
-def test_a_thread_holding_the_gil_is_named_and_a_light_monitor_thread_is_not(pyspy):
+def test_a_thread_holding_the_gil_is_named_and_a_light_monitor_thread_is_not(pyspy, healthy_twin):
     """gil_thread.py: SICK=1, its statistics thread loops in pure Python (measured: it held the
     GIL in 86% of 150 samples); unset, it summarises a little once a second (2%): no finding, and
-    the run finishes with exit 0."""
+    the run finishes with exit 0 (the unset twin: `healthy_twin`)."""
     sick = start_plain("gil_thread.py", {"SICK": "1"})
     try:
         assert sick.stdout.readline().strip() == "training"
@@ -214,24 +237,18 @@ def test_a_thread_holding_the_gil_is_named_and_a_light_monitor_thread_is_not(pys
         assert sick.poll() is None
     finally:
         kill_tree(sick)
-    healthy = start_plain("gil_thread.py", {"STEPS": "2500"})
-    try:
-        assert healthy.stdout.readline().strip() == "training"
-        code, rep, err = attach(str(healthy.pid), "--duration", "3")
-        assert rep is not None, err
-        assert code == 0 and [f for f in rep["findings"] if f["severity"] != "info"] == [], rep["findings"]
-        gil = rep["metrics"]["attach"]["processes"][0]["gil"]
-        assert gil["rate_hz"] == 50 and gil["threads"], gil  # measured, not skipped
-        out, _ = healthy.communicate(timeout=300)
-        assert healthy.returncode == 0 and out.startswith("done "), out
-    finally:
-        kill_tree(healthy)
+    healthy = healthy_twin
+    assert healthy["code"] == 0 and healthy["warnings"] == [], healthy["findings"]
+    gil = healthy["processes"][0]["gil"]
+    assert gil["rate_hz"] == 50 and gil["threads"], gil  # measured, not skipped
+    assert healthy["returncode"] == 0 and healthy["out"].startswith("done "), healthy["out"]
 
 
 @pytest.mark.slow
-def test_a_process_keeping_every_batch_is_named_and_its_bounded_twin_is_not(pyspy):
+def test_a_process_keeping_every_batch_is_named_and_its_bounded_twin_is_not(pyspy, healthy_twin):
     """leak_steps.py: SICK=1 keeps every step's 256 KiB batch (measured 3.8 MiB/s over the default
-    10 s window); unset, it keeps the last 8: no finding, and it finishes with exit 0."""
+    10 s window); unset, it keeps the last 8: no finding, and it finishes with exit 0 and the output
+    of the same run never attached (the unset twin: `healthy_twin`)."""
     sick = start_plain("leak_steps.py", {"SICK": "1"})
     try:
         assert sick.stdout.readline().strip() == "training"
@@ -245,21 +262,12 @@ def test_a_process_keeping_every_batch_is_named_and_its_bounded_twin_is_not(pysp
         assert sick.poll() is None
     finally:
         kill_tree(sick)
-    healthy = start_plain("leak_steps.py", {"STEPS": "400"})
-    unattached = start_plain("leak_steps.py", {"STEPS": "400"})  # the same run, never attached
-    try:
-        assert healthy.stdout.readline().strip() == "training"
-        code, rep, err = attach(str(healthy.pid), "--duration", "10")
-        assert rep is not None, err
-        assert code == 0 and [f for f in rep["findings"] if f["severity"] != "info"] == [], rep["findings"]
-        assert rep["metrics"]["attach"]["processes"][0]["rss_samples"] >= 8
-        out, _ = healthy.communicate(timeout=300)
-        plain, _ = unattached.communicate(timeout=300)
-        assert healthy.returncode == 0 == unattached.returncode and out.startswith("done "), out
-        assert "training\n" + out == plain, (out, plain)  # the same output as without the attach
-    finally:
-        kill_tree(healthy)
-        kill_tree(unattached)
+    healthy = healthy_twin
+    assert healthy["code"] == 0 and healthy["warnings"] == [], healthy["findings"]
+    assert healthy["processes"][0]["rss_samples"] >= 8
+    assert healthy["returncode"] == 0 == healthy["unattached_returncode"], healthy
+    assert healthy["out"].startswith("done "), healthy["out"]
+    assert "training\n" + healthy["out"] == healthy["plain"], healthy  # the same output as without the attach
 
 
 @pytest.mark.gpu

@@ -87,7 +87,8 @@ def test_two_nodes_attach_and_node_0_prints_one_job_report_then_names_a_node_tha
     try:
         job.wait_for("rank 0 training", "rank 1 training")
         stop.touch()  # rank 1 skips the all_reduce: rank 0 waits in it, rank 1 in the barrier
-        time.sleep(4)
+        job.wait_for("rank 1 skips the all_reduce")
+        time.sleep(1)  # both reach the place where they hang
         # both nodes at once, each on its own launcher (node 1 starts first: it retries until node 0 listens)
         n1 = attach_node(job.procs[1].pid, 1, port, gather, "--duration", "3")
         n0 = attach_node(job.procs[0].pid, 0, port, gather, "--duration", "3")
