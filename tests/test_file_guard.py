@@ -188,12 +188,14 @@ with open(os.path.join(out, "last.txt"), "w") as f:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("argv", [
-    ["repro", "--steps", "10"],  # more than the script makes: it ends by itself, after its saves
-    ["treat", "--try", "set-to-none", "--rounds", "2", "--steps", "10"],
-])
-def test_after_a_multi_run_command_the_files_are_the_main_runs(tmp_path, argv):
+def test_after_a_multi_run_command_the_files_are_the_main_runs(tmp_path):
+    """repro (2 runs: the main one, then a guarded re-run). treat's runs are the same Trials'
+    runs (TreatSession.run opens one Trials; every run after the main one is guarded, checked
+    below without a process): its end-to-end check is test_interrupt_e2e's treat test, whose
+    re-run's line in the user's file is taken out again (4 treat runs here cost 17 s of CPU)."""
     import torch
+
+    argv = ["repro", "--steps", "10"]  # more than the script makes: it ends by itself, after its saves
 
     script, out = tmp_path / "train.py", tmp_path / "outputs"
     script.write_text(TRACES)
@@ -228,3 +230,29 @@ def test_every_run_but_the_main_one_is_guarded(monkeypatch, tmp_path, main_run, 
         for i in range(len(guarded)):
             trials.run(Variation(f"v{i}", "a variation"))
     assert seen == guarded
+
+
+def test_treat_guards_every_run_but_its_first_baseline(monkeypatch, tmp_path):
+    """treat's whole schedule (baseline, then a trial alternating with baseline rounds) on a fake
+    launcher: only its first run, the main one, writes the user's files for good."""
+    from torchdoctor.runner.launch import LaunchResult
+    from torchdoctor.runner.rundir import EVENTS
+    from torchdoctor.treat.plan import Plan, Planned
+    from torchdoctor.treat.session import TreatSession
+
+    seen = []
+
+    def fake(run_dir, probe, argv, *, options=None, **_kw):
+        seen.append(bool((options or {}).get("guard_files")))
+        steps = (json.dumps({"kind": "step", "step": i, "wall_s": 0.02, "data_s": 0.0}) for i in range(1, 7))
+        Path(run_dir, EVENTS).write_text("\n".join(steps) + "\n")
+        return LaunchResult("exit", 0, 0.0)
+
+    monkeypatch.setattr("torchdoctor.runner.launch.launch", fake)
+    monkeypatch.setattr(TreatSession, "_plan", lambda self, survey, codes, **kw: Plan(
+        trials=[Planned("set-to-none", None, "--try")]))
+    script = tmp_path / "t.py"
+    script.write_text("pass\n")
+    TreatSession(str(script), [], {"steps": 6}, budget_s=None, forced=None, rounds=2,
+                 progress=lambda m: None).run()
+    assert seen == [False, True, True, True]  # baseline 1, set-to-none, baseline 2, set-to-none

@@ -97,6 +97,7 @@ def test_repro_stops_in_the_run_it_was_signalled_in(tmp_path, sig, run):
         data = rep["metrics"]["repro"]
         assert data["compared"] is False and data["interrupted"] == signal.Signals(sig).name
         assert "interrupted by" in data["reason"]
+        assert len(starts.read_text().splitlines()) == 1  # run 2 is a re-run: its line was taken out
         assert w.survivors() == []
     finally:
         counter.done = True
@@ -115,6 +116,10 @@ def test_treat_stops_in_its_second_run(tmp_path):
         assert rep["status"] == "interrupted"
         assert rep["metrics"]["treat"]["stopped"] == "interrupted"
         assert _starts(starts) == 2 and took < 15, took
+        # the file is the user's: the signalled re-run's line was taken out again (runner/fileguard.py,
+        # the files after treat are its main run's; the end-to-end check of a finished re-run's
+        # writes is test_file_guard's, on repro: both commands' re-runs are Trials' guarded runs)
+        assert len(starts.read_text().splitlines()) == 1, starts.read_text()
         assert w.survivors() == []
     finally:
         counter.done = True
