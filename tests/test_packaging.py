@@ -25,7 +25,12 @@ def _td(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProc
                           capture_output=True, text=True, timeout=timeout)
 
 
-def test_project_defaults_apply_and_the_cli_overrides(tmp_path: Path):
+def test_project_defaults_apply_and_the_cli_overrides(tmp_path: Path, monkeypatch):
+    """A real run under the project's defaults; then, in-process with a stand-in run, the CLI's
+    own --steps and --out override them (what the command decides before its run)."""
+    from conftest import run_main
+    from torchdoctor.findings import Report
+
     (tmp_path / "pyproject.toml").write_text('[tool.torchdoctor]\nsteps = 3\ntimeout = 77\nfail-on = "warning"\n'
                                              'out = "td-out"\n')
     sub = tmp_path / "src"
@@ -36,8 +41,18 @@ def test_project_defaults_apply_and_the_cli_overrides(tmp_path: Path):
     rep = json.loads(r.stdout)
     assert rep["metrics"]["run"]["steps"] == 3 and "timeout 77 s" in r.stderr
     assert "[tool.torchdoctor]" in r.stderr and (tmp_path / "td-out" / "report.json").is_file()
-    r = _td("checkup", "--json", "--steps", "5", "--out", str(tmp_path / "o2"), "t.py", cwd=sub)
-    assert json.loads(r.stdout)["metrics"]["run"]["steps"] == 5 and (tmp_path / "o2" / "report.json").is_file()
+    given = []
+
+    def stand_in(probe, target, args, options=None):
+        given.append(options)
+        return Report(probe, target=target)
+
+    monkeypatch.setattr("torchdoctor.pipeline.run.run_probe", stand_in)
+    r = run_main("checkup", "--json", "--steps", "5", "--out", str(tmp_path / "o2"), "t.py", cwd=sub)
+    assert r.returncode == 0 and len(given) == 1, r.stderr[-2000:]
+    assert given[0].steps == 5 and Path(given[0].out) == tmp_path / "o2", given[0]
+    assert given[0].timeout == 77  # the project's, where the CLI gives none
+    assert (tmp_path / "o2" / "report.json").is_file()
 
 
 @pytest.mark.parametrize("table, message", [
@@ -46,10 +61,10 @@ def test_project_defaults_apply_and_the_cli_overrides(tmp_path: Path):
     ('[tool.torchdoctor]\nfail-on = "never"\n', "error"),
     ('[tool.torchdoctor]\ntimeout = "long"\n', "seconds > 0"),
 ])
-def test_bad_project_defaults_are_exit_2_before_any_work(tmp_path: Path, table: str, message: str):
+def test_bad_project_defaults_are_exit_2_before_any_work(tmp_path: Path, table: str, message: str, cli_inproc):
     (tmp_path / "pyproject.toml").write_text(table)
     (tmp_path / "t.py").write_text("raise SystemExit('must not run')\n")
-    r = _td("checkup", "t.py", cwd=tmp_path, timeout=60)
+    r = cli_inproc("checkup", "t.py", cwd=tmp_path)  # in-process, any run forbidden
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
     assert "must not run" not in r.stderr
 
