@@ -105,9 +105,19 @@ def injected(tmp_path_factory):
     return d / "evil.pt", marker
 
 
-def test_escape_bytes_never_reach_the_console(cli, injected):
+@pytest.fixture
+def cli_main():
+    """The console entry point in this process (``conftest.run_main``): the audit reads, never
+    runs, what it is given, and exit codes, rendering and "no traceback" (an escaped exception is
+    raised here) do not depend on a process of its own; the resource bounds below keep theirs."""
+    from conftest import run_main
+
+    return run_main
+
+
+def test_escape_bytes_never_reach_the_console(cli_main, injected):
     path, marker = injected
-    r = cli("checkpoint-audit", path)
+    r = cli_main("checkpoint-audit", path)
     assert r.returncode == 1, r.stderr  # the os.system payload is an error
     assert "Traceback" not in r.stderr and "MarkupError" not in r.stderr
     assert "\x1b" not in r.stdout and "\x9b" not in r.stdout and "\x07" not in r.stdout
@@ -117,9 +127,9 @@ def test_escape_bytes_never_reach_the_console(cli, injected):
     assert not os.path.exists(marker)
 
 
-def test_json_stays_valid_and_faithful(cli, injected):
+def test_json_stays_valid_and_faithful(cli_main, injected):
     path, _marker = injected
-    r = cli("checkpoint-audit", path, "--json")
+    r = cli_main("checkpoint-audit", path, "--json")
     d = json.loads(r.stdout)
     keys = [e["key"] for e in d["metrics"]["checkpoint"]["entries"]]
     assert "[/x]" in keys and "\x1b[31mred\x1b[0m" in keys  # the data as it is, escaped by JSON itself
@@ -270,8 +280,8 @@ def test_crafted_values_give_a_report_not_a_crash(tmp_path):
 
 
 @pytest.mark.parametrize("case", ["5000_digit_int", "infinite_offset", "negative_offset", "self_index"])
-def test_crafted_values_through_the_cli(cli, tmp_path, case):
-    r = cli("checkpoint-audit", _crafted(tmp_path)[case], "--json")
+def test_crafted_values_through_the_cli(cli_main, tmp_path, case):
+    r = cli_main("checkpoint-audit", _crafted(tmp_path)[case], "--json")
     json.loads(r.stdout)
     assert r.returncode in (0, 1) and "Traceback" not in r.stderr and "internal error" not in r.stderr, r.stderr
 
@@ -359,13 +369,13 @@ def test_symlink_out_of_a_folder_is_reported_not_followed(tmp_path):
 
 # -- exit codes (issue 14, item 14) --------------------------------------------------------------------
 
-def test_exit_codes_match_the_docs(cli, tmp_path):
+def test_exit_codes_match_the_docs(cli_main, tmp_path):
     (tmp_path / "trunc.pt").write_bytes(b"PK\x03\x04" + b"\0" * 100)
-    r = cli("checkpoint-audit", tmp_path / "trunc.pt", "--json")
+    r = cli_main("checkpoint-audit", tmp_path / "trunc.pt", "--json")
     assert r.returncode == 1 and json.loads(r.stdout)["findings"][0]["code"] == "ckpt-unreadable"
-    assert cli("checkpoint-audit", tmp_path / "missing.pt").returncode == 2
+    assert cli_main("checkpoint-audit", tmp_path / "missing.pt").returncode == 2
     (tmp_path / "empty").mkdir()
-    assert cli("checkpoint-audit", tmp_path / "empty").returncode == 2
+    assert cli_main("checkpoint-audit", tmp_path / "empty").returncode == 2
     docs = (ROOT / "docs" / "checkpoint.md").read_text() + (ROOT / "README.md").read_text() + \
         (ROOT / "docs" / "findings" / "ckpt-unreadable.md").read_text()
     assert "unreadable" in docs and "exit 1" in docs.lower()
