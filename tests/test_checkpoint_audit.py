@@ -12,6 +12,8 @@ from torchdoctor.pipeline.checkpoint import Options, run
 from torchdoctor.catalog import catalog
 from torchdoctor.report.console import render_to_text
 
+from conftest import run_main  # the CLI in this process: exit codes and messages of an audit that reads, never runs
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -116,16 +118,16 @@ def test_audit_never_imports_torch(fx):
     assert out.stdout.strip() == "False"
 
 
-def test_cli_json_and_exit_codes(cli, fx):
-    ok = cli("checkpoint-audit", fx["complete"], "--json")
+def test_cli_json_and_exit_codes(fx):
+    ok = run_main("checkpoint-audit", fx["complete"], "--json")
     assert ok.returncode == 0, ok.stderr
     d = json.loads(ok.stdout)
     assert d["command"] == "checkpoint-audit" and d["status"] == "ok" and d["findings"] == []
-    bad = cli("checkpoint-audit", fx["nonfinite"], "--json")
+    bad = run_main("checkpoint-audit", fx["nonfinite"], "--json")
     assert bad.returncode == 1 and json.loads(bad.stdout)["findings"][0]["code"] == "ckpt-nonfinite-weights"
-    warn = cli("checkpoint-audit", fx["missing_rng"], "--expect", "resume", "--fail-on", "warning")
+    warn = run_main("checkpoint-audit", fx["missing_rng"], "--expect", "resume", "--fail-on", "warning")
     assert warn.returncode == 1 and "ckpt-missing-rng" in warn.stdout
-    usage = cli("checkpoint-audit", fx["complete"], "--expect", "sometimes")
+    usage = run_main("checkpoint-audit", fx["complete"], "--expect", "sometimes")
     assert usage.returncode == 2 and "--expect" in usage.stderr and "Traceback" not in usage.stderr
 
 

@@ -12,6 +12,8 @@ import torch
 from torchdoctor.pipeline.checkpoint import Options, run
 from torchdoctor.errors import DoctorError
 
+from conftest import run_main  # the CLI in this process: exit codes and messages of an audit that reads, never runs
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -115,9 +117,9 @@ def test_bad_model_spec_is_a_usage_error(env, spec, msg):
         run(fx["complete"], Options(model=spec.format(mod=mod)))
 
 
-def test_cli_model_mismatch_exit_1_and_bad_spec_exit_2(cli, env):
+def test_cli_model_mismatch_exit_1_and_bad_spec_exit_2(env):
     fx, mod = env
-    r = cli("checkpoint-audit", fx["complete"], "--model", f"{mod}:build_wide", "--json")
+    r = run_main("checkpoint-audit", fx["complete"], "--model", f"{mod}:build_wide", "--json")
     assert r.returncode == 1
     assert "ckpt-model-mismatch" in {f["code"] for f in json.loads(r.stdout)["findings"]}
     from typer.testing import CliRunner

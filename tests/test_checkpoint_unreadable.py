@@ -15,6 +15,8 @@ import pytest
 
 from torchdoctor.pipeline.checkpoint import Options, run
 
+from conftest import run_main  # the CLI in this process: exit codes and messages of an audit that reads, never runs
+
 MINI_ZIP_PICKLE = b"\x80\x02}q\x00X\x01\x00\x00\x00aq\x01K\x01s."  # {'a': 1}, protocol 2
 
 
@@ -79,38 +81,38 @@ def test_unreadable_input_is_a_report_saying_which(bad, case):
 
 
 @pytest.mark.parametrize("case", ["empty", "truncated_zip", "corrupt_pickle"])
-def test_unreadable_cli_exit_1_json_no_traceback(cli, bad, case):
-    r = cli("checkpoint-audit", bad[case][0], "--json")
+def test_unreadable_cli_exit_1_json_no_traceback(bad, case):
+    r = run_main("checkpoint-audit", bad[case][0], "--json")
     assert r.returncode == 1
     assert "Traceback" not in r.stdout + r.stderr
     assert json.loads(r.stdout)["findings"][0]["code"] == "ckpt-unreadable"
 
 
 @pytest.mark.parametrize("case", ["no_ckpt_dir", "empty_dir"])
-def test_folder_without_checkpoint_is_usage_error_exit_2(cli, bad, case):
-    r = cli("checkpoint-audit", bad[case][0], "--json")
+def test_folder_without_checkpoint_is_usage_error_exit_2(bad, case):
+    r = run_main("checkpoint-audit", bad[case][0], "--json")
     assert r.returncode == 2 and r.stdout == ""
     assert "no checkpoint in directory" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_missing_path_is_usage_error_exit_2(cli, tmp_path):
-    r = cli("checkpoint-audit", tmp_path / "nope.pt", "--json")
+def test_missing_path_is_usage_error_exit_2(tmp_path):
+    r = run_main("checkpoint-audit", tmp_path / "nope.pt", "--json")
     assert r.returncode == 2 and r.stdout == ""
     assert "ckpt-unreadable: no such file or directory" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_broken_symlink_is_usage_error(cli, tmp_path):
+def test_broken_symlink_is_usage_error(tmp_path):
     os.symlink(tmp_path / "gone.pt", tmp_path / "link.pt")
-    r = cli("checkpoint-audit", tmp_path / "link.pt")
+    r = run_main("checkpoint-audit", tmp_path / "link.pt")
     assert r.returncode == 2 and "broken symbolic link" in r.stderr
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
-def test_permission_denied_is_usage_error_exit_2(cli, tmp_path):
+def test_permission_denied_is_usage_error_exit_2(tmp_path):
     p = tmp_path / "secret.pt"
     p.write_bytes(b"x" * 10)
     p.chmod(0)
-    r = cli("checkpoint-audit", p)
+    r = run_main("checkpoint-audit", p)
     assert r.returncode == 2 and "permission denied" in r.stderr and "Traceback" not in r.stderr
 
 
