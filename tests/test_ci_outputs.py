@@ -20,7 +20,6 @@ jsonschema = pytest.importorskip("jsonschema")
 
 ROOT = Path(__file__).resolve().parents[1]
 SARIF_SCHEMA = json.loads((ROOT / "tests" / "data" / "sarif-2.1.0-rtm.5.json").read_text())
-PERF = ROOT / "tests" / "fixtures" / "scripts" / "perf"
 
 
 def _sarif_errors(doc: dict) -> list[str]:
@@ -88,25 +87,73 @@ def test_a_file_not_ours_is_refused_and_ours_is_replaced(tmp_path: Path):
         check_target("junit", str(tmp_path / "no" / "j.xml"))
 
 
-def test_checkup_of_a_sick_fixture_writes_valid_sarif_and_junit(tmp_path: Path):
-    """Acceptance: the SARIF of a sick fixture validates and names file:line; the JUnit file
-    parses with a standard JUnit parser (junitparser) and with xml.etree."""
+SICK = """\
+import sys
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+print("ARGS", sys.argv[1:])
+torch.manual_seed(0)
+torch.set_num_threads(1)
+
+
+class Jittered(Dataset):
+    def __len__(self) -> int:
+        return 4096
+
+    def __getitem__(self, i):
+        x = torch.randn(64)
+        for _ in range(40):  # the bottleneck: many tiny ops per sample, num_workers=0
+            x = x + 0.01 * torch.randn(64)
+        return x, x.sum(0, keepdim=True)
+
+
+model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for x, y in DataLoader(Jittered(), batch_size=16):
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_checkup_of_a_sick_script_writes_valid_sarif_junit_and_html(tmp_path: Path):
+    """Acceptance: the SARIF of a sick script (dataloader-bound, as perf/slow_loader.py) validates
+    and names file:line; the JUnit file parses with a standard JUnit parser (junitparser) and with
+    xml.etree. The same run (one checkup, not two) carries test_html_report's script-probe check:
+    a bare --html under --out writes one page there, beside report.json, and the --html after
+    SCRIPT is the script's own argument."""
+    from torchdoctor.report.html import MARKER
+
     sarif, junit = tmp_path / "td.sarif", tmp_path / "td.xml"
+    script = tmp_path / "train.py"
+    script.write_text(SICK)
+    before = script.read_bytes()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
     r = subprocess.run([sys.executable, "-m", "torchdoctor", "checkup", "--json", "--steps", "10", "--sarif",
-                        str(sarif), "--junit", str(junit), "slow_loader.py"], cwd=PERF, env=env,
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 1, r.stderr[-2000:]
+                        str(sarif), "--junit", str(junit), "--out", "o", "--html", "train.py", "--html"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1, r.stderr[-2000:]  # the dataloader-bound error (the html check had a healthy script: 0)
     rep = json.loads(r.stdout)
     assert rep["artifacts"]["sarif"] == str(sarif) and rep["artifacts"]["junit"] == str(junit)
     doc = json.loads(sarif.read_text())
     assert _sarif_errors(doc) == []
     res = [x for x in doc["runs"][0]["results"] if x["ruleId"] == "dataloader-bound"]
     loc = res[0]["locations"][0]["physicalLocation"]
-    assert (loc["artifactLocation"]["uri"], loc["region"]["startLine"]) == ("slow_loader.py", 24)
+    line = SICK.splitlines().index("for x, y in DataLoader(Jittered(), batch_size=16):") + 1
+    assert (loc["artifactLocation"]["uri"], loc["region"]["startLine"]) == ("train.py", line)
     assert res[0]["level"] == "error"
     root = ET.parse(junit).getroot()
     assert root.tag == "testsuites"
+    # the HTML page (test_html_report's script-probe check)
+    assert "ARGS ['--html']" in r.stderr  # the word after SCRIPT is the script's
+    page = (tmp_path / "o" / "torchdoctor-report.html").read_text()
+    assert page.startswith(MARKER) and "Step time" in page
+    assert json.loads((tmp_path / "o" / "report.json").read_text())["artifacts"]["report_html"]
+    assert not (tmp_path / "torchdoctor-report.html").exists()  # bare --html under --out: one file
+    assert script.read_bytes() == before
     junitparser = pytest.importorskip("junitparser")
     xml = junitparser.JUnitXml.fromfile(str(junit))
     cases = {c.name: c for suite in xml for c in suite}

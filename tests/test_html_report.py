@@ -175,20 +175,9 @@ def test_checkpoint_audit_html_escapes_a_hostile_key(tmp_path: Path):
     assert "&lt;img src=x onerror=alert(2)&gt;" in page
 
 
-def test_script_probe_html_beside_report_json_and_the_script_keeps_its_arguments(tmp_path: Path):
-    script = tmp_path / "train.py"
-    script.write_text("import sys, torch\nprint('ARGS', sys.argv[1:])\n"
-                      "m = torch.nn.Linear(2, 1); o = torch.optim.SGD(m.parameters(), 0.1)\n"
-                      "for _ in range(3):\n    o.zero_grad(); m(torch.ones(1, 2)).sum().backward(); o.step()\n")
-    before = script.read_bytes()
-    r = _cli(["checkup", "--steps", "3", "--out", "o", "--html", str(script), "--html"], tmp_path)
-    assert r.returncode == 0, r.stderr
-    assert "ARGS ['--html']" in r.stderr  # the word after SCRIPT is the script's
-    page = (tmp_path / "o" / "torchdoctor-report.html").read_text()
-    assert page.startswith(MARKER) and "Step time" in page
-    assert json.loads((tmp_path / "o" / "report.json").read_text())["artifacts"]["report_html"]
-    assert not (tmp_path / "torchdoctor-report.html").exists()  # bare --html under --out: one file
-    assert script.read_bytes() == before
+# A script probe's page under --out (bare --html, beside report.json, the script keeping a later
+# --html as its own argument) is checked on the checkup run of
+# test_ci_outputs.py::test_checkup_of_a_sick_script_writes_valid_sarif_junit_and_html (one run for both).
 
 
 def test_the_step_series_is_bounded_and_keeps_the_last_step():
