@@ -20,7 +20,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
 from test_nan_fixtures import run_inprocess
 
 SCRIPT = Path(__file__).resolve().parent / "fixtures" / "scripts" / "run" / "snapshots.py"
@@ -77,14 +76,13 @@ def test_saved_whole_model_loads_in_a_plain_process(tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_checkup_of_the_snapshot_script_is_clean(tmp_path):
-    r = run_cli("checkup", "--json", "--steps", "0", str(SCRIPT), str(tmp_path), "10")
+def test_cli_checkup_of_the_snapshot_script_is_clean():
+    from fixture_runs import run_fixture
+
+    r = run_fixture("run/snapshots.py", "checkup --steps 0 -- {tmp} 10")  # the session's run
     assert r.returncode == 0, r.stderr[-3000:]
     assert "snapshots ok" in r.stderr
-    import json
-
-    rep = json.loads(r.stdout)
-    bad = [f for f in rep["findings"] if f["severity"] in ("error", "warning")
+    bad = [f for f in r.report["findings"] if f["severity"] in ("error", "warning")
            and f["code"] != "cpu-oversubscribed"]  # the shared 2-core box is often loaded
     assert not bad, bad
 
