@@ -124,7 +124,7 @@ FIXTURES = ROOT / "tests" / "fixtures" / "scripts"
 
 
 @pytest.mark.parametrize("script", ["nan/healthy_mlp.py", "nan/healthy_accum.py",
-                                    "nan/healthy_gan.py", "perf/healthy.py", "run/healthy.py",
+                                    "nan/healthy_mixed.py", "perf/healthy.py", "run/healthy.py",
                                     "memory/growing_batch.py"])
 def test_healthy_fixtures_raise_no_warning_under_checkup(script):
     # the nan/ fixtures' headers run them under `nan`: this is their checkup (50 steps);
