@@ -71,28 +71,37 @@ def test_kept_loss_graph_is_a_warning_naming_the_accumulating_line():
     assert "loss.item()" in f["fix"]
 
 
-@pytest.mark.parametrize("script", ["healthy.py", "warmup_plateau.py", "eval_no_grad.py",
-                                    "growing_batch.py"])
+# healthy.py holds the healthy variants in one run: a warm-up that plateaus, a bounded queue
+# that fills, a validation pass under no_grad (its docstring)
+@pytest.mark.parametrize("script", ["healthy.py", "growing_batch.py"])
 def test_healthy_scripts_are_judged_not_skipped(script):
     rc, rep = report("memory", script)  # no finding at all: their `# expect: none` header
     assert "memory-growth" not in {s["rule"] for s in rep["skipped"]}
 
 
-@pytest.mark.parametrize("script", ["healthy.py", "warmup_plateau.py"])
-def test_checkup_runs_the_cheap_memory_checks_quietly(script):
-    _, rep = report("checkup", script)
+def test_checkup_runs_the_cheap_memory_checks_quietly():
+    _, rep = report("checkup", "healthy.py")
     assert not MEMORY_CODES & set(codes(rep)), rep["findings"]
     assert "memory" in rep["metrics"]
     assert "breakdown" not in rep["metrics"]["memory"]  # the memory probe's costlier part
+    bad = [f for f in rep["findings"] if f["severity"] != "info" and not host_noise(f)]
+    assert bad == [], rep["findings"]  # no warning at all under checkup
+
+
+# checkup_twins.py holds, for `checkup`, the bugs of leak_total_loss.py and eval_with_grad.py
+# (their `memory` runs): the same judgment under both commands
+TWINS = {"memory": {"total_loss": "leak_total_loss.py", "eval": "eval_with_grad.py"},
+         "checkup": {"total_loss": "checkup_twins.py", "eval": "checkup_twins.py"}}
 
 
 def test_in_place_running_loss_is_one_finding_under_memory_and_checkup():
     # issue 13: `total_loss += loss` was found by `memory` and missed by `checkup`, and its site
     # was "(no user frame)": one judgment for both, naming the `+=` line
-    line = f"leak_total_loss.py:{line_of('leak_total_loss.py', 'total_loss += loss  # bug')}"
     found = {}
     for probe in ("memory", "checkup"):
-        _, rep = report(probe, "leak_total_loss.py")
+        script = TWINS[probe]["total_loss"]
+        line = f"{script}:{line_of(script, 'total_loss += loss  # bug')}"
+        _, rep = report(probe, script)
         [f] = [f for f in rep["findings"] if f["code"] == "memory-growth"]
         assert f["severity"] == "warning", (probe, f)
         assert f["title"].endswith(f"growing site: {line}"), f["title"]
@@ -106,7 +115,7 @@ def test_in_place_running_loss_is_one_finding_under_memory_and_checkup():
 def test_a_bounded_queue_that_fills_is_not_growth(probe):
     # issue 13: a deque(maxlen=40) of detached hidden states (+16 KiB/step for 40 steps, then
     # flat) raised a memory-growth warning from a fit over the rise
-    _, rep = report(probe, "bounded_queue.py")
+    _, rep = report(probe, "healthy.py")  # its deque(maxlen=40)
     assert "memory-growth" not in codes(rep), rep["findings"]
     assert rep["metrics"]["memory"]["trend"]["heap"]["bytes_per_step"] > 8 * 1024  # it did rise
 
@@ -115,10 +124,11 @@ FIXTURES = ROOT / "tests" / "fixtures" / "scripts"
 
 
 @pytest.mark.parametrize("script", ["nan/healthy_mlp.py", "nan/healthy_accum.py",
-                                    "nan/healthy_gan.py", "perf/healthy.py", "run/healthy.py",
-                                    "memory/growing_batch.py", "memory/eval_no_grad.py"])
+                                    "nan/healthy_mixed.py", "perf/healthy.py", "run/healthy.py",
+                                    "memory/growing_batch.py"])
 def test_healthy_fixtures_raise_no_warning_under_checkup(script):
-    # the nan/ fixtures' headers run them under `nan`: this is their checkup (50 steps)
+    # the nan/ fixtures' headers run them under `nan`: this is their checkup (50 steps);
+    # memory/healthy.py's (with its no_grad validation) is the quiet-checkup test above
     p = run_cli("checkup", "--json", str(FIXTURES / script), cwd=ROOT, timeout=180)
     rep = json.loads(p.stdout)
     bad = [f for f in rep["findings"] if f["severity"] != "info" and not host_noise(f)]
@@ -142,12 +152,13 @@ def test_growth_outside_torch_is_named_from_python_allocations():
 
 def test_eval_without_no_grad_in_memory_and_checkup():
     for probe in ("memory", "checkup"):
-        _, rep = report(probe, "eval_with_grad.py")
+        script = TWINS[probe]["eval"]
+        _, rep = report(probe, script)
         found = [f for f in rep["findings"] if f["code"] == "grad-in-eval"]
         assert len(found) == 1, (probe, rep["findings"])
         f = found[0]
-        line = line_of("eval_with_grad.py", "bug: builds a graph")
-        assert f"eval_with_grad.py:{line}" in f["fix"]
+        line = line_of(script, "bug: builds a graph")
+        assert f"{script}:{line}" in f["fix"]
         # 2 epochs x 6 eval forwards: the first of them runs before the exact tracking starts
         assert f["evidence"]["never_backpropagated"] == 11
 

@@ -160,7 +160,7 @@ def test_fused_reduction_finds_the_same_first_value(script, args, code, step, mo
 
 
 @pytest.mark.parametrize("script", ["nan/healthy_mlp.py", "nan/masked_attention.py",
-                                    "nan/refs_released.py"])
+                                    "nan/healthy_mixed.py"])
 def test_fused_reduction_healthy_raises_nothing(script):
     rep = judge("nan", SCRIPTS / script, options={"nan_fused_cpu": True})
     assert codes(rep) == set(), [(f.code, f.title) for f in rep.findings]

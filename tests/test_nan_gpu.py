@@ -88,7 +88,7 @@ def test_cpu_fixtures_on_cuda_use_the_fused_check(script, args, code, step, modu
         assert "PadMask" in f.evidence["earlier_neg_inf"]
 
 
-@pytest.mark.parametrize("probe,script", [("nan", "nan/refs_released.py"),
+@pytest.mark.parametrize("probe,script", [("nan", "nan/healthy_mixed.py"),
                                           ("nan", "nan/masked_attention.py"),
                                           ("nan", "nan/healthy_mlp.py"),
                                           ("checkup", "nan/healthy_mlp.py")])
