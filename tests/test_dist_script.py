@@ -75,7 +75,7 @@ def test_healthy_ddp_with_distributed_sampler_raises_no_warning():
     assert_no_rank_left(tmp_path)
 
 
-SAMPLER_BUGS = "dist --nproc-per-node 2 --timeout 60 --out {tmp}"  # dist/sampler_bugs.py's header
+SAMPLER_BUGS = "dist --nproc-per-node 2 --timeout 90 --out {tmp} -- {tmp}/pids"  # dist/sampler_bugs.py's header
 
 
 def at_loop(report: dict, code: str, loop: str) -> dict:
@@ -87,25 +87,25 @@ def at_loop(report: dict, code: str, loop: str) -> dict:
 @pytest.mark.slow
 def test_missing_distributed_sampler():
     _, r, _ = cached("sampler_bugs.py", SAMPLER_BUGS)
-    # the script's other bug (sampler_bugs.py:46) is the only other warning or error
+    # the script's other bug (sampler_bugs.py:56) is the only other warning or error
     assert codes(r) == ["missing-distributed-sampler", "sampler-epoch-not-set"], r["findings"]
     f = only(r, "missing-distributed-sampler")
-    assert "sampler_bugs.py:33" in f["title"] and f["evidence"]["sampler"] == "RandomSampler"
+    assert "sampler_bugs.py:43" in f["title"] and f["evidence"]["sampler"] == "RandomSampler"
 
 
 @pytest.mark.slow
 def test_sampler_epoch_not_set():
     _, r, _ = cached("sampler_bugs.py", SAMPLER_BUGS)
-    assert at_loop(r, "sampler-epoch-not-set", "sampler_bugs.py:46")["evidence"]["sampler_epochs"] == [0, 0, 0]
+    assert at_loop(r, "sampler-epoch-not-set", "sampler_bugs.py:56")["evidence"]["sampler_epochs"] == [0, 0, 0]
 
 
 @pytest.mark.slow
 def test_a_batch_peeked_before_set_epoch_is_not_an_epoch():
-    """The DDP tutorial's Trainer peeks a batch before set_epoch each epoch: its loop (line 71) is
+    """The DDP tutorial's Trainer peeks a batch before set_epoch each epoch: its loop (line 81) is
     not named, and the loader without set_epoch is named once."""
     _, r, _ = cached("sampler_bugs.py", SAMPLER_BUGS)
     named = [f["evidence"].get("loop") for f in r["findings"] if f["code"] == "sampler-epoch-not-set"]
-    assert named == ["sampler_bugs.py:46"], r["findings"]
+    assert named == ["sampler_bugs.py:56"], r["findings"]
 
 
 @pytest.mark.slow
