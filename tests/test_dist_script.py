@@ -75,19 +75,37 @@ def test_healthy_ddp_with_distributed_sampler_raises_no_warning():
     assert_no_rank_left(tmp_path)
 
 
+SAMPLER_BUGS = "dist --nproc-per-node 2 --timeout 90 --out {tmp} -- {tmp}/pids"  # dist/sampler_bugs.py's header
+
+
+def at_loop(report: dict, code: str, loop: str) -> dict:
+    """The one finding CODE names at LOOP (sampler_bugs.py plants each bug at its own loop)."""
+    [f] = [f for f in report["findings"] if f["code"] == code and f["evidence"].get("loop") == loop]
+    return f
+
+
 @pytest.mark.slow
 def test_missing_distributed_sampler():
-    _, r, _ = cached("missing_sampler.py", "dist --nproc-per-node 2 --timeout 60 --out {tmp}")
-    assert codes(r) == ["missing-distributed-sampler"], r["findings"]
+    _, r, _ = cached("sampler_bugs.py", SAMPLER_BUGS)
+    # the script's other bug (sampler_bugs.py:56) is the only other warning or error
+    assert codes(r) == ["missing-distributed-sampler", "sampler-epoch-not-set"], r["findings"]
     f = only(r, "missing-distributed-sampler")
-    assert "missing_sampler.py:16" in f["title"] and f["evidence"]["sampler"] == "RandomSampler"
+    assert "sampler_bugs.py:43" in f["title"] and f["evidence"]["sampler"] == "RandomSampler"
 
 
 @pytest.mark.slow
 def test_sampler_epoch_not_set():
-    _, r, _ = cached("epoch_not_set.py", "dist --nproc-per-node 2 --timeout 60 --out {tmp}")
-    assert codes(r) == ["sampler-epoch-not-set"], r["findings"]
-    assert only(r, "sampler-epoch-not-set")["evidence"]["sampler_epochs"] == [0, 0, 0]
+    _, r, _ = cached("sampler_bugs.py", SAMPLER_BUGS)
+    assert at_loop(r, "sampler-epoch-not-set", "sampler_bugs.py:56")["evidence"]["sampler_epochs"] == [0, 0, 0]
+
+
+@pytest.mark.slow
+def test_a_batch_peeked_before_set_epoch_is_not_an_epoch():
+    """The DDP tutorial's Trainer peeks a batch before set_epoch each epoch: its loop (line 81) is
+    not named, and the loader without set_epoch is named once."""
+    _, r, _ = cached("sampler_bugs.py", SAMPLER_BUGS)
+    named = [f["evidence"].get("loop") for f in r["findings"] if f["code"] == "sampler-epoch-not-set"]
+    assert named == ["sampler_bugs.py:56"], r["findings"]
 
 
 @pytest.mark.slow

@@ -82,8 +82,11 @@ def test_bad_nproc_and_nccl_without_gpu_exit_2(cli):
     assert r.returncode == 2 and "needs CUDA GPUs" in r.stderr
 
 
-def test_no_selftest_audits_env_only(cli):
-    r = cli("dist", "--json", "--no-selftest", env={"RANK": "3", "WORLD_SIZE": "2", "NCCL_BLOCKING_WAIT": "1"})
+def test_no_selftest_audits_env_only():
+    from conftest import run_main
+
+    # in-process: the audit reads this process's environment (set for the call only), starts no rank
+    r = run_main("dist", "--json", "--no-selftest", env={"RANK": "3", "WORLD_SIZE": "2", "NCCL_BLOCKING_WAIT": "1"})
     assert r.returncode == 1
     rep = json.loads(r.stdout)
     assert sorted(f["code"] for f in rep["findings"]) == ["dist-env-inconsistent", "dist-env-inconsistent",
