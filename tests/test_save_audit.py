@@ -460,6 +460,12 @@ def test_an_unsaved_optimizer_is_not_matched_to_another_optimizers_saved_state_o
     assert ev["matched"]["optimizers"] == ["identity" if o is kept else None for o in opts]
     fs = [f for f in findings(ev) if f.code == "ckpt-missing-optimizer"]
     assert len(fs) == 1 and "1 of 2 live optimizers" in fs[0].title
+    # and repro --resume-check restarts without it (it said "exact", having nothing to reset)
+    from torchdoctor.reprocheck.saved import missing_states
+
+    lost = opts.index(adamw if kept is sgd else sgd)
+    assert [(m.state, m.keys) for m in missing_states(ev) if m.state == "optimizer"] == \
+        [("optimizer", [f"optimizer:{lost}"])]
 
 
 def test_each_saved_state_is_claimed_by_one_live_optimizer_and_sizes_only_match_what_identity_left(tmp_path):

@@ -5,8 +5,9 @@ reset they are bit-identical, so any difference after it is the reset's doing); 
 they must agree exactly, else the script itself is not reproducible and the restart is not judged
 (``repro`` without ``--resume-check`` says why). The LR of each step (``lr_trace``: one per live
 optimizer) says when the schedule parted, before the losses show it, and whose (the first live
-optimizer whose LR differs: the title names it when there are several). With an enabled GradScaler the traced loss is the
-scaled one: it is divided by that step's scale (traced too) before comparing.
+optimizer whose LR differs: the title names it when there are several). With an enabled
+GradScaler the traced loss is the scaled one: it is divided by that step's scale (traced too)
+before comparing.
 """
 
 from __future__ import annotations
