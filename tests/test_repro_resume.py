@@ -72,7 +72,7 @@ def test_without_the_scheduler_state_the_lr_and_then_the_losses_part_from_the_un
     # StepLR(step_size=3, gamma=0.5) from 0.1: steps 7-9 use 0.025; restarted at step 4 with a fresh
     # scheduler (last_epoch 0) the LR stays 0.05 until its own third step
     assert cmp["verdict"] == "differs"
-    assert cmp["lr"] == {"first_divergent_step": 7, "uninterrupted": [0.025], "resumed": [0.05]}
+    assert cmp["lr"] == {"first_divergent_step": 7, "optimizer": 0, "uninterrupted": [0.025], "resumed": [0.05]}
     assert cmp["first_divergent_step"] == 8  # the loss of step 8 is the first computed after the LR changed
     assert cmp["losses"]["uninterrupted"][:3] == cmp["losses"]["resumed"][:3]
     f = finding_for(save, sick_runs["missing"]["scheduler"], cmp, 12)
@@ -101,7 +101,8 @@ class _Ev:
         events = [{"kind": "step", "step": i + 1} for i in range(len(losses))]
         events.append({"kind": "loss_trace", "steps": list(range(1, len(losses) + 1)), "losses": losses})
         if lrs is not None:
-            events.append({"kind": "lr_trace", "steps": list(range(1, len(lrs) + 1)), "lrs": [[x] for x in lrs]})
+            events.append({"kind": "lr_trace", "steps": list(range(1, len(lrs) + 1)),
+                           "lrs": [x if isinstance(x, list) else [x] for x in lrs]})
         if reset is not None:
             events.append({"kind": "resume_reset", **reset})
         self.ev = Evidence.from_events(events, result=result or {"outcome": "exit", "exit_code": 0})
@@ -147,6 +148,29 @@ def test_the_first_divergent_step_is_the_first_loss_after_the_save_that_differs(
     assert f.title.endswith("without the optimizer state (Adam) losses differ from step 4 (0.75 resumed vs 0.7 "
                             "uninterrupted)")
 
+
+
+def test_the_title_names_the_optimizer_whose_lr_parted_with_its_two_values():
+    """Two live optimizers, the second's LR parts: the title gives that one's LRs, not the first's."""
+    base = _Ev([1.0, 0.9, 0.8, 0.7, 0.6], lrs=[[0.025, 0.1]] * 5).run()
+    run = _Ev([1.0, 0.9, 0.8, 0.75, 0.65], lrs=[[0.025, 0.1]] * 3 + [[0.025, 0.05]] * 2, reset=RESET).run()
+    miss = Missing("scheduler", "ckpt-missing-scheduler", ["scheduler:1"], ["StepLR"])
+    cmp = compare(base, run, 2, miss)
+    assert cmp["lr"] == {"first_divergent_step": 4, "optimizer": 1, "uninterrupted": [0.025, 0.1],
+                         "resumed": [0.025, 0.05]}
+    save = {"fn": "torch.save", "where": "/w/t.py:9", "step": 2, "n": 1, "target": "file",
+            "roles": {"models": [{"path": "model", "keys": 2}], "progress": {"epoch": 1}},
+            "live": {"optimizers": [{"cls": "SGD", "stateful": True, "groups": [2]},
+                                    {"cls": "AdamW", "stateful": True, "groups": [2]}]},
+            "matched": {"optimizers": ["identity", "identity"]}}
+    f = finding_for(save, miss, cmp, 5)
+    assert "the LR of optimizer 1 (AdamW) at step 4 is 0.05 instead of 0.1;" in f.title
+    assert f.evidence["lr_first_divergent_step"]["optimizer"] == 1
+    # one live optimizer: the title says "the LR", as before
+    one = compare(_Ev([1.0, 0.9, 0.8, 0.7], lrs=[0.1] * 4).run(),
+                  _Ev([1.0, 0.9, 0.8, 0.75], lrs=[0.1, 0.1, 0.1, 0.05], reset=RESET).run(), 2, MISS)
+    single = dict(save, live={"optimizers": save["live"]["optimizers"][1:]})
+    assert "the LR at step 4 is 0.05 instead of 0.1;" in finding_for(single, MISS, one, 4).title
 
 def test_choose_prefers_a_training_snapshot_with_steps_after_it():
     def s(step, roles, target="file"):

@@ -423,3 +423,101 @@ def test_counted_finds_a_scheduler_outside_torch_and_records_renames(tmp_path):
     assert c.facts() == [{"cls": "Sched", "calls": 3, "with_counter": 3, "optimizer": 0}]
     assert c.renames == [["tmp.pt", "last.pt"]]
     assert "step" not in vars(sched) and os.rename.__module__ in ("os", "posix", "nt", None)
+
+
+def _two_trained(torch):
+    """Two models trained side by side: SGD over one, AdamW over the other, one param group of
+    four tensors each (equal group sizes: the sizes alone cannot tell the two apart)."""
+    torch.manual_seed(0)
+    a, b = (torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1)) for _ in range(2))
+    sgd = torch.optim.SGD(a.parameters(), lr=0.1, momentum=0.9)
+    adamw = torch.optim.AdamW(b.parameters(), lr=1e-3)
+    for m, o in ((a, sgd), (b, adamw)):
+        m(torch.randn(2, 4)).sum().backward()
+        o.step()
+    return a, b, sgd, adamw
+
+
+@pytest.mark.parametrize("order", ["sgd-first", "adamw-first"])
+@pytest.mark.parametrize("saved", ["sgd", "adamw"])
+def test_an_unsaved_optimizer_is_not_matched_to_another_optimizers_saved_state_of_equal_group_sizes(
+        tmp_path, order, saved):
+    torch = pytest.importorskip("torch")
+    from torchdoctor.instruments.save_audit.save_audit import SaveAudit
+
+    a, b, sgd, adamw = _two_trained(torch)
+    opts = [sgd, adamw] if order == "sgd-first" else [adamw, sgd]
+    ctx = _ctx([a, b], opts)
+    inst = ctx.inst = SaveAudit()
+    inst.install(ctx)
+    try:
+        kept = sgd if saved == "sgd" else adamw
+        torch.save({"a": a.state_dict(), "b": b.state_dict(), "opt": kept.state_dict(), "step": 3},
+                   tmp_path / "c.pt")
+    finally:
+        inst.uninstall(ctx)
+    ev = next(e for e in ctx.events if e["kind"] == "save")
+    assert ev["matched"]["optimizers"] == ["identity" if o is kept else None for o in opts]
+    fs = [f for f in findings(ev) if f.code == "ckpt-missing-optimizer"]
+    assert len(fs) == 1 and "1 of 2 live optimizers" in fs[0].title
+    # and repro --resume-check restarts without it (it said "exact", having nothing to reset)
+    from torchdoctor.reprocheck.saved import missing_states
+
+    lost = opts.index(adamw if kept is sgd else sgd)
+    assert [(m.state, m.keys) for m in missing_states(ev) if m.state == "optimizer"] == \
+        [("optimizer", [f"optimizer:{lost}"])]
+
+
+def test_each_saved_state_is_claimed_by_one_live_optimizer_and_sizes_only_match_what_identity_left(tmp_path):
+    torch = pytest.importorskip("torch")
+    from torchdoctor.instruments.save_audit.save_audit import SaveAudit
+
+    a, b, sgd, adamw = _two_trained(torch)
+    ctx = _ctx([a, b], [sgd, adamw])
+    inst = ctx.inst = SaveAudit()
+    inst.install(ctx)
+    try:
+        torch.save({"opt": sgd.state_dict()}, tmp_path / "sgd.pt")
+        # AdamW's own state, and a state of equal group sizes that holds no live tensor (as one
+        # rebuilt from a file would): the SGD may match only the latter, by its sizes
+        rebuilt = {"state": {}, "param_groups": [dict(g) for g in sgd.state_dict()["param_groups"]]}
+        torch.save({"o1": adamw.state_dict(), "o2": rebuilt}, tmp_path / "both.pt")
+    finally:
+        inst.uninstall(ctx)
+    one, both = (e for e in ctx.events if e["kind"] == "save")
+    assert one["matched"]["optimizers"] == ["identity", None]
+    assert both["matched"]["optimizers"] == ["groups", "identity"]
+
+
+def test_an_optimizer_whose_state_holds_no_tensor_is_matched_by_its_own_state_dicts(tmp_path):
+    torch = pytest.importorskip("torch")
+    from torchdoctor.instruments.save_audit.save_audit import SaveAudit
+
+    class Counting(torch.optim.Optimizer):
+        """Keeps only a Python step count per parameter (no state tensor to match by storage)."""
+
+        def __init__(self, params):
+            super().__init__(params, {"lr": 0.1})
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            for g in self.param_groups:
+                for p in g["params"]:
+                    st = self.state[p]
+                    st["n"] = st.get("n", 0) + 1
+                    p.add_(p.grad, alpha=-g["lr"] / st["n"])
+
+    a, b, _, _ = _two_trained(torch)
+    first, second = Counting(a.parameters()), Counting(b.parameters())
+    for m, o in ((a, first), (b, second)):
+        m(torch.randn(2, 4)).sum().backward()
+        o.step()
+    ctx = _ctx([a, b], [first, second])
+    inst = ctx.inst = SaveAudit()
+    inst.install(ctx)
+    try:
+        torch.save({"opt": second.state_dict()}, tmp_path / "c.pt")
+    finally:
+        inst.uninstall(ctx)
+    ev = next(e for e in ctx.events if e["kind"] == "save")
+    assert ev["matched"]["optimizers"] == [None, "identity"]

@@ -3,9 +3,11 @@
 Losses are compared exactly (the two runs are the same process up to the save: with nothing
 reset they are bit-identical, so any difference after it is the reset's doing); before the save
 they must agree exactly, else the script itself is not reproducible and the restart is not judged
-(``repro`` without ``--resume-check`` says why). The LR of each step (``lr_trace``) says when the
-schedule parted, before the losses show it. With an enabled GradScaler the traced loss is the
-scaled one: it is divided by that step's scale (traced too) before comparing.
+(``repro`` without ``--resume-check`` says why). The LR of each step (``lr_trace``: one per live
+optimizer) says when the schedule parted, before the losses show it, and whose (the first live
+optimizer whose LR differs: the title names it when there are several). With an enabled
+GradScaler the traced loss is the scaled one: it is divided by that step's scale (traced too)
+before comparing.
 """
 
 from __future__ import annotations
@@ -80,9 +82,23 @@ def compare(base: Any, run: Any, k: int, miss: Any) -> dict:
     out.update(steps_compared=n, loss_drift=drift, first_divergent_step=step,
                losses={"uninterrupted": bl[k:k + LISTED], "resumed": rl[k:k + LISTED]})
     if lr_step is not None:
-        out["lr"] = {"first_divergent_step": lr_step, "uninterrupted": b_lr[lr_step], "resumed": r_lr[lr_step]}
+        bs, rs = b_lr[lr_step], r_lr[lr_step]
+        out["lr"] = {"first_divergent_step": lr_step, "optimizer": _parted(bs, rs), "uninterrupted": bs, "resumed": rs}
     out["verdict"] = "differs" if step is not None else "same"
     return out
+
+
+def _parted(b: Any, r: Any) -> int:
+    """The index of the first live optimizer whose LR differs between two steps' LR lists (one LR
+    per live optimizer, in the save event's ``live`` order); an optimizer only one run has counts."""
+    b, r = list(b or []), list(r or [])
+    n = max(len(b), len(r))
+    b, r = b + [None] * (n - len(b)), r + [None] * (n - len(r))
+    return next((i for i in range(n) if b[i] != r[i]), 0)
+
+
+def _at(vs: Any, i: int) -> Any:
+    return vs[i] if isinstance(vs, (list, tuple)) and i < len(vs) else None
 
 
 def _num(v: Any) -> str:
@@ -107,8 +123,12 @@ def finding_for(save: dict, miss: Any, cmp: dict, last_step: int) -> Finding:
     title = (f"{save.get('fn', 'torch.save')} at {where}: resuming from this checkpoint (step {k}) is not exact: "
              f"without {what}")
     if lr:
-        title += f" the LR at step {lr['first_divergent_step']} is {_num(lr['resumed'][0])} instead of " \
-                 f"{_num(lr['uninterrupted'][0])};"
+        j = int(lr.get("optimizer") or 0)
+        opts = (save.get("live") or {}).get("optimizers") or []
+        whose = f" of optimizer {j} ({(opts[j] if j < len(opts) else {}).get('cls', '?')})" \
+            if max(len(opts), len(lr["resumed"] or []), len(lr["uninterrupted"] or [])) > 1 else ""
+        title += f" the LR{whose} at step {lr['first_divergent_step']} is {_num(_at(lr['resumed'], j))} " \
+                 f"instead of {_num(_at(lr['uninterrupted'], j))};"
     title += f" losses differ from step {step}"
     if 0 <= i < len(b) and 0 <= i < len(r):
         title += f" ({_num(r[i])} resumed vs {_num(b[i])} uninterrupted)"

@@ -10,7 +10,8 @@
 4. each live model and optimizer is matched to a saved role: a model by the identity of its
    tensors (a ``state_dict()`` shares their storage; a whole-module save holds them) or else by
    its state_dict keys (a copy moved to another device), an optimizer by the identity of its
-   state tensors or else by the sizes of its param groups.
+   per-parameter state (dicts or tensors) or else, among saved optimizer states that are no live
+   optimizer's own, by the sizes of its param groups (each such state matched once).
 
 The payload is JSON-safe and bounded (paths are the saved keys, cut at 200 characters, a few
 entries per list): the rules rebuild the family's ``Roles`` from it (``rules/checkpoint_saves_roles.py``).
@@ -109,27 +110,39 @@ def _match_models(r: Any, mi: Mirror, ctx: Any) -> list:
 
 
 def _match_optimizers(r: Any, mi: Mirror, optimizers: list) -> list:
-    """Per live optimizer: "identity" (its state tensors are saved), "groups" (a saved optimizer
-    state with the same param-group sizes) or None."""
-    saved_ptrs = {mi.ptr[id(t)] for o in r.optimizers for st in o.state.values() if isinstance(st, dict)
-                  for t in st.values() if isinstance(t, TensorInfo) and id(t) in mi.ptr}
+    """Per live optimizer: "identity", "groups" or None (its state is not in the save).
+
+    "identity": a saved optimizer state holds this optimizer's own per-parameter state — the same
+    state dicts (``state_dict()`` hands them out as they are) or tensors of the same storage.
+    "groups": otherwise, a saved optimizer state that holds no live optimizer's state (a copy, one
+    rebuilt from a file) with this optimizer's param-group sizes; each such state matches one live
+    optimizer at most. A saved state that is a live optimizer's own never matches another by its
+    sizes: two optimizers of equal group sizes, one saved, leave the other unmatched (missing)."""
+    saved = [({id(st) for st in o.state.values()},
+              {mi.ptr[id(t)] for st in o.state.values() if isinstance(st, dict)
+               for t in st.values() if isinstance(t, TensorInfo) and id(t) in mi.ptr})
+             for o in r.optimizers]
+    out: list = [None] * len(optimizers)
+    owned: set[int] = set()  # saved states that are some live optimizer's own
+    for i, opt in enumerate(optimizers):
+        states = [st for st in list(opt.state.values())[:64] if isinstance(st, dict)]
+        nodes = {id(mi.node_of[id(st)]) for st in states if id(st) in mi.node_of}
+        ptrs = {p for st in states for t in st.values() if _is_tensor(t) and t.dim() > 0
+                for p in (_ptr(t),) if p is not None}
+        mine = {j for j, (entries, saved_ptrs) in enumerate(saved) if nodes & entries or ptrs & saved_ptrs}
+        if mine:
+            owned |= mine
+            out[i] = "identity"
     sigs = [[len(g.get("params") or ()) if isinstance(g.get("params"), (list, tuple)) else -1
              for g in o.param_groups] for o in r.optimizers]
-    out = []
-    used: set[int] = set()
-    for opt in optimizers:
-        mine = [_ptr(t) for st in list(opt.state.values())[:64] if isinstance(st, dict)
-                for t in st.values() if _is_tensor(t) and t.dim() > 0]
-        if mine and any(p in saved_ptrs for p in mine if p is not None):
-            out.append("identity")
+    for i, opt in enumerate(optimizers):
+        if out[i] is not None:
             continue
         sig = [len(g.get("params", ())) for g in opt.param_groups]
-        j = next((i for i, s in enumerate(sigs) if s == sig and i not in used), None)
+        j = next((j for j, s in enumerate(sigs) if s == sig and j not in owned), None)
         if j is not None:
-            used.add(j)
-            out.append("groups")
-        else:
-            out.append(None)
+            owned.add(j)
+            out[i] = "groups"
     return out
 
 

@@ -20,7 +20,9 @@ builds that tree from the live object in one bounded walk:
 
 Bounds: ``MAX_NODES`` objects, ``MAX_DEPTH`` levels (modules nest deeper: ``MAX_MODULE_DEPTH``);
 past them the walk stops and says so (``Mirror.truncated``). A shared object is mirrored once
-(the same mirror node is reused, as a pickle memo does), so cycles end.
+(the same mirror node is reused, as a pickle memo does), so cycles end. The memo is kept
+(``Mirror.node_of``: live object -> its node) so that a saved container can be told to be a live
+one, e.g. an optimizer's per-parameter state dicts, which its ``state_dict()`` hands out as they are.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class Mirror:
     ptr: dict[int, int] = field(default_factory=dict)  # id(TensorInfo) -> storage address + offset
     module_of: dict[int, int] = field(default_factory=dict)  # id(Opaque) -> id(live nn.Module)
     devices: set[str] = field(default_factory=set)
+    node_of: dict[int, Any] = field(default_factory=dict)  # id(live object) -> its mirror node (the memo)
 
 
 def mirror(obj: Any) -> Mirror:
@@ -51,7 +54,7 @@ def mirror(obj: Any) -> Mirror:
     import torch
 
     m = Mirror()
-    memo: dict[int, Any] = {}
+    memo: dict[int, Any] = m.node_of
     module_t = torch.nn.Module
     tensor_t = torch.Tensor
     np = _numpy()
