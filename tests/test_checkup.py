@@ -102,15 +102,12 @@ def test_console_report_has_step_table_and_footer(monkeypatch):
     run_probe returns that run's findings and metrics (a console run of its own cost ~5 s of CPU
     for the same report)."""
     from conftest import run_main
-    from torchdoctor.findings import Report, finding
+    from test_nan_fixtures import report_from_json
 
     _, r = checkup("slow_loader.py")
 
     def run_probe(probe, target, args, options):
-        rep = Report(command=probe, target=target, metrics=r["metrics"])
-        for f in r["findings"]:
-            rep.add(finding(f["code"], f["title"], f["evidence"], f.get("fix", ""), f["severity"]))
-        return rep
+        return report_from_json(r)
 
     monkeypatch.setattr("torchdoctor.pipeline.run.run_probe", run_probe)
     p = run_main("checkup", "--steps", "10", "slow_loader.py", cwd=PERF)
