@@ -74,6 +74,22 @@ def judge(probe: str, script: Path, args=(), options=None) -> Report:
     return report
 
 
+def report_from_json(d: dict) -> Report:
+    """The Report a run's JSON was written from (findings, skipped rules, metrics, context, the
+    run's own status): what a command renders, for the console tests that render the session's
+    run in this process (a console run of its own costs a torch process, ~5 s of CPU)."""
+    from torchdoctor.findings import Finding, Skipped
+
+    rep = Report(command=d["command"], target=d.get("target"), metrics=d.get("metrics") or {},
+                 artifacts=d.get("artifacts") or {}, context=d.get("context") or {})
+    rep.findings = [Finding(**{k: f[k] for k in ("code", "skill", "severity", "title", "evidence",
+                                                  "fix", "docs")}) for f in d["findings"]]
+    rep.skipped = [Skipped(x["rule"], x["reason"]) for x in d.get("skipped") or []]
+    if d.get("status") in ("crashed", "timeout", "interrupted", "error"):
+        rep.run_status = d["status"]
+    return rep
+
+
 def codes(report: Report) -> set[str]:
     return {f.code for f in report.findings if f.severity in ("error", "warning")}
 
@@ -260,8 +276,22 @@ def test_cli_nan_json_and_exit_code():
     assert d["metrics"]["nan"]["first_nonfinite"]["step"] == 6
 
 
-def test_cli_nan_healthy_console(cli):
-    r = cli("nan", SCRIPTS / "nan/healthy_accum.py")
+def test_cli_nan_healthy_console(monkeypatch):
+    """`nan`'s console report of a healthy run: the session's run of nan/healthy_accum.py
+    (tests/test_fixtures.py), rendered by the command in this process."""
+    from conftest import run_main
+
+    run = run_fixture("nan/healthy_accum.py", "nan")  # the session's run
+    assert run.returncode == 0 and run.report["findings"] == [], run.report["findings"]
+    seen = []
+
+    def run_probe(probe, target, args, options):
+        seen.append((probe, target))
+        return report_from_json(run.report)
+
+    monkeypatch.setattr("torchdoctor.pipeline.run.run_probe", run_probe)
+    r = run_main("nan", "healthy_accum.py", cwd=SCRIPTS / "nan")
+    assert seen == [("nan", "healthy_accum.py")]
     assert r.returncode == 0, r.stderr
     assert "No problems found" in r.stdout
 

@@ -71,7 +71,7 @@ def test_an_optimizer_built_and_never_stepped_delays_but_does_not_stop_the_clock
 
 
 def test_single_optimizer_steps_are_unchanged():
-    ev = run_inprocess("checkup", SCRIPTS / "perf/moved_in_loop.py", (), {"steps": 7})
+    ev = run_inprocess("checkup", SCRIPTS / "perf/healthy.py", (), {"steps": 7})  # one optimizer
     assert ev.result["steps"] == 7 and len(_steps(ev)) == 7
     assert all(s["backwards"] == 1 and s["source"] == "optimizer" for s in _steps(ev))
 

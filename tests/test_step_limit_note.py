@@ -6,9 +6,8 @@ instrument (the nan probe's first non-finite value), the timeout or a crash ende
 
 from __future__ import annotations
 
-import json
-
 from conftest import ROOT, run_cli
+from fixture_runs import run_fixture
 from test_nan_fixtures import SCRIPTS, run_inprocess
 
 from torchdoctor.evidence import Evidence
@@ -62,9 +61,11 @@ def test_cli_default_limit_is_said_in_the_console_and_the_json():
     assert p.returncode == 0, p.stderr[-2000:]
     assert ("Stopped after 50 steps (the default --steps), not at the end of the script; "
             "run longer with --steps N (0: no limit)") in p.stdout
-    p = run_cli("checkup", "--json", "--steps", "5", "healthy.py", cwd=HEALTHY, timeout=180)
-    run = json.loads(p.stdout)["metrics"]["run"]
-    assert run["stopped_by"] == "steps" and run["step_limit"] == 5
+    # a limit given on the command line: the session's run of run/healthy.py (its header's
+    # --steps 10 cuts its 16 steps; a --json run of its own cost a torch process)
+    run = run_fixture("run/healthy.py", "checkup --steps 10 -- --epochs 1 --echo {tmp}/echo.txt"
+                      ).report["metrics"]["run"]
+    assert run["stopped_by"] == "steps" and run["step_limit"] == 10
     assert run["step_limit_default"] is False
 
 

@@ -94,7 +94,7 @@ def _line_of(script, marker: str) -> str:
 
 
 def test_missing_zero_grad_names_the_optimizer_and_the_step_line():
-    script = RW / "finetune_no_zero_grad.py"
+    script = RW / "finetune_three_bugs.py"  # three independent bugs, one run
     r = judge("checkup", script)
     assert "missing-zero-grad" in codes(r)
     f = by_code(r, "missing-zero-grad")
@@ -104,7 +104,7 @@ def test_missing_zero_grad_names_the_optimizer_and_the_step_line():
 
 
 def test_eval_mode_training_names_the_eval_call():
-    script = RW / "mnist_eval_no_train.py"
+    script = RW / "finetune_three_bugs.py"  # three independent bugs, one run
     r = judge("checkup", script)
     assert "eval-mode-training" in codes(r)
     f = by_code(r, "eval-mode-training")
@@ -113,7 +113,7 @@ def test_eval_mode_training_names_the_eval_call():
 
 
 def test_params_not_in_optimizer_names_where_the_module_was_built():
-    script = RW / "head_after_optimizer.py"
+    script = RW / "finetune_three_bugs.py"  # three independent bugs, one run
     r = judge("checkup", script)
     assert "params-not-in-optimizer" in codes(r)
     f = by_code(r, "params-not-in-optimizer")
