@@ -10,7 +10,6 @@ more than plain ones, and does not keep leaf C calls.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -19,9 +18,8 @@ torch = pytest.importorskip("torch")
 from torchdoctor.instruments.profile import profiler_window as pw  # noqa: E402
 from torchdoctor.instruments.profile.profiler_window import ProfilerWindow, plan_budget  # noqa: E402
 
+from fixture_runs import run_fixture  # noqa: E402
 from test_profile_instrument import profile_ctx, run_window  # noqa: E402
-
-SCRIPTS = Path(__file__).resolve().parent / "fixtures" / "scripts" / "profile"
 
 
 def test_plan_keeps_the_window_when_it_fits():
@@ -122,9 +120,9 @@ def test_the_call_counter_leaves_a_scripts_profile_function_alone():
     assert sys.getprofile() is None and n >= 1200
 
 
-def test_the_pil_style_script_pays_a_bounded_window(cli, tmp_path):
-    p = cli("profile", "--json", "--out", tmp_path, SCRIPTS / "cpu_pil_style.py")
-    rep = json.loads(p.stdout)
+def test_the_pil_style_script_pays_a_bounded_window():
+    p = run_fixture("profile/cpu_pil_style.py", "profile --out {tmp}")  # the session's run
+    rep, tmp_path = p.report, p.tmp
     m = rep["metrics"]["profile"]
     assert m["status"] == "ok"
     events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]

@@ -23,8 +23,9 @@ def _profile(cli, script, *opts):
     return p, json.loads(p.stdout)
 
 
-def test_slow_python_loop_is_found_with_the_hot_function(cli, tmp_path):
-    p, rep = _profile(cli, "cpu_slow_python.py", "--out", tmp_path)
+def test_slow_python_loop_is_found_with_the_hot_function():
+    p = run_fixture("profile/cpu_slow_python.py", "profile --out {tmp}")  # the session's run
+    rep, tmp_path = p.report, p.tmp
     assert p.returncode == 0, p.stderr  # info only
     codes = {f["code"] for f in rep["findings"]} - NOISE
     assert codes == {"slow-python-loop"}

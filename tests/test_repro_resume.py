@@ -3,8 +3,9 @@
 Fast tests run the child side in this process (tests/test_nan_fixtures.run_inprocess: the
 harness without a subprocess) on save_missing_scheduler.py — the uninterrupted run and the
 restarts with one state reset — and judge them with the same comparison and finding code the
-command uses. The end-to-end test runs resume_check() on the trials layer (three launched
-runs): marked slow, the fast tests cover the same behaviour.
+command uses. The end-to-end test reads the session's `repro --resume-check` run of
+repro/dcp_missing_scheduler.py (its header: the same loop saved with dcp.save): marked slow, the
+fast tests cover the same behaviour.
 """
 
 from __future__ import annotations
@@ -198,20 +199,17 @@ def test_missing_states_follow_the_live_objects():
 
 # ---------------------------------------------------------------- end to end, on the trials layer
 @pytest.mark.slow
-def test_repro_resume_check_end_to_end_replaces_the_save_audit_with_the_measured_finding(tmp_path):
-    """`torchdoctor repro --resume-check` (the command's wiring, the trials layer, the rules):
-    the two runs are identical, and the save audit's ckpt-missing-scheduler at the save line is
-    replaced by the measured one (the LR and the losses part after the restart)."""
-    import json
-    import subprocess
-    import sys
+def test_repro_resume_check_end_to_end_replaces_the_save_audit_with_the_measured_finding():
+    """`torchdoctor repro --resume-check` (the command's wiring, the trials layer, the rules), on
+    the session's header run of repro/dcp_missing_scheduler.py (the same loop and StepLR as
+    save_missing_scheduler.py, saved with dcp.save; the torch.save judgment is the in-process tests'
+    above): the two runs are identical, and the save audit's ckpt-missing-scheduler at the save
+    line is replaced by the measured one (the LR and the losses part after the restart)."""
+    from fixture_runs import run_fixture
 
     pytest.importorskip("torch")
-    r = subprocess.run([sys.executable, "-m", "torchdoctor", "repro", "--json", "--resume-check",
-                        "--steps", "12", str(SICK), str(tmp_path), "12"],
-                       capture_output=True, text=True, timeout=600,
-                       cwd=Path(__file__).resolve().parents[1])
-    rep = json.loads(r.stdout)
+    r = run_fixture("repro/dcp_missing_scheduler.py", "repro --resume-check --steps 12 -- {tmp}")
+    rep = r.report
     assert r.returncode == 0, r.stderr[-2000:]
     assert rep["metrics"]["repro"]["identical"] is True
     sec = rep["metrics"]["resume"]
@@ -219,7 +217,7 @@ def test_repro_resume_check_end_to_end_replaces_the_save_audit_with_the_measured
     assert [(x["state"], x["verdict"]) for x in sec["restarts"]] == [("scheduler", "differs"), ("rng", "same")]
     sched = [f for f in rep["findings"] if f["code"] == "ckpt-missing-scheduler"]
     assert len(sched) == 1 and sched[0]["severity"] == "warning"
-    assert "is not exact" in sched[0]["title"] and "save_missing_scheduler.py:29" in sched[0]["title"]
+    assert "is not exact" in sched[0]["title"] and "dcp_missing_scheduler.py:33" in sched[0]["title"]
     assert {f["code"] for f in rep["findings"]} == {"ckpt-missing-scheduler", "ckpt-missing-rng"}
 
 
@@ -348,11 +346,11 @@ def test_saves_into_memory_buffers_are_not_called_no_save():
     assert section["reason"] == "the script saved no checkpoint to a file or DCP folder"
 
 
-def test_the_users_checkpoint_after_the_resume_check_is_what_a_plain_run_writes(tmp_path):
+def test_the_users_checkpoint_after_the_resume_check_is_what_a_plain_run_writes(tmp_path, monkeypatch):
     """Issue 27 item 4: the restarts (generators reset after the save at step 3, then on to step
     9) write the script's ckpt.pt again at steps 6 and 9 from a state torchdoctor altered; the
     user's ckpt.pt must end as a plain run of the script writes it."""
-    import subprocess
+    import runpy
     import sys
 
     torch = pytest.importorskip("torch")
@@ -361,8 +359,9 @@ def test_the_users_checkpoint_after_the_resume_check_is_what_a_plain_run_writes(
     plain, ours = tmp_path / "plain", tmp_path / "ours"
     plain.mkdir()
     ours.mkdir()
-    subprocess.run([sys.executable, str(DROPOUT), str(plain), "9"], check=True, timeout=300,
-                   capture_output=True)
+    # the plain run: the script itself in this process (where the runs below run too), no torchdoctor
+    monkeypatch.setattr(sys, "argv", [str(DROPOUT), str(plain), "9"])
+    runpy.run_path(str(DROPOUT), run_name="__main__")
 
     class _Trials:
         ran: list = []

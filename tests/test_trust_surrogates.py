@@ -190,15 +190,15 @@ def test_nan_in_a_module_named_with_a_surrogate_is_reported(tmp_path):
 
 # -- item 10: torchdoctor's own stderr lines escape untrusted text -----------------------------------
 
-def test_script_not_found_and_html_refusal_are_escaped(tmp_path):
-    p = run_cli("checkup", tmp_path / "nope\x1b[2J\x9b.py", timeout=60)
+def test_script_not_found_and_html_refusal_are_escaped(tmp_path, cli_inproc):
+    p = cli_inproc("checkup", tmp_path / "nope\x1b[2J\x9b.py")  # in-process, any run forbidden (conftest)
     assert p.returncode == 2 and "script not found" in p.stderr
     assert "\x1b" not in p.stderr and "\x9b" not in p.stderr and "nope\\x1b[2J\\x9b.py" in p.stderr
     theirs = tmp_path / "notes\x1b]0;pwn\x07.html"
     theirs.write_text("mine")
     script = tmp_path / "t.py"
     script.write_text(TINY)
-    p = run_cli("checkup", f"--html={theirs}", script, timeout=60)
+    p = cli_inproc("checkup", f"--html={theirs}", script)
     assert p.returncode == 2 and "not a torchdoctor report" in p.stderr
     assert "\x1b" not in p.stderr and "\x07" not in p.stderr and "notes\\x1b]0;pwn\\x07.html" in p.stderr
     assert theirs.read_text() == "mine"
@@ -233,11 +233,11 @@ def test_single_function_whose_backward_raises_is_a_finding_not_a_pass(tmp_path)
 
 # -- item 12: gradcheck FILE.py:Fn refuses a huge file before reading it -----------------------------
 
-def test_huge_function_file_is_refused_before_reading(tmp_path):
+def test_huge_function_file_is_refused_before_reading(tmp_path, cli_inproc):
     big = tmp_path / "big.py"
     with open(big, "wb") as f:
         f.truncate(2 << 30)  # 2 GiB, sparse: reading it took 2.1 GB and 11 s before the bound
-    p = run_cli("gradcheck", f"{big}:Fn", "--shape", "4", timeout=30)
+    p = cli_inproc("gradcheck", f"{big}:Fn", "--shape", "4")  # in-process, any run forbidden
     assert p.returncode == 2, p.stderr
     assert "over 4 MiB" in p.stderr and "Traceback" not in p.stderr
 
