@@ -11,7 +11,8 @@ values: docs/findings/<code>.md, "How it is measured"):
   full within ERROR_HOURS of the measured step time, warning within the HORIZON_HOURS horizon
   (or at a rate >= RATE_WARN_PER_HOUR), info beyond. Not raised when the site window saw the
   growth (>= WINDOW_SEEN of it) but what outlived its step explains less than SURVIVOR_SHARE
-  of it (larger steps, no leak).
+  of it (larger steps, no leak); a site whose keeping stopped after the window (STOPPED_SHARE)
+  names nothing (rules/memory_steps.py).
 * memory-fragmentation: at peak, reserved - allocated >= FRAG_MIN_GAP and >= FRAG_RATIO of
   reserved; or after an OOM, reserved-but-unallocated >= FRAG_MIN_GAP and >= FRAG_OOM_RATIO.
 * grad-in-eval: >= GRAD_EVAL_MIN graph-building forwards never backpropagated.
@@ -35,10 +36,10 @@ from torchdoctor.memory.oom import fix_lines, rank_fixes
 from torchdoctor.evidence.memory import cuda_end_stats, memory_series, room_left, step_seconds
 from torchdoctor.memory.trend import MIN_POINTS, fit_trend, warmup_count
 from torchdoctor.memory.units import MiB, human_bytes
+from torchdoctor.rules.memory_steps import (STOPPED_SHARE, SURVIVOR_SHARE, WINDOW_SEEN,
+                                            bigger_steps_not_a_leak, stopped_sites, window_sites)
 from torchdoctor.skills import TENSOR_MEMORY
 
-WINDOW_SEEN = 0.5  # the site window saw at least this share of the expected growth...
-SURVIVOR_SHARE = 0.25  # ...but survivors explain less than this share of it per step
 
 FRAG_MIN_GAP = 256 * MiB
 FRAG_RATIO = 0.40
@@ -56,7 +57,8 @@ MEMORY_GROWTH = declare(
         "GROWTH_MIN_SLOPE", "NOISY_MIN_SLOPE", "GROWTH_MIN_RISE", "GROWTH_MIN_CONSISTENCY",
         "GROWTH_LATE_RATIO", "TAIL_MIN_POINTS", "HORIZON_HOURS", "HORIZON_STEPS", "ERROR_HOURS",
         "ERROR_STEPS", "RATE_WARN_PER_HOUR", "UNATTRIBUTED_MIN_STEPS", "FIT_MIN_R2", "SITE_MIN_SHARE")},
-        "MIN_POINTS": MIN_POINTS, "WINDOW_SEEN": WINDOW_SEEN, "SURVIVOR_SHARE": SURVIVOR_SHARE})
+        "MIN_POINTS": MIN_POINTS, "WINDOW_SEEN": WINDOW_SEEN, "SURVIVOR_SHARE": SURVIVOR_SHARE,
+        "STOPPED_SHARE": STOPPED_SHARE})
 OUT_OF_MEMORY = declare(  # raised by the crash rule (rules/crash.py)
     "out-of-memory", TENSOR_MEMORY, "error",
     "the run hit out-of-memory: bytes requested, capacity, what was live")
@@ -93,14 +95,14 @@ def _python_note(w: dict[str, Any] | None) -> str | None:
     return None
 
 
-def _sites_for(ev: Evidence, key: str) -> tuple[list[str], list[str], str | None, float]:
+def _sites_for(ev: Evidence, key: str, skip: frozenset[str] = frozenset()
+               ) -> tuple[list[str], list[str], str | None, float]:
     """(site lines, graph-growth lines, first site, bytes per step the named sites keep) from the
-    allocation-site window."""
+    allocation-site window; sites in ``skip`` (stopped) name nothing."""
     w = ev.last("mem_sites")
     if not w:
         return [], [], None, 0.0
-    sites = (w.get("cuda_sites") or w.get("tensor_sites") or []) if key.startswith("cuda") \
-        else (w.get("tensor_sites") or w.get("python_sites") or [])
+    sites = [x for x in window_sites(w, key) if x.get("site") not in skip]
     # a lone "(no user frame)" site names nothing: the graph-growth site, when there is one, does
     sites = [s for s in sites if s.get("site") != "(no user frame)"
              or (len(sites) == 1 and not w.get("graph_growth"))]
@@ -110,34 +112,6 @@ def _sites_for(ev: Evidence, key: str) -> tuple[list[str], list[str], str | None
     first = sites[0]["site"] if sites else ((w.get("graph_growth") or [{}])[0].get("site"))
     kept = sum(max(0.0, float(s.get("bytes_per_step") or 0)) for s in sites if s.get("site") != "(no user frame)")
     return _site_lines(sites), graph, first, kept
-
-
-def _bigger_steps_not_a_leak(ev: Evidence, s, fit) -> bool:
-    """True when the site window watched the series grow but nothing it allocated outlived its
-    step and no graph grew: the step's own tensors are getting larger (growing sequence
-    length, curriculum), nothing accumulates. On the host the Python-visible tensors must
-    also have grown by at least half as much (else the growth is outside torch: a leak)."""
-    w = ev.last("mem_sites")
-    if not w or w.get("partial") or w.get("graph_growth"):
-        return False
-    first, last = w["steps"]
-    by_step = dict(zip(s.steps, s.values))
-    after = next((t for t in sorted(by_step) if t >= last), None)  # heap: window samples left out
-    if first - 1 not in by_step or after is None or after > last + 2:
-        return False
-    grown = by_step[after] - by_step[first - 1]
-    if grown < WINDOW_SEEN * fit.slope * (after - first + 1):
-        return False  # the growth did not happen while the window watched
-    surv = w.get("cuda_survivor_bytes") if s.key.startswith("cuda") else w.get("tensor_survivor_bytes")
-    if surv is None or surv / max(1, last - first) >= SURVIVOR_SHARE * fit.slope:
-        return False
-    if s.key.startswith("cuda"):
-        return True
-    live = w.get("cpu_tensor_bytes_change")  # a gc scan before and after (older runs)
-    if live is not None:
-        return live >= WINDOW_SEEN * grown
-    per_step = w.get("cpu_tensor_bytes_per_step")  # the window's own tensors
-    return per_step is not None and per_step >= WINDOW_SEEN * grown / (after - first + 1)
 
 
 @rule("memory-growth", probes={"memory", "checkup"},
@@ -156,7 +130,7 @@ def memory_growth(ev: Evidence) -> list[Finding]:
     growing = []
     for s, f in fitted:
         v = judge(f, s.noisy, room_left(ev, s), step_s)
-        if v.credible and not _bigger_steps_not_a_leak(ev, s, f):
+        if v.credible and not bigger_steps_not_a_leak(ev, s, f):
             growing.append((s, f, v))
     if not growing:
         return []
@@ -186,7 +160,8 @@ def _when_full(v) -> str:
 
 
 def _growth_finding(ev: Evidence, s, fit, verdict, growing) -> Finding:
-    sites, graph, first, kept = _sites_for(ev, s.key)
+    stopped, after = stopped_sites(ev, s)
+    sites, graph, first, kept = _sites_for(ev, s.key, frozenset(x["site"] for x in stopped))
     fitted_steps = fit.last_step - fit.first_step + 1
     # the site window looked (or was cut) and named nothing that explains the growth: a short run
     # cannot tell a leak from the allocator settling in. Without a window record nothing was tried.
@@ -237,6 +212,13 @@ def _growth_finding(ev: Evidence, s, fit, verdict, growing) -> Finding:
             ev_out["sites_note"] = note
     if graph:
         ev_out["graph_growth"] = graph
+    if stopped:
+        lo, hi = ev.last("mem_sites")["steps"]
+        ev_out["stopped_sites"] = [
+            f"{x['site']}: kept {human_bytes(x['bytes_per_step'], signed=True)}/step while the site "
+            f"window watched (steps {lo}-{hi}); memory after it rises "
+            f"{human_bytes(after or 0, signed=True)}/step: it filled, then stopped (not the growth)"
+            for x in stopped[:3]]
     others = [f"{o.label}: {human_bytes(f.slope, signed=True)}/step" for o, f, _ in growing if o is not s]
     if others:
         ev_out["also_growing"] = others
