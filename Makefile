@@ -23,14 +23,20 @@ demo: venv
 # (docs/testing.md). Writing the bytecode once, here, is read by all; a stale file is ignored by mtime.
 BYTECODE = $(PY) -m compileall -q torchdoctor > /dev/null
 
+# Two pytest-xdist workers (one per core of the CI box), a test file each at a time (module-scoped
+# fixtures stay in one worker); the fixture runs are still made once per test run, shared by the
+# workers (tests/fixture_lanes.py). TEST_JOBS=0: one process, as before (a debugger, -x).
+TEST_JOBS ?= 2
+XDIST = $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile)
+
 test: venv
 	$(BYTECODE)
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST)
 
 # the fast lane: no test that starts a Python process (tests/spawn_watch.py fails one that does)
 test-fast: venv
 	$(BYTECODE)
-	TD_SPAWN_STRICT=1 $(PY) -m pytest -q -p no:cacheprovider -m "not slow"
+	TD_SPAWN_STRICT=1 $(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not slow"
 
 # On a GPU machine (torch already installed there): the GPU-marked tests only.
 test-gpu:

@@ -29,6 +29,14 @@ def _e2e_header(item):
 
 
 def pytest_configure(config):
+    # xdist's controller: one folder shared by the workers' fixture runs (tests/fixture_lanes.py),
+    # in the environment they inherit, removed when the whole run is done
+    if getattr(config.option, "numprocesses", None) and not os.environ.get("PYTEST_XDIST_WORKER"):
+        import tempfile
+
+        config._td_shared = tempfile.mkdtemp(prefix="td-fixture-shared-")
+        os.environ[fixture_lanes.SHARED_ENV] = f"{os.getpid()}:{config._td_shared}"
+        os.environ[fixture_lanes.UNSET_ENV] = ",".join(k for k in ("COLUMNS", "LINES") if k not in os.environ)
     # which tests start Python processes (the fast lane's line): recorded or enforced on request
     if os.environ.get("TD_SPAWN_LOG") or os.environ.get("TD_SPAWN_STRICT"):
         spawn_watch.install()
@@ -72,6 +80,15 @@ def pytest_collection_finish(session):
 
 def pytest_sessionfinish(session):
     fixture_lanes.SESSION.stop()
+
+
+def pytest_unconfigure(config):
+    shared = getattr(config, "_td_shared", None)
+    if shared:
+        import shutil
+
+        shutil.rmtree(shared, ignore_errors=True)
+        os.environ.pop(fixture_lanes.SHARED_ENV, None)
 
 
 def planned_fixture_runs(items) -> list[str]:

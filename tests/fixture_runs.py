@@ -144,7 +144,7 @@ def launch(h: Header, timeout: float = 300, keep: bool = False) -> Run:
     folder are the session's as collected (fixture_lanes.ENV): not what a test running meanwhile
     set."""
     tmp = tempfile.mkdtemp(prefix="td-fixture-", dir=fixture_lanes.TMPDIR)
-    if keep:
+    if keep and fixture_lanes.SHARED is None:  # under xdist the controller removes the shared folder
         atexit.register(shutil.rmtree, tmp, True)
     try:
         sargs = [a.replace("{tmp}", tmp) for a in h.script_args]

@@ -119,7 +119,7 @@ def test_straggler_made_with_sleep_is_named():
 
 @pytest.mark.slow
 def test_hang_names_the_rank_that_skipped_and_the_line_and_leaves_no_process():
-    p, r, tmp_path = cached("hang.py", "dist --nproc-per-node 2 --timeout 12 --out {tmp}")
+    p, r, tmp_path = cached("hang.py", "dist --nproc-per-node 2 --timeout 20 --out {tmp}")  # 12 s was not always enough for two ranks to start at load 5
     wall = p.wall
     assert p.returncode == 1 and r["status"] == "timeout"
     assert codes(r) == ["collective-hang"], r["findings"]
@@ -127,7 +127,7 @@ def test_hang_names_the_rank_that_skipped_and_the_line_and_leaves_no_process():
     assert "rank 1 skipped all_reduce at hang.py:26 after 3 optimizer steps" in f["title"]
     assert f["evidence"]["waiting"]["rank 0"] == "all_reduce at hang.py:26"
     assert f["evidence"]["waiting"]["rank 1"] == "barrier at hang.py:29"
-    assert wall < 12 + 30, wall
+    assert wall < 20 + 30, wall
     assert (tmp_path / "run" / "rank1" / "stacks.txt").stat().st_size > 0
     # the Flight Recorder variables the launch added, stated (gloo makes no pipe: none poked)
     fr = r["metrics"]["run"]["flight_recorder"]

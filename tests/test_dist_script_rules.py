@@ -94,6 +94,21 @@ def test_where_reads_the_collective_and_the_user_line_from_a_stack():
     assert w["collective"] is None and w["site"] == f"{SCRIPT}:40"
 
 
+def test_a_rank_still_importing_torch_distributed_at_the_timeout_is_not_in_a_collective():
+    """Regression (seen at load 5): both ranks were still importing torch.distributed when a
+    12 s --timeout fired; the import's `<module>` frame was read as the collective they waited
+    in, and a collective-hang was raised for a run that never reached one."""
+    importing = [["/x/torchdoctor/runner/harness.py", 90, "_arm"],
+                 ["/venv/lib/python3.11/site-packages/torch/distributed/__init__.py", 1, "<module>"],
+                 [C10D, 20, "<module>"]]
+    w = where(stack(0, importing))
+    assert not w.get("collective")
+    events = [stack(r, importing) for r in (0, 1)]
+    events += [{"kind": "dist_init", "rank": 0}]
+    events += [{"kind": "rank_result", "rank": r, "outcome": "timeout"} for r in (0, 1)]
+    assert collectives(ev(events, result={"outcome": "timeout", "timeout_s": 12})) == []
+
+
 # ----------------------------------------------------------------------------- rule: collectives
 def test_hang_finding_names_rank_line_and_where_each_rank_waits():
     out = collectives(ev(hang_events(), result={"outcome": "timeout", "timeout_s": 12}))

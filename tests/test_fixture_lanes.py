@@ -77,6 +77,70 @@ def test_a_failed_run_raises_its_error_to_every_test_that_needs_it():
     assert calls == [1]
 
 
+# ---------------------------------------------------------------- xdist: two workers, one folder
+# Two Lanes over one shared folder stand for two workers: flock locks conflict between two opens
+# of the same file in one process as they do between processes.
+
+def test_two_workers_make_a_shared_run_once_and_both_read_it(tmp_path):
+    one, two = Lanes(shared=tmp_path), Lanes(shared=tmp_path)
+    made, started, release = [], threading.Event(), threading.Event()
+
+    def make():
+        made.append(threading.current_thread().name)
+        started.set()
+        release.wait(10)
+        return {"report": "r"}
+
+    first = threading.Thread(target=lambda: one.once("k", make), name="worker-one")
+    first.start()
+    assert started.wait(10)
+    threading.Timer(0.2, release.set).start()
+    assert two.once("k", make) == {"report": "r"}  # waited for the other worker's run, then read it
+    first.join(10)
+    assert made == ["worker-one"]
+
+
+def test_a_lane_skips_a_run_another_worker_is_making_and_takes_the_next(tmp_path):
+    one, two = Lanes(shared=tmp_path), Lanes(shared=tmp_path)
+    made, started, release = [], threading.Event(), threading.Event()
+
+    def job(name, block=False):
+        def make():
+            made.append((name, threading.current_thread().name))
+            if block:
+                started.set()
+                release.wait(10)
+            return name
+        return make
+
+    busy = threading.Thread(target=lambda: one.once("b", job("b", block=True)), name="worker-one")
+    busy.start()
+    assert started.wait(10)
+    two.plan([("a", job("a")), ("b", job("b"))], lanes=1)  # its lane starts from the end: "b"
+    assert two.once("a", job("a")) == "a"
+    release.set()
+    busy.join(10)
+    assert two.once("b", job("b")) == "b"  # read, not made again
+    two.stop()
+    assert sorted(made) == [("a", "fixture-lane-0"), ("b", "worker-one")] or \
+        sorted(made) == [("a", "MainThread"), ("b", "worker-one")]
+
+
+def test_a_shared_runs_error_reaches_the_other_worker_even_if_it_does_not_pickle(tmp_path):
+    one, two = Lanes(shared=tmp_path), Lanes(shared=tmp_path)
+
+    class Local(Exception):  # a class pickle cannot find by name
+        pass
+
+    def boom():
+        raise Local("dist/x.py: no report within 300 s (killed)")
+
+    with pytest.raises(Local):
+        one.once("x", boom)
+    with pytest.raises(RuntimeError, match="dist/x.py: no report within 300 s"):
+        two.once("x", lambda: pytest.fail("made twice"))
+
+
 def test_session_end_terminates_a_run_in_flight():
     lanes = Lanes()
     p = Popen([sys.executable, "-c", "import time; time.sleep(60)"])

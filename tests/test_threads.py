@@ -68,7 +68,11 @@ def test_stop_is_never_raised_in_a_thread_of_the_script(capsys):
     assert "all done" in capsys.readouterr().err
     [deferred] = ev.of("stop_deferred")
     assert deferred["step"] == 4 and deferred["thread"] != "MainThread"
-    assert ev.result["steps"] == 12  # the clock followed one thread's whole loop
+    # the clock followed one thread's loop past --steps to its end: more than 4 steps, at most
+    # that thread's 12 (not the two threads' 24). It adopts the thread at a step boundary once
+    # the main thread waits in join(): a boundary the thread reached while the main thread was
+    # still starting the other thread is not counted (11 of 12 seen once on a loaded box)
+    assert 4 < ev.result["steps"] <= 12
 
 
 def test_main_thread_is_stopped_at_its_boundary_while_workers_finish(capsys):

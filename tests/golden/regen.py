@@ -24,8 +24,9 @@ A new finding on an existing probe changes the expectation of the fixture that r
 that fixture's whole-report golden if it is a contract fixture), nothing else: review the diff
 of `regen.py PATH` for that fixture.
 
-Load-sensitive (seen on the shared 2-core box): dist/hang.py (at --timeout 12 the ranks may
-still be importing torch: script-hung instead of collective-hang), memory/leak_buffers.py (the
+Load-sensitive (seen on the shared 2-core box): dist/hang.py (its --timeout, 20 s since
+session 12, must leave two ranks time to start: at 12 s and load 5 they were still importing
+torch.distributed; that import's frame is no longer taken for a collective), memory/leak_buffers.py (the
 tracemalloc window runs out of budget: memory-growth info instead of error); regenerate them on
 a calm box.
 """

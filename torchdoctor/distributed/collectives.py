@@ -165,8 +165,10 @@ def where(stacks: dict[str, Any] | None) -> dict[str, Any]:
     op = None
     for f in frames:
         path = f[0]
-        if any(p in path for p in _DIST_DIR) and f[2] not in ("wrapper", "<lambda>"):
-            op = f[2]  # keep going outwards: the outermost torch.distributed frame names the call
+        # keep going outwards: the outermost torch.distributed function frame names the call
+        # (not a module being imported: a rank still starting up waits in no collective)
+        if any(p in path for p in _DIST_DIR) and f[2] not in ("wrapper", "<lambda>", "<module>"):
+            op = f[2]
         if is_user_file(path):
             out = {"collective": op, "site": f"{path}:{f[1]}", "fn": f[2]}
             return out
