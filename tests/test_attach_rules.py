@@ -445,3 +445,22 @@ def test_a_thread_holding_the_gil_most_of_the_window_is_named():
     p = _gil_proc(122)
     p["gil"] = {"error": "py-spy record exited 1 without output"}
     assert codes(ev(p)) == []
+
+
+def test_a_dump_reads_the_main_threads_counters_after_it_has_gone_back_to_sleep(monkeypatch):
+    """Regression (test_attach's spinning rank judged rank-waited-for once, in CI): a thread that
+    is blocked for good goes back to sleep after a dump only when it is scheduled again, which on
+    a loaded box comes after the dump returned; that switch must not count as a wake."""
+    from torchdoctor.attach import sampler, session
+
+    monkeypatch.setattr(sampler, "dump", lambda *a: {"t": 100.0, "read_s": 0.05, "threads": []})
+    late = iter([{"switches": 10, "cpu_ns": 1}, {"switches": 12, "cpu_ns": 1},  # before, at return
+                 {"switches": 13, "cpu_ns": 1}, {"switches": 13, "cpu_ns": 1}])  # re-blocked, settled
+    d = session._dump("py-spy", 5, 10.0, False, False, counters=lambda pid: next(late), sleep=lambda s: None)
+    assert d["main_before"]["switches"] == 10 and d["main_after"]["switches"] == 13
+    assert d["read_s"] >= 0.05
+
+    spinning = iter(range(1000))  # a running thread never settles: bounded by SETTLE_READS
+    d = session._dump("py-spy", 5, 10.0, False, False,
+                      counters=lambda pid: {"switches": next(spinning), "cpu_ns": 1}, sleep=lambda s: None)
+    assert d["main_after"]["switches"] == 1 + session.SETTLE_READS

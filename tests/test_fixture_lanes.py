@@ -41,8 +41,9 @@ def test_the_plan_is_the_selected_cpu_fixtures_and_their_tests_run_last(tmp_path
     assert e2e and e2e == list(range(len(ids) - len(e2e), len(ids)))  # after every other test
 
 
-def test_a_run_is_made_once_by_a_lane_or_by_the_first_caller():
-    lanes = Lanes()
+def _recorded_jobs():
+    """(made, started, release, job): job(name, block) makes name.upper(), noting (name, thread)
+    in made; a blocking one sets started and waits for release."""
     made, started, release = [], threading.Event(), threading.Event()
 
     def job(name, block=False):
@@ -54,6 +55,12 @@ def test_a_run_is_made_once_by_a_lane_or_by_the_first_caller():
             return name.upper()
         return make
 
+    return made, started, release, job
+
+
+def test_a_run_is_made_once_by_a_lane_or_by_the_first_caller():
+    lanes = Lanes()
+    made, started, release, job = _recorded_jobs()
     a, b = job("a"), job("b", block=True)
     lanes.plan([("a", a), ("b", b)], lanes=1)
     assert started.wait(10)  # the lane took the plan's last run first
@@ -102,25 +109,15 @@ def test_two_workers_make_a_shared_run_once_and_both_read_it(tmp_path):
 
 def test_a_lane_skips_a_run_another_worker_is_making_and_takes_the_next(tmp_path):
     one, two = Lanes(shared=tmp_path), Lanes(shared=tmp_path)
-    made, started, release = [], threading.Event(), threading.Event()
-
-    def job(name, block=False):
-        def make():
-            made.append((name, threading.current_thread().name))
-            if block:
-                started.set()
-                release.wait(10)
-            return name
-        return make
-
+    made, started, release, job = _recorded_jobs()
     busy = threading.Thread(target=lambda: one.once("b", job("b", block=True)), name="worker-one")
     busy.start()
     assert started.wait(10)
     two.plan([("a", job("a")), ("b", job("b"))], lanes=1)  # its lane starts from the end: "b"
-    assert two.once("a", job("a")) == "a"
+    assert two.once("a", job("a")) == "A"
     release.set()
     busy.join(10)
-    assert two.once("b", job("b")) == "b"  # read, not made again
+    assert two.once("b", job("b")) == "B"  # read, not made again
     two.stop()
     assert sorted(made) == [("a", "fixture-lane-0"), ("b", "worker-one")] or \
         sorted(made) == [("a", "MainThread"), ("b", "worker-one")]
