@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from fixture_runs import CONTRACT, GOLDEN, dumps, headed_fixtures, normalise, run_fixture
+from fixture_runs import CONTRACT, GOLDEN, dumps, headed_fixtures, launch, normalise, run_fixture
 
 HERE = Path(__file__).resolve().parent
 HEADS = headed_fixtures()
@@ -61,12 +61,30 @@ def _whole_report_diff(golden: dict, got: dict) -> str:
                                         "golden", "this run", n=2))
 
 
+def window_over_budget(report: dict) -> str | None:
+    """Why the memory probe's site window stopped short of what it set out to record because of
+    its own time budget, else None. Its budget is wall time (docs/memory.md): on a box loaded by
+    other processes its steps slow down and the window stops, by design, and the growth is then
+    reported unexplained (info). Such a run says nothing about the fixture."""
+    sites = ((report.get("metrics") or {}).get("memory") or {}).get("sites") or {}
+    over = [sites["cut"]] if sites.get("cut") else []
+    over += [s for s in sites.get("skipped") or [] if "time budget" in s]
+    return "; ".join(over) or None
+
+
 @pytest.mark.parametrize("h", PARAMS)
 def test_fixture_raises_its_header_and_matches_its_expectation(h):
     run = run_fixture(h.rel)
+    if run.codes != h.expect and window_over_budget(run.report):
+        # the load of the box, said in the report, not the fixture: one fresh run (seen in CI
+        # on memory/leak_buffers.py at load 4-5: tracemalloc stopped, memory-growth info)
+        run = launch(h, keep=True)
+    sites = ((run.report.get("metrics") or {}).get("memory") or {}).get("sites")
     assert run.codes == h.expect, (
         f"{h.rel}: raised {sorted(run.codes)}, header says {sorted(h.expect)}; "
-        + json.dumps([(f["code"], f["severity"], f["title"]) for f in run.report["findings"]])[:3000])
+        + json.dumps([(f["code"], f["severity"], f["title"]) for f in run.report["findings"]])[:3000]
+        + (f"; memory site window: {json.dumps({k: v for k, v in sites.items() if k not in ('tensor_sites', 'graph_growth')})[:1500]}"
+           if sites else ""))
     if h.requires:
         return  # GPU fixtures: no golden (made on the GPU box, not here)
     path = expect_path(h)
@@ -173,3 +191,14 @@ def test_checkpoint_fixtures_match_their_expectations():
                      "report": normalise(r["report"])}
             assert whole == golden, (f"checkpoint/{name} differs from its whole-report golden: "
                                      f"{first_difference(whole, golden)}")
+
+
+def test_a_site_window_stopped_by_its_time_budget_is_recognised():
+    cut = {"metrics": {"memory": {"sites": {"cut": "the site window was cut after 1 of 4 steps to stay "
+                                                   "within its time budget (0.5 s = ...)", "partial": True}}}}
+    traced = {"metrics": {"memory": {"sites": {"skipped": [
+        "Python-level sites (tracemalloc): stopped after 0.25 s, its share of the window's time budget"]}}}}
+    assert "cut after 1 of 4" in window_over_budget(cut)
+    assert "tracemalloc" in window_over_budget(traced)
+    whole = {"metrics": {"memory": {"sites": {"python_sites": [{"site": "x.py:19"}]}}}}
+    assert window_over_budget(whole) is None and window_over_budget({"metrics": {}}) is None

@@ -27,7 +27,8 @@ of `regen.py PATH` for that fixture.
 Load-sensitive (seen on the shared 2-core box): dist/hang.py (its --timeout, 20 s since
 session 12, must leave two ranks time to start: at 12 s and load 5 they were still importing
 torch.distributed; that import's frame is no longer taken for a collective), memory/leak_buffers.py (the
-tracemalloc window runs out of budget: memory-growth info instead of error); regenerate them on
+tracemalloc window runs out of budget: memory-growth info instead of error; its e2e test runs it
+once more when the report says its site window stopped for its time budget); regenerate them on
 a calm box.
 """
 
