@@ -89,6 +89,7 @@ def pytest_unconfigure(config):
 
         shutil.rmtree(shared, ignore_errors=True)
         os.environ.pop(fixture_lanes.SHARED_ENV, None)
+        os.environ.pop(fixture_lanes.UNSET_ENV, None)
 
 
 def planned_fixture_runs(items) -> list[str]:

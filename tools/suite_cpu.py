@@ -20,7 +20,6 @@ from __future__ import annotations
 import collections
 import ctypes
 import json
-import os
 import struct
 import sys
 import sysconfig
@@ -103,7 +102,6 @@ def report(out: Path, top: int = 400) -> None:
     by_file = collections.Counter()
     by_test = collections.Counter()
     n_test = collections.Counter()
-    by_parent_test = {}
     # a process with no start line (a non-Python program, or a Python process that forked)
     # belongs to the nearest ancestor that has one
     parent = {r["pid"]: r["ppid"] for r in recs}

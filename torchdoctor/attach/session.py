@@ -34,9 +34,10 @@ def _dump(binary: str, pid: int, timeout: float, nonblocking: bool, native: bool
     settled after it. A dump stops and resumes every thread; a thread blocked for good goes back
     to sleep only when it is scheduled again, which on a loaded box can come after the dump has
     returned: read at once, that switch fell into the next window and a rank blocked in a
-    collective counted as awake (measured, 2-core box, 8 busy processes: 5 of 33 windows between
-    dumps of a thread in ``Event().wait()`` had a switch; 0 of 33 with the settle). The settle
-    is added to the dump's ``read_s``, so the quiet time between dumps leaves it out too."""
+    collective counted as awake (``bench/attach_wakes.py``, 2-core box, a thread in
+    ``Event().wait()`` beside 0/4/8 busy processes: 1, 2 and 4 of 11 windows between dumps had a
+    switch; 0 of 11 each with the settle). The settle is added to the dump's ``read_s``, so the
+    quiet time between dumps leaves it out too."""
     before = counters(pid)
     d = sampler.dump(binary, pid, timeout, nonblocking, native)
     after = counters(pid)
