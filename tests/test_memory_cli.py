@@ -135,6 +135,15 @@ def test_healthy_fixtures_raise_no_warning_under_checkup(script):
     assert bad == [], rep["findings"]
 
 
+def test_checkup_judges_a_curriculum_after_a_cache_fill_as_bigger_steps():
+    # regression (session 12's note): checkup, which does not measure activations, reported
+    # memory-growth@info on this healthy fixture; the memory probe did not
+    _, rep = report("checkup", "curriculum_and_cache.py")
+    assert "memory-growth" not in codes(rep), rep["findings"]
+    w = rep["metrics"]["memory"]["sites"]
+    assert w["cpu_step_tensor_growth"] >= 90 * 1024  # its +96 KiB of input a step, measured
+
+
 def test_growth_outside_torch_is_named_from_python_allocations():
     rc, rep = report("memory", "leak_buffers.py")
     cut = "its share of the window's time budget" in json.dumps(rep.get("findings"))

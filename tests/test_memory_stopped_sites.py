@@ -24,8 +24,12 @@ CACHE = {"site": "train.py:20", "function": "<module>", "bytes": 3 * MiB, "count
          "bytes_per_step": MiB, "called_from": []}
 
 
-def run(per_step=96 * KiB, fill_steps=12, act_per_step=500 * KiB, sites=(CACHE,), leak=0, n=40):
-    """A run's evidence: heap at step ends rising ``per_step`` (the curriculum's bigger inputs)
+def run(**kw):
+    return Evidence.from_events(events(**kw))
+
+
+def events(per_step=96 * KiB, fill_steps=12, act_per_step=500 * KiB, sites=(CACHE,), leak=0, n=40):
+    """A run's events: heap at step ends rising ``per_step`` (the curriculum's bigger inputs)
     plus 1 MiB a step while the cache fills, plus ``leak`` bytes a step kept; activations at the
     start of backward rising ``act_per_step``; the site window at steps 10-13 naming ``sites``."""
     evs = [{"kind": "mem_info", "host": {"total": 32 * GiB, "available": 16 * GiB},
@@ -44,7 +48,7 @@ def run(per_step=96 * KiB, fill_steps=12, act_per_step=500 * KiB, sites=(CACHE,)
     evs.append({"kind": "mem_sites", "steps": list(WINDOW), "graph_growth": [],
                 "tensor_sites": list(sites), "tensor_survivor_bytes": kept,
                 "cpu_tensor_bytes_per_step": round(kept / 3 + per_step), "python_sites": []})
-    return Evidence.from_events(evs)
+    return evs
 
 
 def test_a_curriculum_after_a_cache_that_filled_in_the_window_is_not_growth():
@@ -82,3 +86,30 @@ def test_a_leak_beside_the_stopped_cache_is_reported_and_names_the_leak():
     assert f.severity in ("warning", "error")
     assert f.title.endswith("growing site: train.py:31")
     assert f.evidence["stopped_sites"][0].startswith("train.py:20")
+
+
+def checkup_run(passing_per_step, **kw):
+    """The same run as checkup measures it: no activations (``bwd`` not read), the window's
+    passing tensors (each step's batch and outputs, freed by the next step) growing
+    ``passing_per_step``."""
+    out = []
+    for e in events(**kw):
+        if e.get("kind") == "mem":
+            e = {k: v for k, v in e.items() if k != "bwd"}
+        elif e.get("kind") == "mem_sites" and passing_per_step is not None:
+            e = {**e, "cpu_step_tensor_growth": passing_per_step}
+        out.append(e)
+    return Evidence.from_events(out)
+
+
+def test_checkup_reads_the_windows_passing_tensors_when_activations_are_not_measured():
+    # regression: checkup gave memory-growth@info on curriculum_and_cache.py (no `act` series)
+    assert memory_growth(checkup_run(99 * KiB)) == []
+
+
+def test_checkup_without_passing_tensor_growth_still_reports_the_growth():
+    # the passing tensors stayed the same size: the +96 KiB/step is not bigger steps
+    [f] = memory_growth(checkup_run(0))
+    assert f.evidence["stopped_sites"][0].startswith("train.py:20")
+    [f] = memory_growth(checkup_run(None))  # an older window without the field
+    assert "growing_sites" not in f.evidence

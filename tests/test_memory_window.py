@@ -70,6 +70,40 @@ def test_over_budget_tracemalloc_stops_first_then_the_window_is_cut():
     assert c["budget_ms"] == 100.0 and c["step_ms"] == 2.0 and c["extra_ms"] > 100
 
 
+def _window_of_steps(step_fn) -> dict:
+    """A site window (tensor tracker only) over steps made by ``step_fn(step, held)``: what it
+    returns is held until the next step, as a training loop's ``x, y, loss`` are."""
+    w = SiteWindow(10, use_cuda=False, history_on=False, host=False)
+    step, verdict, held = 10, None, None
+    while verdict is None:
+        step += 1
+        held = step_fn(step, held)
+        verdict = w.boundary(step)
+    out = w.finish(step)
+    del held
+    return out
+
+
+def test_passing_tensors_grow_with_a_curriculum_not_with_a_cache_or_a_leak():
+    # each step's batch is 4 KiB larger; a cache or a leak keeps 64 KiB a step as well
+    kept: list = []
+
+    def curriculum(step, _held):
+        return torch.ones(1024 * step)  # 4 KiB more a step, freed when the next step's comes
+
+    def cache_or_leak(step, _held):
+        kept.append(torch.ones(16 * KiB))  # 64 KiB kept every step
+        return torch.ones(1024)
+
+    def both(step, _held):
+        kept.append(torch.ones(16 * KiB))
+        return torch.ones(1024 * step)
+
+    assert _window_of_steps(curriculum)["cpu_step_tensor_growth"] == 4 * KiB
+    assert _window_of_steps(cache_or_leak)["cpu_step_tensor_growth"] == 0
+    assert _window_of_steps(both)["cpu_step_tensor_growth"] == 4 * KiB
+
+
 def test_budget_is_a_few_median_steps_with_a_floor():
     assert window.budget_for(None) == window.WINDOW_BUDGET_MIN_S
     assert window.budget_for(0.001) == window.WINDOW_BUDGET_MIN_S

@@ -258,6 +258,19 @@ class DispatchTracker:
                 out.append(Survivor(n, step, frames))
         return out
 
+    def kept_cpu_bytes_by_step(self, last_step: int) -> dict[int, int]:
+        """Step -> bytes of CPU storages made or first used in that step (before ``last_step``)
+        that are still alive: what each step's tensors still hold (a cache entry, a leak, the
+        parameters first read in the window's first step)."""
+        out: dict[int, int] = {}
+        for sref, _tref, n, step, _frames, cpu in list(self._rec.values()):
+            if cpu and step < last_step and sref() is not None:
+                out[step] = out.get(step, 0) + n
+        for ref, n, step in list(self._inputs.values()):
+            if step < last_step and ref() is not None:
+                out[step] = out.get(step, 0) + n
+        return out
+
     def _record_inputs(self, args: Any) -> None:
         """CPU tensors an op reads that the window did not see made (a batch from a worker
         process, a tensor from before the window): counted in the live bytes from the step

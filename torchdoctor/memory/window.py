@@ -92,6 +92,8 @@ class SiteWindow:
         self.tracker = DispatchTracker()
         self.tracker_ok = self.tracker.start(start_step)
         self.live_first: int | None = None  # live CPU bytes of the first window step, at its end
+        # (step, live CPU bytes of that step's own tensors at its end), each window step
+        self.live_own: list[tuple[int, int]] = []
         self.tracing = False
         self._lock = threading.Lock()  # tracemalloc is stopped by the deadline timer or by us
         self._timer: threading.Timer | None = None
@@ -217,14 +219,28 @@ class SiteWindow:
         n = step - self.start
         if self.tracker_ok:
             self.tracker.boundary(step)
+            self.live_own.append((step, self.tracker.live_cpu_bytes(step)))
             if n == 1:
-                self.live_first = self.tracker.live_cpu_bytes(step)
+                self.live_first = self.live_own[-1][1]
         if self.snaps is not None:
             self.snaps.append(self._snap())
         self.cost_s += self._clock() - t0
         if n >= WINDOW_STEPS:
             return "done"
         return "cut" if self._over_budget(n) else None
+
+    def _step_tensor_growth(self, last_step: int) -> int | None:
+        """Bytes per step by which a step's passing tensors grew across the window: what each
+        step held alive at its end (its batch, outputs, loss) less what is still alive now (kept:
+        a cache entry, a leak, the parameters), first window step to the one before the last. A
+        growing batch or sequence length raises it; a leak or a cache filling does not. None
+        with fewer than two such steps."""
+        kept = self.tracker.kept_cpu_bytes_by_step(last_step)
+        own = [(st, b - kept.get(st, 0)) for st, b in self.live_own if st < last_step]
+        if len(own) < 2:
+            return None
+        (s0, b0), (s1, b1) = own[0], own[-1]
+        return round((b1 - b0) / (s1 - s0))
 
     def stop(self) -> None:
         """Undo everything without measuring (a window the run ended too early for)."""
@@ -266,6 +282,10 @@ class SiteWindow:
             # outside torch does not)
             out["cpu_tensor_bytes_per_step"] = round(
                 (self.tracker.live_cpu_bytes() - self.live_first) / (n_done - 1))
+        if self.tracker_ok:
+            grown = self._step_tensor_growth(last_step)
+            if grown is not None:
+                out["cpu_step_tensor_growth"] = grown
         if py_sites is not None:
             out["python_sites"] = py_sites
         if self.snaps is not None and len(self.snaps) >= 3:

@@ -8,7 +8,9 @@ read for the memory-growth rule (torchdoctor/rules/memory.py; why: docs/findings
   keeping S bytes a step stopped when the series after the window rises by less than
   STOPPED_SHARE * S a step (a cache that filled while the window watched). It names nothing, and
   the growth after it is larger steps when the rest of the survivors is small and the activations
-  saved for backward (measured at every step) grew by at least WINDOW_SEEN of the fitted slope.
+  saved for backward (measured at every step by the memory probe) grew by at least WINDOW_SEEN of
+  the fitted slope; where they are not measured (checkup), the host's passing tensors in the
+  window (each step's batch, outputs and loss, alive at its end and freed later) must have.
 """
 
 from __future__ import annotations
@@ -95,7 +97,11 @@ def _bigger_steps_after_a_fill(ev: Evidence, s, fit, w: dict[str, Any], stopped:
         return False
     act = [(int(m["step"]), (m.get("bwd") or {}).get("act")) for m in ev.of("mem")]
     act = [(x, float(a)) for x, a in act if a is not None and fit.first_step <= x <= fit.last_step]
-    if len(act) < MIN_POINTS:
-        return False
-    grew, _ = theil_sen([x for x, _ in act], [a for _, a in act])
-    return grew >= WINDOW_SEEN * fit.slope
+    if len(act) >= MIN_POINTS:
+        grew, _ = theil_sen([x for x, _ in act], [a for _, a in act])
+        return grew >= WINDOW_SEEN * fit.slope
+    # activations not measured (checkup): on the host, the window's passing tensors (what each
+    # step held at its end and a later step freed) must have grown as fast
+    passing = w.get("cpu_step_tensor_growth")
+    return (not s.key.startswith("cuda") and passing is not None
+            and float(passing) >= WINDOW_SEEN * fit.slope)
