@@ -103,7 +103,8 @@ def test_in_place_running_loss_is_one_finding_under_memory_and_checkup():
         line = f"{script}:{line_of(script, 'total_loss += loss  # bug')}"
         _, rep = report(probe, script)
         [f] = [f for f in rep["findings"] if f["code"] == "memory-growth"]
-        assert f["severity"] == "warning", (probe, f)
+        # ~1 h to full at this box's step time: warning, or error on a quiet box (seen: "~59 min")
+        assert f["severity"] in ("warning", "error"), (probe, f)
         assert f["title"].endswith(f"growing site: {line}"), f["title"]
         assert line in f["evidence"]["graph_growth"][0]
         assert "(no user frame)" not in json.dumps(f)

@@ -260,14 +260,11 @@ class DispatchTracker:
 
     def kept_cpu_bytes_by_step(self, last_step: int) -> dict[int, int]:
         """Step -> bytes of CPU storages made or first used in that step (before ``last_step``)
-        that are still alive: what each step's tensors still hold (a cache entry, a leak, the
-        parameters first read in the window's first step)."""
+        still alive: a cache entry, a leak, the parameters first read in the window."""
         out: dict[int, int] = {}
-        for sref, _tref, n, step, _frames, cpu in list(self._rec.values()):
-            if cpu and step < last_step and sref() is not None:
-                out[step] = out.get(step, 0) + n
-        for ref, n, step in list(self._inputs.values()):
-            if step < last_step and ref() is not None:
+        alive = [(r[3], r[2]) for r in list(self._rec.values()) if r[5] and r[0]() is not None]
+        for step, n in alive + [(st, n) for ref, n, st in list(self._inputs.values()) if ref() is not None]:
+            if step < last_step:
                 out[step] = out.get(step, 0) + n
         return out
 

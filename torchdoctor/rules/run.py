@@ -200,7 +200,7 @@ def killed_by_signal(ev: Evidence) -> list[Finding]:
     return [finding("killed-by-signal", f"the script died by {name}: {hint}", evidence, fix=fix)]
 
 
-@rule("no-training-steps", probes={"run"}, needs={"step", "model", "dataloader"},
+@rule("no-training-steps", probes={"run"}, needs={"step", "model", "dataloader", "processes_started"},
       raises=[NO_TRAINING_STEPS])
 def no_training_steps(ev: Evidence) -> list[Finding]:
     res = ev.result
@@ -214,9 +214,45 @@ def no_training_steps(ev: Evidence) -> list[Finding]:
     forwards = len(ev.of("model"))
     evidence = {"outcome": outcome, "optimizer_steps": 0, "backward_calls": 0,
                 "root_modules_seen": forwards, "dataloader_batches_seen": bool(ev.of("dataloader"))}
+    own = _script_processes(ev)
+    if own:
+        return [_trained_elsewhere(evidence, own)]
     return [finding("no-training-steps",
                     "no optimizer step or backward call was seen, so step-based checks could "
                     "not judge this run", evidence,
                     fix="Point torchdoctor at the script that trains (it must call "
                         "loss.backward() and optimizer.step()); pass the arguments that start "
                         "training; raise --timeout if training starts late")]
+
+
+def _script_processes(ev: Evidence) -> list[dict[str, Any]]:
+    """Processes the script started that run its own code (not DataLoader or pool workers)."""
+    started = ev.last("processes_started") or {}
+    return [g for g in started.get("groups") or [] if g.get("kind") == "script"]
+
+
+def _trained_elsewhere(evidence: dict[str, Any], own: list[dict[str, Any]]) -> Finding:
+    """No step here, but the script ran its own code in processes it started: the training
+    was not missing, it was out of sight (info: the script is not at fault)."""
+    n = sum(int(g.get("count") or 0) for g in own)
+    lines = [f"{g['target']} at {short_path(g.get('where')) or '?'}: {g['count']} process(es), "
+             f"start method {g.get('method') or '?'}" + (f", through {g['via']}" if g.get("via") else "")
+             for g in own]
+    spawn = any(g.get("via") == "torch.multiprocessing.spawn" for g in own)
+    name = own[0]["target"].rpartition(".")[2]
+    fix = ("torchdoctor measures the process it launches, not processes the script starts "
+           "itself. ")
+    if spawn:
+        fix += ("For data-parallel training started with torch.multiprocessing.spawn, let "
+                "torchrun start one process per rank instead (the script reads RANK, LOCAL_RANK "
+                "and WORLD_SIZE from the environment) and run `torchdoctor checkup "
+                "--nproc-per-node N script.py`: every rank is then measured")
+    else:
+        fix += ("To measure the training, run its loop in the launched process: call "
+                f"`{name}(...)` directly when one process is asked for (for example behind a "
+                "flag), then run torchdoctor on that")
+    return finding("no-training-steps",
+                   f"no step was seen in the launched process: the script ran its own "
+                   f"`{name}` in {n} process(es) it started itself, which torchdoctor does not "
+                   f"follow, so their steps were not judged",
+                   {**evidence, "processes_started": lines}, fix=fix, severity="info")
