@@ -28,7 +28,7 @@ def work(q):  # a process target of "the script's own code" (a file that is not 
     q.put(1)
 
 
-def run_instrument(body) -> dict | None:
+def run_instrument(body) -> list[dict]:
     ctx = RecordingContext()
     inst = ChildProcesses()
     original = mpp.BaseProcess.start
@@ -38,8 +38,7 @@ def run_instrument(body) -> dict | None:
     finally:
         inst.uninstall(ctx)
     assert mpp.BaseProcess.start is original  # the patch is undone
-    ev = ctx.of("processes_started")
-    return ev[-1] if ev else None
+    return ctx.of("process_started")
 
 
 def test_a_started_process_is_named_by_its_target_and_line():
@@ -51,10 +50,10 @@ def test_a_started_process_is_named_by_its_target_and_line():
         p.join(timeout=30)
         assert p.exitcode == 0
 
-    [g] = run_instrument(body)["groups"]
+    [g] = run_instrument(body)
     assert g["target"].endswith("test_child_processes.work")
     assert g["where"].endswith(f"test_child_processes.py:{work.__code__.co_firstlineno}")
-    assert (g["kind"], g["method"], g["count"], len(g["pids"])) == ("script", "fork", 1, 1)
+    assert (g["role"], g["method"]) == ("script", "fork") and g["pid"] > 0
 
 
 def test_dataloader_workers_are_counted_as_such_not_as_the_scripts_code():
@@ -63,12 +62,12 @@ def test_dataloader_workers_are_counted_as_such_not_as_the_scripts_code():
                         multiprocessing_context=FORK)
         assert sum(len(b[0]) for b in dl) == 8
 
-    [g] = run_instrument(body)["groups"]
-    assert g["kind"] == "DataLoader worker" and g["count"] == 1
+    [g] = run_instrument(body)
+    assert g["role"] == "DataLoader worker"
 
 
 def test_no_process_started_writes_no_event():
-    assert run_instrument(lambda: None) is None
+    assert run_instrument(lambda: None) == []
 
 
 def test_a_process_object_pickles_the_same_under_the_instrument():
@@ -84,23 +83,22 @@ def test_torch_spawn_is_read_through_to_the_function_it_runs():
     from torch.multiprocessing.spawn import _wrap
 
     d = describe_target(_wrap, (work, 0, (), None))
-    assert d["target"].endswith("test_child_processes.work") and d["kind"] == "script"
+    assert d["target"].endswith("test_child_processes.work") and d["role"] == "script"
     assert d["via"] == "torch.multiprocessing.spawn"
 
 
 EXIT = {"outcome": "exit", "exit_code": 0}
 
 
-def started(*groups):
-    return [{"kind": "processes_started", "groups": list(groups), "other_starts": 0}]
+def started(*starts):
+    return [{"kind": "process_started", "pid": 10 + i, **s} for i, s in enumerate(starts)]
 
 
-TRAIN = {"target": "__main__.train", "where": "/x/train.py:12", "kind": "script", "method": "spawn",
-         "count": 2, "pids": [11, 12]}
+TRAIN = {"target": "__main__.train", "where": "/x/train.py:12", "role": "script", "method": "spawn"}
 
 
 def test_steps_in_processes_the_script_started_are_info_and_say_where():
-    [f] = no_training_steps(Evidence.from_events(started(TRAIN), result=EXIT))
+    [f] = no_training_steps(Evidence.from_events(started(TRAIN, TRAIN), result=EXIT))
     assert f.severity == "info"
     assert "`train` in 2 process(es) it started itself" in f.title
     assert f.evidence["processes_started"] == [
@@ -116,6 +114,42 @@ def test_mp_spawn_points_to_torchrun():
 
 def test_only_library_processes_leave_the_warning():
     loader = {**TRAIN, "target": "torch.utils.data._utils.worker._worker_loop",
-              "kind": "DataLoader worker"}
+              "role": "DataLoader worker"}
     [f] = no_training_steps(Evidence.from_events(started(loader), result=EXIT))
     assert f.severity == "warning" and "processes_started" not in f.evidence
+
+
+SPAWN_JOIN = """Thread 0x00007f00000001 (most recent call first):
+  File "/usr/lib/python3.11/selectors.py", line 415 in select
+  File "/usr/lib/python3.11/multiprocessing/connection.py", line 947 in wait
+  File "/venv/site-packages/torch/multiprocessing/spawn.py", line 140 in join
+  File "/venv/site-packages/torch/multiprocessing/spawn.py", line 340 in spawn
+  File "/x/main.py", line 131 in main
+  File "/x/main.py", line 530 in <module>
+"""
+
+
+def timed_out(tmp_path, stacks, *events):
+    from torchdoctor.rules.run import script_hung
+    from torchdoctor.runner.rundir import STACKS
+
+    (tmp_path / STACKS).write_text(stacks)
+    ev = Evidence(meta={}, events=[{"kind": "script_start", "t": 0.5}, *events],
+                  result={"outcome": "timeout", "timeout_s": 60}, run_dir=tmp_path)
+    return script_hung(ev), no_training_steps(ev)
+
+
+def test_a_timeout_while_waiting_for_its_own_processes_is_not_a_hang(tmp_path):
+    # pytorch/examples imagenet --multiprocessing-distributed on CPU: the rank trained in the
+    # spawned process until the 60 s timeout; reported as script-hung "waits for a DataLoader
+    # worker" before
+    g = {**TRAIN, "target": "__mp_main__.main_worker", "via": "torch.multiprocessing.spawn"}
+    hung, [f] = timed_out(tmp_path, SPAWN_JOIN, *started(g))
+    assert hung == []
+    assert f.severity == "info" and f.evidence["timeout_s"] == 60
+    assert "stopped at the 60 s timeout while it waited for them" in f.title
+
+
+def test_the_same_timeout_without_processes_of_its_own_is_still_a_hang(tmp_path):
+    hung, none = timed_out(tmp_path, SPAWN_JOIN)
+    assert [h.code for h in hung] == ["script-hung"] and none == []

@@ -101,6 +101,11 @@ def stack_evidence(stacks: dict[str, Any]) -> dict[str, Any]:
 
 def _hang_fix(stack: dict[str, Any]) -> str:
     frames = " ".join(stack.get("main_thread", []))
+    if "dataloader" not in frames and any(j in frames for j in _JOINS):
+        return ("The main process waits for processes it started (Process.join, "
+                "torch.multiprocessing.spawn), which torchdoctor does not follow: run their "
+                "function in the launched process, or start DDP ranks with torchrun "
+                "(`torchdoctor dist --nproc-per-node N`), to see where they stop")
     if "dataloader" in frames or "multiprocessing" in frames or "queues.py" in frames:
         return ("The main process waits for a DataLoader worker: run once with num_workers=0 "
                 "to see the worker's own error or deadlock; set DataLoader(timeout=...) so a "
@@ -112,7 +117,8 @@ def _hang_fix(stack: dict[str, Any]) -> str:
             "barrier, input(), an endless loop); add a timeout or fix the exit condition")
 
 
-@rule("script-hung", probes={"run"}, needs={"step", "script_start"}, raises=[SCRIPT_HUNG])
+@rule("script-hung", probes={"run"}, needs={"step", "script_start", "process_started"},
+      raises=[SCRIPT_HUNG])
 def script_hung(ev: Evidence) -> list[Finding]:
     res = ev.result
     if res.get("outcome") != "timeout":
@@ -132,6 +138,8 @@ def script_hung(ev: Evidence) -> list[Finding]:
     need = max(STALL_FRACTION * timeout, STALL_STEPS * med, STALL_MIN_S)
     if steps and stalled < need:  # still stepping, slowly, when it was killed: say so
         return [_killed_while_stepping(ev, timeout, len(steps), stalled, med)]
+    if not steps and script_processes(ev) and waits_on_own_processes(ev):
+        return []  # it waited for the processes it started: no-training-steps says so
     stack = stack_evidence(_stacks(ev))
     where = stack.get("stuck_at") or stack.get("waiting_in") or "an unknown place"
     what = f"after step {len(steps)}" if steps else "before the first training step"
@@ -200,23 +208,24 @@ def killed_by_signal(ev: Evidence) -> list[Finding]:
     return [finding("killed-by-signal", f"the script died by {name}: {hint}", evidence, fix=fix)]
 
 
-@rule("no-training-steps", probes={"run"}, needs={"step", "model", "dataloader", "processes_started"},
+@rule("no-training-steps", probes={"run"}, needs={"step", "model", "dataloader", "process_started"},
       raises=[NO_TRAINING_STEPS])
 def no_training_steps(ev: Evidence) -> list[Finding]:
     res = ev.result
     outcome = res.get("outcome")
-    if outcome not in ("exit", "stopped", "interrupted"):
+    if ev.of("step"):
+        return []
+    own = script_processes(ev)
+    waited = outcome == "timeout" and own and waits_on_own_processes(ev)
+    if outcome not in ("exit", "stopped", "interrupted") and not waited:
         return []  # crash / hang / signal: that finding says more
     if outcome == "exit" and res.get("exit_code") not in (0, None):
-        return []
-    if ev.of("step"):
         return []
     forwards = len(ev.of("model"))
     evidence = {"outcome": outcome, "optimizer_steps": 0, "backward_calls": 0,
                 "root_modules_seen": forwards, "dataloader_batches_seen": bool(ev.of("dataloader"))}
-    own = _script_processes(ev)
     if own:
-        return [_trained_elsewhere(evidence, own)]
+        return [_trained_elsewhere(ev, evidence, own, waited)]
     return [finding("no-training-steps",
                     "no optimizer step or backward call was seen, so step-based checks could "
                     "not judge this run", evidence,
@@ -225,13 +234,34 @@ def no_training_steps(ev: Evidence) -> list[Finding]:
                         "training; raise --timeout if training starts late")]
 
 
-def _script_processes(ev: Evidence) -> list[dict[str, Any]]:
-    """Processes the script started that run its own code (not DataLoader or pool workers)."""
-    started = ev.last("processes_started") or {}
-    return [g for g in started.get("groups") or [] if g.get("kind") == "script"]
+def script_processes(ev: Evidence) -> list[dict[str, Any]]:
+    """Processes the script started that run its own code (not DataLoader or pool workers),
+    grouped by target and start method: [{target, where, method, via, count}]."""
+    groups: dict[tuple, dict[str, Any]] = {}
+    for e in ev.of("process_started"):
+        if e.get("role") != "script":
+            continue
+        key = (e.get("target"), e.get("where"), e.get("method"), e.get("via"))
+        g = groups.setdefault(key, {"target": e.get("target") or "?", "where": e.get("where"),
+                                    "method": e.get("method"), "via": e.get("via"), "count": 0})
+        g["count"] += 1
+    return list(groups.values())
 
 
-def _trained_elsewhere(evidence: dict[str, Any], own: list[dict[str, Any]]) -> Finding:
+# frames of a main thread that waits for processes it started: Process.join, mp.spawn's join
+_JOINS = ("multiprocessing/process.py", "multiprocessing/popen_", "torch/multiprocessing/spawn.py")
+
+
+def waits_on_own_processes(ev: Evidence) -> bool:
+    """The main thread's stack at the timeout was in a join of processes it started."""
+    from torchdoctor.runner.stacks import main_thread
+
+    main = main_thread(_stacks(ev).get("threads") or [])
+    return main is not None and any(j in str(f[0]) for f in main["frames"] for j in _JOINS)
+
+
+def _trained_elsewhere(ev: Evidence, evidence: dict[str, Any], own: list[dict[str, Any]],
+                      waited: bool) -> Finding:
     """No step here, but the script ran its own code in processes it started: the training
     was not missing, it was out of sight (info: the script is not at fault)."""
     n = sum(int(g.get("count") or 0) for g in own)
@@ -244,15 +274,21 @@ def _trained_elsewhere(evidence: dict[str, Any], own: list[dict[str, Any]]) -> F
            "itself. ")
     if spawn:
         fix += ("For data-parallel training started with torch.multiprocessing.spawn, let "
-                "torchrun start one process per rank instead (the script reads RANK, LOCAL_RANK "
-                "and WORLD_SIZE from the environment) and run `torchdoctor checkup "
+                "torchrun start one process per rank instead (the script then reads RANK, "
+                "LOCAL_RANK and WORLD_SIZE from the environment) and run `torchdoctor checkup "
                 "--nproc-per-node N script.py`: every rank is then measured")
     else:
         fix += ("To measure the training, run its loop in the launched process: call "
                 f"`{name}(...)` directly when one process is asked for (for example behind a "
                 "flag), then run torchdoctor on that")
+    ended = ""
+    if waited:
+        timeout = ev.result.get("timeout_s") or ev.options.get("timeout")
+        ended = (f"; stopped at the {float(timeout or 0):g} s timeout while it waited for them (whether they "
+                 f"were training or stuck is not measured)")
+        evidence["timeout_s"] = timeout
     return finding("no-training-steps",
                    f"no step was seen in the launched process: the script ran its own "
                    f"`{name}` in {n} process(es) it started itself, which torchdoctor does not "
-                   f"follow, so their steps were not judged",
+                   f"follow, so their steps were not judged{ended}",
                    {**evidence, "processes_started": lines}, fix=fix, severity="info")

@@ -9,7 +9,9 @@ by name and file:line — for ``torch.multiprocessing.spawn`` the function it wr
 start method and pid. DataLoader workers, managers and pool workers are counted by kind, not as
 the script's own code. Only starts in the launched process are recorded (not in its forked
 children). Nothing is kept on the Process object; its pickling (spawn) is unchanged.
-Cost: one wrapper call per process started. Event: ``processes_started`` at the end, when any.
+Cost: one wrapper call per process started. Event: ``process_started`` at each start (at once:
+a run stopped at its timeout while it waits for them has them; the first MAX_EVENTS, then one
+``process_started`` with ``dropped``: the count of later starts, at the end).
 """
 
 from __future__ import annotations
@@ -20,8 +22,7 @@ from typing import Any
 from torchdoctor.instruments.base import Instrument, register
 from torchdoctor.runner.patching import Patches
 
-MAX_GROUPS = 8  # distinct targets kept (bounded memory; the rest are counted)
-MAX_PIDS = 8  # pids kept per target
+MAX_EVENTS = 64  # starts written one by one; later ones are counted
 # targets of processes that libraries start on the script's behalf: not the script's own code
 LIBRARY_TARGETS = {
     "torch.utils.data._utils.worker._worker_loop": "DataLoader worker",
@@ -32,7 +33,7 @@ SPAWN_WRAP = "torch.multiprocessing.spawn._wrap"  # mp.spawn's target: args = (f
 
 
 def describe_target(target: Any, args: tuple) -> dict[str, Any]:
-    """{"target": dotted name, "where": file:line of its code, "kind": what it is}."""
+    """{"target": dotted name, "where": file:line of its code, "role": what it is}."""
     from torchdoctor.runner.frames import is_user_file
 
     name = _dotted(target)
@@ -42,10 +43,10 @@ def describe_target(target: Any, args: tuple) -> dict[str, Any]:
         name = _dotted(target)
     code = getattr(getattr(target, "__func__", target), "__code__", None)
     where = f"{code.co_filename}:{code.co_firstlineno}" if code is not None else None
-    kind = LIBRARY_TARGETS.get(name)
-    if kind is None:
-        kind = "script" if code is not None and is_user_file(code.co_filename) else "library"
-    out = {"target": name, "where": where, "kind": kind}
+    role = LIBRARY_TARGETS.get(name)
+    if role is None:
+        role = "script" if code is not None and is_user_file(code.co_filename) else "library"
+    out = {"target": name, "where": where, "role": role}
     if via:
         out["via"] = via
     return out
@@ -62,13 +63,12 @@ def _dotted(fn: Any) -> str:
 @register
 class ChildProcesses(Instrument):
     name = "child_processes"
-    produces = frozenset({"processes_started"})
+    produces = frozenset({"process_started"})
 
     def install(self, ctx: Any) -> None:
         import multiprocessing.process as mpp
 
-        self.groups: dict[tuple, dict[str, Any]] = {}
-        self.others = 0  # starts beyond MAX_GROUPS distinct targets
+        self.written = self.dropped = 0
         self.patches = Patches()
         owner_pid = os.getpid()
         inst = self
@@ -82,7 +82,7 @@ class ChildProcesses(Instrument):
                 out = orig(process, *a, **kw)
                 if mine:
                     try:
-                        inst._record(process, target, args)
+                        inst._record(ctx, process, target, args)
                     except Exception:  # noqa: BLE001 - never break the user's start()
                         inst.hook_failed(ctx, "start")
                 return out
@@ -90,28 +90,22 @@ class ChildProcesses(Instrument):
 
         self.patches.wrap(mpp.BaseProcess, "start", make, tag="child_processes")
 
-    def _record(self, process: Any, target: Any, args: Any) -> None:
+    def _record(self, ctx: Any, process: Any, target: Any, args: Any) -> None:
+        if self.written >= MAX_EVENTS:
+            self.dropped += 1
+            return
         if target is None and type(process).run is not _base_run():
             target = type(process).run  # a Process subclass with its own run()
         d = describe_target(target, tuple(args or ()))
         popen = getattr(process, "_popen", None)
         d["method"] = getattr(popen, "method", None) or type(popen).__module__.rpartition("_")[2]
-        key = (d["target"], d["where"], d["method"])
-        g = self.groups.get(key)
-        if g is None:
-            if len(self.groups) >= MAX_GROUPS:
-                self.others += 1
-                return
-            g = self.groups[key] = {**d, "count": 0, "pids": []}
-        g["count"] += 1
-        if len(g["pids"]) < MAX_PIDS and getattr(process, "pid", None) is not None:
-            g["pids"].append(process.pid)
+        self.written += 1
+        ctx.emit("process_started", pid=getattr(process, "pid", None), **d)
 
     def uninstall(self, ctx: Any) -> None:
         self.patches.undo()
-        if self.groups or self.others:
-            ctx.emit("processes_started", groups=list(self.groups.values()),
-                     other_starts=self.others)
+        if self.dropped:
+            ctx.emit("process_started", dropped=self.dropped)
 
 
 def _base_run() -> Any:
