@@ -200,3 +200,28 @@ def test_slow_python_loop_leaves_gpu_runs_to_launch_bound():
     with pytest.raises(NotApplicable, match="launch-bound"):
         R.slow_python_loop(e)
     assert codes(e) == {"launch-bound"}
+
+
+# --------------------------------------------------------------------------- a busy GPU bounds the cost
+
+def test_syncs_and_pageable_copies_on_a_busy_gpu_are_info_with_their_bound():
+    # llm.c's train_gpt2.py on an H200: 3 syncs a step (its own timing), 256 KiB of tokens from
+    # pageable memory, GPU busy 95% of a 104 ms step: both were warnings; removing them gains at
+    # most the 5% the GPU idles
+    busy = device(9.6)  # of a 10 ms step
+    sync = ev(busy, {"kind": "profile_syncs", "per_step": [3, 3, 3], "wait_ms": 5.0,
+                     "sites": [{"site": "train.py:837", "code": "torch.cuda.synchronize()",
+                                "per_step": 1.0, "ops": ["cudaDeviceSynchronize"]}]})
+    (f,) = R.host_sync_in_loop(sync)
+    assert f.severity == "info" and f.evidence["gpu_busy_share"] == 0.96
+    assert f.evidence["costs_at_most"].startswith("4% of the step")
+    copies = ev(busy, {"kind": "profile_copies", "pageable_h2d_per_step": [2, 2, 2],
+                       "pageable_h2d_bytes_per_step": [256 << 10] * 3, "pageable_h2d_ms": 0.01,
+                       "pageable_sites": [{"site": "train.py:802", "bytes_per_step": 256 << 10}]})
+    (f,) = R.pageable_h2d_copy(copies)
+    assert f.severity == "info" and "costs_at_most" in f.evidence
+
+
+def test_the_same_on_a_gpu_idle_a_tenth_of_the_step_still_warns():
+    (f,) = R.host_sync_in_loop(sync_ev([3, 3, 3]))  # busy 8 ms of 10
+    assert f.severity == "warning" and "costs_at_most" not in f.evidence

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Session 13's device calls: unseen public scripts on one GPU, every probe, against their own
+# printed numbers. Needs `.gpucarry/` (git-ignored; carried): llm.c's train_gpt2.py, a tiktoken
+# stand-in, synthetic tokens; pytorch/examples imagenet/main.py and mnist_hogwild/ with synthetic
+# MNIST (docs/realworld.md, "Session 13"). Usage there: OUT=... PART=a|b bash bench/gpu_s13.sh
+set -u
+OUT=${OUT:-/tmp/td-s13}
+mkdir -p "$OUT"
+ROOT=$PWD
+export PYTHONPATH=$ROOT NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c 'import torch,sys; print(sys.version.split()[0], torch.__version__, torch.version.cuda)'
+  nproc; uptime; git -C "$ROOT" log --oneline -1 2>/dev/null; } > "$OUT/machine_${PART:-a}.txt" 2>&1
+summ() {  # summ NAME JSON -> one line: status, steps, step ms, findings with titles
+  python3 - "$@" <<'PY'
+import json, sys
+name, path = sys.argv[1], sys.argv[2]
+try:
+    d = json.load(open(path))
+except Exception as e:
+    print(f"{name}: no JSON ({type(e).__name__})"); sys.exit()
+st = d.get("metrics", {}).get("steps") or {}
+print(f"{name}: status={d.get('status')} steps={st.get('count')} median_ms={st.get('median_step_ms')} "
+      f"share={st.get('share')} basis={st.get('share_basis')}")
+for f in d.get("findings", []):
+    print(f"  {f['code']}@{f['severity']}: {f['title'][:300]}")
+PY
+}
+case ${PART:-a} in
+a)
+  timeout 330 python3 bench/printed_truth.py --case llmc --rounds 2 --out "$OUT/llmc" > "$OUT/llmc.txt" 2>&1
+  echo "llmc rc=$?" >> "$OUT/machine_a.txt"
+  timeout 240 python3 bench/printed_truth.py --case llmc_compile --probes checkup,compile --rounds 1 \
+      --timeout 200 --out "$OUT/llmcc" > "$OUT/llmc_compile.txt" 2>&1
+  echo "llmc_compile rc=$?" >> "$OUT/machine_a.txt"
+  tar czf "$OUT/runs_a.tgz" -C "$OUT" llmc llmcc 2>/dev/null; rm -rf "$OUT/llmc" "$OUT/llmcc"
+  ;;
+b)
+  C=$ROOT/.gpucarry
+  log=$OUT/examples.txt; : > "$log"
+  # imagenet: ResNet-50 on FakeData (PIL images made on the CPU by 8 workers), 60 steps; the
+  # script's own meters (Time, Data: averages) are in its output, printed every 10 steps
+  mkdir -p /tmp/imnet && cd /tmp/imnet
+  for p in checkup profile; do
+    t0=$(date +%s.%N)
+    timeout 300 python3 -m torchdoctor $p --json --steps 60 --timeout 240 "$C/ex/imagenet/main.py" --dummy \
+        -a resnet50 -b 128 -j 8 -p 10 --epochs 1 > "$OUT/imnet_$p.json" 2> "$OUT/imnet_$p.err"
+    echo "imagenet $p rc=$? wall=$(python3 -c "import time; print(round(time.time()-$t0,1))")" >> "$log"
+    summ "imagenet $p" "$OUT/imnet_$p.json" >> "$log"
+    grep -E "^Epoch: \[0\]\[ *(10|20|30|40|50|60)/" "$OUT/imnet_$p.err" | cut -c1-160 >> "$log"
+  done
+  # mnist_hogwild on CUDA: training in two spawned processes
+  mkdir -p /tmp/hog/run && cp -r "$C/data" /tmp/hog/data && cd /tmp/hog/run
+  timeout 200 python3 -m torchdoctor checkup --json "$C/ex/mnist_hogwild/main.py" --cuda --epochs 1 \
+      > "$OUT/hog.json" 2> "$OUT/hog.err"
+  echo "hogwild checkup rc=$?" >> "$log"; summ "hogwild checkup" "$OUT/hog.json" >> "$log"
+  cd "$ROOT"
+  timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_memory_cli.py tests/test_fixtures.py \
+      -k "memory or run/" > "$OUT/gpu_tests.txt" 2>&1
+  echo "gpu tests rc=$?" >> "$log"
+  tar czf "$OUT/errs_b.tgz" -C "$OUT" imnet_checkup.err imnet_profile.err hog.err 2>/dev/null
+  rm -f "$OUT"/*.err
+  ;;
+esac
