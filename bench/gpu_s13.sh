@@ -2,7 +2,7 @@
 # Session 13's device calls: unseen public scripts on one GPU, every probe, against their own
 # printed numbers. Needs `.gpucarry/` (git-ignored; carried): llm.c's train_gpt2.py, a tiktoken
 # stand-in, synthetic tokens; pytorch/examples imagenet/main.py and mnist_hogwild/ with synthetic
-# MNIST (docs/realworld.md, "Session 13"). Usage there: OUT=... PART=a|b bash bench/gpu_s13.sh
+# MNIST (docs/realworld.md, "Session 13"). Usage there: OUT=... PART=a|b|c bash bench/gpu_s13.sh
 set -u
 OUT=${OUT:-/tmp/td-s13}
 mkdir -p "$OUT"
@@ -36,6 +36,16 @@ a)
   tar czf "$OUT/runs_a.tgz" -C "$OUT" llmc llmcc 2>/dev/null; rm -rf "$OUT/llmc" "$OUT/llmcc"
   ;;
 b)
+  # the new gemm-unaligned finding and the GPU-idle bound of host-sync/pageable: GPU fixtures
+  # (their headers), the cure measured, llm.c under profile again
+  timeout 60 python3 bench/gemm_align.py --json "$OUT/gemm_align.json" > "$OUT/gemm_align.txt" 2>&1
+  timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_fixtures.py tests/test_memory_cli.py \
+      -k "profile/ or memory/ or run/ or memory_cli" > "$OUT/gpu_tests.txt" 2>&1
+  echo "gpu tests rc=$?" >> "$OUT/gpu_tests.txt"
+  timeout 100 python3 bench/printed_truth.py --case llmc --probes profile --rounds 1 --out "$OUT/llmcp" > "$OUT/llmc_profile.txt" 2>&1
+  cp "$OUT/llmcp/td-profile-1/report.json" "$OUT/llmc_profile.json" 2>/dev/null; rm -rf "$OUT/llmcp"
+  ;;
+c)
   C=$ROOT/.gpucarry
   log=$OUT/examples.txt; : > "$log"
   # imagenet: ResNet-50 on FakeData (PIL images made on the CPU by 8 workers), 60 steps; the
@@ -55,10 +65,7 @@ b)
       > "$OUT/hog.json" 2> "$OUT/hog.err"
   echo "hogwild checkup rc=$?" >> "$log"; summ "hogwild checkup" "$OUT/hog.json" >> "$log"
   cd "$ROOT"
-  timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_memory_cli.py tests/test_fixtures.py \
-      -k "memory or run/" > "$OUT/gpu_tests.txt" 2>&1
-  echo "gpu tests rc=$?" >> "$log"
-  tar czf "$OUT/errs_b.tgz" -C "$OUT" imnet_checkup.err imnet_profile.err hog.err 2>/dev/null
+  tar czf "$OUT/errs_c.tgz" -C "$OUT" imnet_checkup.err imnet_profile.err hog.err 2>/dev/null
   rm -f "$OUT"/*.err
   ;;
 esac

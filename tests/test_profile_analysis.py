@@ -360,3 +360,37 @@ def test_a_partial_window_without_a_complete_step_is_not_judged():
     with pytest.raises(NotApplicable, match="no complete step"):
         window(Evidence.from_events([{"kind": "profile_window", "status": "partial",
                                       **out["profile_window"]}]))
+
+
+def test_matmuls_are_split_by_alignment_with_their_flop_rate():
+    # llm.c's GPT-2 on an H200: the output layer's [16384x768]·[768x50257] ran on align1 kernels
+    # at ~95 TFLOP/s while the blocks' aligned matmuls ran several times faster
+    f = Flat()
+    s = _three_steps(f)
+    bf = [["bfloat16", 1], ["bfloat16", 1]]
+    _, c1 = f.op(s[0], "aten::mm", 6100, 6200, inputs=bf)
+    f.nodes[-1][7]["shapes"] = [[16384, 768], [768, 50257]]
+    f.kernel("cutlass_75_tensorop_bf16_s1688gemm_bf16_128x128_tn_align1", 6100, 6500, c1)  # 400 µs
+    _, c2 = f.op(s[0], "aten::addmm", 6600, 6700, inputs=[["bfloat16", 1]] * 3)
+    f.nodes[-1][7]["shapes"] = [[2304], [16384, 768], [768, 2304]]
+    f.kernel("nvjet_sm90_tst_256x128", 6600, 6650, c2)  # 50 µs
+    _, c3 = f.op(s[0], "aten::mm", 6800, 6810, inputs=bf)  # small: not judged
+    f.nodes[-1][7]["shapes"] = [[7, 9], [9, 11]]
+    f.kernel("gemv", 6800, 6801, c3)
+    out = analyze(f.flat(), SRC)["profile_gemm_shapes"]
+    flop_odd, flop_even = 2 * 16384 * 768 * 50257, 2 * 16384 * 768 * 2304
+    assert out["unaligned_tflops"] == pytest.approx(flop_odd / 400e-6 / 1e12, abs=0.1)
+    assert out["aligned_tflops"] == pytest.approx(flop_even / 50e-6 / 1e12, abs=0.1)
+    assert out["unaligned_ms"] == pytest.approx(0.4 / 3, abs=1e-4)
+    [row] = out["unaligned"]
+    assert row["shape"] == "[16384×768]·[768×50257]" and row["dtype"] == "bfloat16"
+
+
+def test_batched_and_biased_matmuls_are_read_as_batch_m_k_n():
+    from torchdoctor.instruments.profile._profile_gemm import dims
+
+    assert dims("aten::bmm", [[12, 1024, 64], [12, 64, 1024]]) == (12, 1024, 64, 1024)
+    assert dims("aten::baddbmm", [[12, 1, 1], [12, 1024, 64], [12, 64, 1024]]) == (12, 1024, 64, 1024)
+    assert dims("aten::addmm", [[10], [32, 7], [7, 10]]) == (1, 32, 7, 10)
+    assert dims("aten::mm", [[32, 7], [8, 10]]) is None  # inner dims disagree: not read
+    assert dims("aten::mm", [None, [8, 10]]) is None

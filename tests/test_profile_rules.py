@@ -225,3 +225,34 @@ def test_syncs_and_pageable_copies_on_a_busy_gpu_are_info_with_their_bound():
 def test_the_same_on_a_gpu_idle_a_tenth_of_the_step_still_warns():
     (f,) = R.host_sync_in_loop(sync_ev([3, 3, 3]))  # busy 8 ms of 10
     assert f.severity == "warning" and "costs_at_most" not in f.evidence
+
+
+# --------------------------------------------------------------------------- gemm-unaligned
+
+def shapes_ev(odd_ms, odd_tflops, even_tflops=500.0, busy_ms=9.0):
+    from torchdoctor.rules import profile_gemm as G
+
+    return G, ev(device(busy_ms), {"kind": "profile_gemm_shapes", "min_flop": 1e9, "unaligned_ms": odd_ms,
+                                   "unaligned_tflops": odd_tflops, "aligned_ms": 3.0, "aligned_tflops": even_tflops,
+                                   "unaligned": [{"op": "aten::mm", "shape": "[16384×768]·[768×50257]",
+                                                  "dtype": "bfloat16", "site": "train_gpt2.py:199",
+                                                  "calls": 1.0, "device_ms": odd_ms, "tflops": odd_tflops}]})
+
+
+def test_slow_unaligned_matmuls_taking_a_tenth_of_the_gpu_warn_with_the_shape_and_line():
+    G, e = shapes_ev(3.0, 95.0)
+    (f,) = G.gemm_unaligned(e)
+    assert f.severity == "warning"
+    assert "95 TFLOP/s, the aligned ones at 500" in f.title
+    assert "[16384×768]·[768×50257] at train_gpt2.py:199" in f.title
+    assert f.evidence["gain_if_as_fast_ms_per_step"] == pytest.approx(3.0 * (1 - 95 / 500), abs=1e-3)
+    assert "50304" in f.fix
+
+
+def test_unaligned_matmuls_that_are_fast_or_few_stay_silent():
+    G, e = shapes_ev(3.0, 400.0)  # 80% of the aligned rate: the alignment costs little
+    assert G.gemm_unaligned(e) == []
+    G, e = shapes_ev(0.5, 95.0)  # 6% of GPU time
+    assert G.gemm_unaligned(e) == []
+    G, e = shapes_ev(0.0, None)
+    assert G.gemm_unaligned(e) == []

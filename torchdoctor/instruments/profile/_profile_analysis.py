@@ -350,6 +350,9 @@ def analyze(flat: dict[str, Any], src: Sources, flags: dict[str, Any] | None = N
         out["profile_device"] = device_time(w)
         out["profile_kernels"] = top_kernels(w)
         out["profile_gemm"] = gemm(w, src, flags)
+        from torchdoctor.instruments.profile._profile_gemm import gemm_shapes
+
+        out["profile_gemm_shapes"] = gemm_shapes(w, src)
         out["profile_copies"] = copies(w, src)
     if flat.get("device") or flat.get("runtime"):
         out["profile_syncs"] = syncs(w, src)

@@ -34,11 +34,13 @@ import sys
 import tempfile
 from typing import Any, Callable
 
-from torchdoctor.instruments.profile._profiler_text import _dtype_name, _list_input, _op_inputs, _text  # noqa: F401
+from torchdoctor.instruments.profile._profiler_text import _dtype_name, _list_input, _op_inputs, _op_shapes, _text  # noqa: F401
 
 FLAT_VERSION = 1
 MAX_NODES = 400_000  # a pathological window (hundreds of thousands of Python calls) is cut, not analysed forever
 MAX_NAME = 240  # templated kernel names run to kilobytes; the head tells them apart
+# matmul ops whose input sizes are kept (M, N, K): [bias,] a, b
+GEMM_SHAPED = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation"})
 
 # Kineto activity types: ``activity_type()`` returns the enum's int on some builds and its
 # trace name on others (libkineto ActivityType.h: 3 gpu_memcpy, 4 gpu_memset, 5 kernel,
@@ -248,6 +250,8 @@ def _tree_nodes(res: Any, t0: int) -> tuple[list, bool, int]:
         if tag == "op":
             extra: dict[str, Any] = {"corr": int(ev.correlation_id), "in": _op_inputs(ef)}
             name = _text(lambda: ev.name)
+            if name in GEMM_SHAPED:  # their M, N, K: gemm-unaligned (_profile_gemm.py)
+                extra["shapes"] = _op_shapes(ef)
             if name.startswith("c10d::"):
                 comm = _list_input(ef)  # allreduce_/broadcast_/alltoall_ take a tensor list first
                 if comm:

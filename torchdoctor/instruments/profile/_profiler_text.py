@@ -51,6 +51,22 @@ def _op_inputs(ef: Any) -> list:
     return out
 
 
+def _op_shapes(ef: Any) -> list:
+    """[sizes | None] of a TorchOp's first three inputs (matmul ops: their M, N, K)."""
+    out: list = []
+    try:
+        inputs = ef.inputs
+    except Exception:  # noqa: BLE001
+        return out
+    for i in inputs[:3]:
+        sizes = getattr(i, "sizes", None)
+        try:
+            out.append([int(x) for x in sizes] if sizes is not None and len(sizes) <= 4 else None)
+        except (TypeError, ValueError):
+            out.append(None)
+    return out
+
+
 def _list_input(ef: Any) -> list | None:
     """[dtype, total numel] of a TorchOp's first input when it is a list of tensors (c10d ops)."""
     try:

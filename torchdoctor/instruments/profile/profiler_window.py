@@ -68,7 +68,8 @@ def _world() -> int:
 class ProfilerWindow(Instrument):
     name = "profiler_window"
     produces = frozenset({"profile_window", "profile_ops", "profile_host", "profile_python",
-                          "profile_device", "profile_kernels", "profile_gemm", "profile_copies",
+                          "profile_device", "profile_kernels", "profile_gemm", "profile_gemm_shapes",
+                          "profile_copies",
                           "profile_syncs", "profile_collectives"})
     priority = 80  # after the step clock: its step time excludes our prof.step() call
 
