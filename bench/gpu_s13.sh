@@ -2,7 +2,7 @@
 # Session 13's device calls: unseen public scripts on one GPU, every probe, against their own
 # printed numbers. Needs `.gpucarry/` (git-ignored; carried): llm.c's train_gpt2.py, a tiktoken
 # stand-in, synthetic tokens; pytorch/examples imagenet/main.py and mnist_hogwild/ with synthetic
-# MNIST (docs/realworld.md, "Session 13"). Usage there: OUT=... PART=a|b|c bash bench/gpu_s13.sh
+# MNIST (docs/realworld.md, "Session 13"). Usage there: OUT=... PART=a|b|c|d bash bench/gpu_s13.sh
 set -u
 OUT=${OUT:-/tmp/td-s13}
 mkdir -p "$OUT"
@@ -67,5 +67,17 @@ c)
   cd "$ROOT"
   tar czf "$OUT/errs_c.tgz" -C "$OUT" imnet_checkup.err imnet_profile.err hog.err 2>/dev/null
   rm -f "$OUT"/*.err
+  ;;
+d)
+  # treat on llm.c, as a new user would: which trials apply and what it measures
+  cd "$ROOT/.gpucarry/llmc"
+  PYTHONPATH=$ROOT:$ROOT/.gpucarry/shim timeout 540 python3 -m torchdoctor treat --json --steps 40 --timeout 500 \
+      --out "$OUT/treat" train_gpt2.py --input_bin ../tok/train.bin --model d12 --batch_size 16 \
+      --sequence_length 1024 --total_batch_size 16384 --dtype bfloat16 --flash 1 --tensorcores 1 \
+      --num_iterations 40 --write_tensors 0 --device cuda > "$OUT/treat.json" 2> "$OUT/treat.err"
+  echo "treat rc=$?" >> "$OUT/machine_d.txt"
+  tail -c 6000 "$OUT/treat.err" > "$OUT/treat_tail.txt"; rm -f "$OUT/treat.err"
+  cp "$OUT/treat/report.json" "$OUT/treat_report.json" 2>/dev/null; rm -rf "$OUT/treat"
+  cd "$ROOT"
   ;;
 esac
