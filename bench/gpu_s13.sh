@@ -2,7 +2,7 @@
 # Session 13's device calls: unseen public scripts on one GPU, every probe, against their own
 # printed numbers. Needs `.gpucarry/` (git-ignored; carried): llm.c's train_gpt2.py, a tiktoken
 # stand-in, synthetic tokens; pytorch/examples imagenet/main.py and mnist_hogwild/ with synthetic
-# MNIST (docs/realworld.md, "Session 13"). Usage there: OUT=... PART=a|b|c|d bash bench/gpu_s13.sh
+# MNIST (docs/realworld.md, "Session 13"). Usage there: OUT=... PART=a|b|c|d|e|f|g|h bash bench/gpu_s13.sh
 set -u
 OUT=${OUT:-/tmp/td-s13}
 mkdir -p "$OUT"
@@ -78,6 +78,48 @@ d)
   echo "treat rc=$?" >> "$OUT/machine_d.txt"
   tail -c 6000 "$OUT/treat.err" > "$OUT/treat_tail.txt"; rm -f "$OUT/treat.err"
   cp "$OUT/treat/report.json" "$OUT/treat_report.json" 2>/dev/null; rm -rf "$OUT/treat"
+  cd "$ROOT"
+  ;;
+e)
+  # treat's compile trial on llm.c measured ~0 s of compiling on the H200 (37 s on the CPU box):
+  # the same model compiled without torchdoctor, then the trial with dynamo's logs
+  cd "$ROOT/.gpucarry/llmc"
+  PYTHONPATH=$ROOT/.gpucarry/shim:. timeout 200 python3 compile_probe.py > "$OUT/compile_plain.txt" 2>&1
+  echo "plain compile rc=$?" >> "$OUT/compile_plain.txt"
+  TORCH_LOGS=graph_breaks,recompiles PYTHONPATH=$ROOT:$ROOT/.gpucarry/shim timeout 300 python3 -m torchdoctor treat \
+      --try compile --json --steps 12 --timeout 250 --out "$OUT/tr" train_gpt2.py --input_bin ../tok/train.bin \
+      --model d12 --batch_size 16 --sequence_length 1024 --total_batch_size 16384 --dtype bfloat16 --flash 1 \
+      --tensorcores 1 --num_iterations 12 --write_tensors 0 --device cuda > "$OUT/treat_e.json" 2> "$OUT/treat_e.err"
+  echo "treat rc=$?" >> "$OUT/compile_plain.txt"
+  grep -v "^step " "$OUT/treat_e.err" | tail -c 8000 > "$OUT/treat_e_tail.txt"; rm -f "$OUT/treat_e.err"; rm -rf "$OUT/tr"
+  cd "$ROOT"
+  ;;
+f)
+  # the same compiled model under checkup (the script compiles itself), and treat's trial on it
+  cd "$ROOT/.gpucarry/llmc"
+  TORCH_LOGS=graph_breaks,recompiles PYTHONPATH=$ROOT:$ROOT/.gpucarry/shim:. timeout 200 python3 -m torchdoctor checkup \
+      --steps 0 --timeout 180 compile_probe.py > "$OUT/f_checkup.txt" 2>&1
+  echo "checkup rc=$?" >> "$OUT/f_checkup.txt"
+  cd "$ROOT"
+  ;;
+g)
+  # is it flash attention? the compiled model with FLASH=1 without torchdoctor; treat's trial with --flash 0
+  cd "$ROOT/.gpucarry/llmc"
+  FLASH=1 PYTHONPATH=$ROOT/.gpucarry/shim:. timeout 100 python3 compile_probe.py > "$OUT/g_plain_flash.txt" 2>&1
+  PYTHONPATH=$ROOT:$ROOT/.gpucarry/shim timeout 200 python3 -m torchdoctor treat --try compile --json --steps 12 \
+      --timeout 150 train_gpt2.py --input_bin ../tok/train.bin --model d12 --batch_size 16 --sequence_length 1024 \
+      --total_batch_size 16384 --dtype bfloat16 --flash 0 --tensorcores 1 --num_iterations 12 --write_tensors 0 \
+      --device cuda > "$OUT/g_treat.json" 2> "$OUT/g_treat.err"
+  grep "torchdoctor treat" "$OUT/g_treat.err" > "$OUT/g_treat_tail.txt"; rm -f "$OUT/g_treat.err"
+  cd "$ROOT"
+  ;;
+h)
+  # treat's compile trial with dynamo's counters recorded in the trial's entry
+  cd "$ROOT/.gpucarry/llmc"
+  PYTHONPATH=$ROOT:$ROOT/.gpucarry/shim timeout 170 python3 -m torchdoctor treat --try compile --json --steps 8 \
+      --timeout 120 train_gpt2.py --input_bin ../tok/train.bin --model d12 --batch_size 16 --sequence_length 1024 \
+      --total_batch_size 16384 --dtype bfloat16 --flash 1 --tensorcores 1 --num_iterations 8 --write_tensors 0 \
+      --device cuda > "$OUT/h_treat.json" 2> /dev/null
   cd "$ROOT"
   ;;
 esac

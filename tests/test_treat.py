@@ -278,6 +278,27 @@ def test_a_compile_trial_leaves_the_compile_steps_out_and_reports_the_compile_ti
     assert e["loss_ok"] is True and e["loss_max_rel_diff"] == 0.0
 
 
+def test_a_compile_trial_whose_runs_compiled_no_graph_measured_nothing_and_says_so():
+    # llm.c's train_gpt2.py on an H200 (session 13): the trial's compile took 0.15 s and its
+    # steps ran at the baseline's speed ("noise, 1.00x"), while the same model compiled by the
+    # script ran 2.2x faster after a 41 s compile. A trial run whose dynamo counters show no
+    # graph ran eager: it is not a verdict on compile
+    from torchdoctor.treat.measure import trial_entry
+
+    base = [_run([99] + [10.0] * 9), _run([99] + [10.2] * 9)]
+    eager = {**CHANGED, "compile_steps": [3], "compile_s": 0.15,
+             "dynamo": {"frames": 2, "frames_ok": 0, "graphs": 0, "ops_captured": 0, "graph_breaks": 0}}
+    treated = [_run([99] + [10.1] * 9, treatment=eager)] * 2
+    e = trial_entry("compile", "model.compile()", base, treated, tolerance=REORDER, intent="speed")
+    assert e["verdict"] == "skipped" and e["reason"].startswith("the model ran eager in the trial")
+    assert "0 graphs" in e["reason"] and e["dynamo"]["graphs"] == 0
+    compiled = {**eager, "compile_s": 12.5, "dynamo": {**eager["dynamo"], "frames_ok": 6, "graphs": 1,
+                                                         "ops_captured": 453}}
+    treated = [_run([99, 10, 4000] + [5.0] * 7, treatment=compiled)] * 2
+    e = trial_entry("compile", "model.compile()", base, treated, tolerance=REORDER, intent="speed")
+    assert e["verdict"] == "adopt"
+
+
 def test_a_treatment_that_raised_is_failed_and_one_that_changed_nothing_is_skipped():
     from torchdoctor.treat.measure import trial_entry
 

@@ -156,6 +156,8 @@ def trial_entry(name: str, setting: str, base: Sequence[Any], treated: Sequence[
     elif v not in ("failed",) and treated and failure is None and not changed:
         v, reason = "skipped", "nothing to change in this run" + (
             ": " + "; ".join(_notes(treated)) if _notes(treated) else "")
+    elif v not in ("failed",) and failure is None and (eager := _ran_eager(treated)):
+        v, reason = "skipped", eager
     entry: dict[str, Any] = {
         "name": name, "setting": setting, "verdict": v, "reason": reason,
         "rounds": {"baseline": len(b_med), "treated": len(t_med)},
@@ -181,10 +183,28 @@ def trial_entry(name: str, setting: str, base: Sequence[Any], treated: Sequence[
     if cs:
         entry["compile_s"] = round(statistics.median(cs), 3)
         entry["compile_steps"] = comp[0].get("compile_steps")
+    dyn = [c["dynamo"] for c in comp if c.get("dynamo")]
+    if dyn:
+        entry["dynamo"] = dyn[0]
     notes = _notes(treated)
     if notes:
         entry["notes"] = notes
     return entry
+
+
+def _ran_eager(treated: Sequence[Any]) -> str | None:
+    """Why a compile trial measured nothing: a treated run in which dynamo compiled no graph
+    (its own counters, read at the run's end) ran eager; None when every run compiled or
+    dynamo's counters were not read."""
+    for r in treated:
+        dyn = (r.evidence.last("treatment") or {}).get("dynamo")
+        if dyn and (not dyn.get("graphs") or not dyn.get("ops_captured")):
+            return ("the model ran eager in the trial: dynamo compiled no graph ("
+                    f"{dyn.get('frames_ok', 0)} of {dyn.get('frames', 0)} frames, "
+                    f"{dyn.get('graphs', 0)} graphs, {dyn.get('ops_captured', 0)} ops captured), so "
+                    "the trial measured nothing; `torchdoctor compile` on a script that compiles "
+                    "itself says why")
+    return None
 
 
 def _slowest(base: Sequence[Any], treated: Sequence[Any]) -> dict[str, list] | None:
