@@ -15,7 +15,10 @@ from torchdoctor.pipeline.registry import instruments_for
 ARMED = {
     # cpu: rank-straggler tells a rank's own extra work from its wait for a CPU on a loaded host
     # (issue 27, the Lightning DDP run of session 9): two clock reads per step, /proc twice a run
-    "run": ["dist_steps", "dist_collectives", "dist_sampler", "cpu", "crashctx", "training_anomaly"],
+    # child_processes: processes the script starts itself (mnist_hogwild, mp.spawn; session 13):
+    # one wrapper call per process started
+    "run": ["dist_steps", "dist_collectives", "dist_sampler", "child_processes", "cpu", "crashctx",
+            "training_anomaly"],
     "checkup": ["data_source", "training_grads", "training_modes", "memory_sampler", "moved",
                 "nan_monitor", "cpu", "memory_grad_eval", "seeding", "save_audit", "dynamo_counters"],
     "profile": ["data_source", "moved", "cpu", "profiler_window", "flop_count"],  # + the yardstick

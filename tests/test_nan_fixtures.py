@@ -29,7 +29,7 @@ def run_inprocess(probe: str, script: Path, args=(), options=None) -> Evidence:
     from torchdoctor.runner.context import HarnessContext, StopRun
     from torchdoctor.runner.core import Core
     from torchdoctor.pipeline.registry import armed_needs
-    from torchdoctor.runner.harness import _armed, _exception_record
+    from torchdoctor.runner.harness import _armed, _exception_record, step_facts
     from torchdoctor.runner.rundir import META, RESULT, EvidenceWriter, write_json
 
     opts = {"steps": 50, **(options or {})}
@@ -53,7 +53,7 @@ def run_inprocess(probe: str, script: Path, args=(), options=None) -> Evidence:
         core.crash(e)
     finally:
         sys.argv, sys.path[0] = argv, path0
-        result["steps"] = ctx.step
+        result.update(step_facts(ctx, core))
         core.uninstall()
         quiet.__exit__(None, None, None)
         write_json(d / RESULT, result)

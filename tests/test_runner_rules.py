@@ -191,6 +191,15 @@ def test_signal_and_no_steps():
     assert no_training_steps(Evidence.from_events([], result={"outcome": "crash"})) == []
 
 
+def test_threads_that_trained_and_ended_before_one_was_followed_are_info():
+    # tests/fixtures/scripts/run/threads.py on a loaded box: 3 threads x 10 steps ended while the
+    # main thread was still in Thread.start(); 30 boundaries seen, none followed: a warning before
+    res = {"outcome": "exit", "exit_code": 0, "steps": 0, "other_thread_boundaries": 30}
+    [f] = no_training_steps(Evidence.from_events([], result=res))
+    assert f.severity == "info" and f.evidence["other_thread_boundaries"] == 30
+    assert "30 optimizer step(s) or backward(s) ran in other threads" in f.title
+
+
 STACKS = """Thread 0x00007f00000001 (most recent call first):
   File "/usr/lib/python3.11/threading.py", line 327 in wait
   File "/usr/lib/python3.11/threading.py", line 629 in wait

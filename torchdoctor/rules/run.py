@@ -226,6 +226,18 @@ def no_training_steps(ev: Evidence) -> list[Finding]:
                 "root_modules_seen": forwards, "dataloader_batches_seen": bool(ev.of("dataloader"))}
     if own:
         return [_trained_elsewhere(ev, evidence, own, waited)]
+    other = int(res.get("other_thread_boundaries") or 0)
+    if other:
+        evidence["other_thread_boundaries"] = other
+        return [finding(
+            "no-training-steps",
+            f"no step was followed: {other} optimizer step(s) or backward(s) ran in other threads, "
+            "which ended while the main thread was still starting them, before torchdoctor could "
+            "follow one, so the steps were not judged", evidence, severity="info",
+            fix="torchdoctor follows one thread's loop: the main thread's, or a worker's once the "
+                "main thread waits for the workers (join()). Give the workers more steps than "
+                "their start-up takes, or start them all before any of them trains (a "
+                "threading.Barrier at the top of the thread function), to have one followed")]
     return [finding("no-training-steps",
                     "no optimizer step or backward call was seen, so step-based checks could "
                     "not judge this run", evidence,

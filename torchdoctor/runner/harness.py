@@ -64,6 +64,16 @@ def _trim(tb):
     return tb
 
 
+def step_facts(ctx: Any, core: Any) -> dict[str, Any]:
+    """The result's step count, and when it is 0 while other threads trained (their step
+    boundaries seen before the clock could follow one: they ended while the main thread was
+    still starting them), how many: no-training-steps says so (rules/run.py)."""
+    out: dict[str, Any] = {"steps": ctx.step}
+    if core is not None and not ctx.step and core.foreign_boundaries:
+        out["other_thread_boundaries"] = core.foreign_boundaries
+    return out
+
+
 def _exception_record(exc: BaseException) -> dict[str, Any]:
     from torchdoctor.runner.frames import frames_of
 
@@ -226,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             core.crash(e)
         traceback.print_exception(type(e), e, _trim(e.__traceback__), file=sys.stderr)
     finally:
-        result["steps"] = ctx.step
+        result.update(step_facts(ctx, core))
         if core is not None:
             _join_script_threads()
             core.uninstall()
