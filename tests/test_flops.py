@@ -174,6 +174,33 @@ def test_under_torch_compile_nothing_is_counted_and_the_model_still_trains():
     assert current_dispatch_mode() is None
 
 
+def test_a_model_set_to_compile_that_has_not_compiled_yet_is_not_counted(monkeypatch):
+    # treat's compile trial calls model.compile() at the first forward, so the first compiled
+    # call is step 2, the counted step: under the counter's dispatch mode torch 2.11's dynamo
+    # compiled no graph and llm.c ran eager for the whole trial ("noise, 1.00x"; plain: 2.2x)
+    import torchdoctor.torch_internals as ti
+
+    monkeypatch.setattr(ti, "dynamo_graphs_compiled", lambda: 0)
+    monkeypatch.setattr(ti, "dynamo_counts", lambda: {"frames": 0, "frames_ok": 0, "graphs": 0,
+                                                      "ops_captured": 0, "graph_breaks": 0})
+    m = torch.nn.Linear(8, 3)
+    ctx = RecordingContext("checkup", {"steps": 4}, models=(m,))
+    m.compile(backend="eager")
+    inst = FlopCount()
+    inst.install(ctx)
+    try:
+        _drive(ctx, inst, m, torch.optim.SGD(m.parameters(), lr=0.1), 4)
+        inst.uninstall(ctx)
+    finally:
+        m._compiled_call_impl = None
+        from torch._dynamo.utils import counters
+
+        counters.clear()
+    (ev,) = ctx.of("flops")
+    assert ev["status"] == "skipped" and not ev["entered"]
+    assert ev["reason"].startswith("Linear is set to compile and has not compiled yet")
+
+
 def test_a_run_that_ends_inside_the_counted_step_leaves_no_mode_behind():
     from torchdoctor.torch_internals import current_dispatch_mode
 

@@ -116,6 +116,8 @@ class Compile(Applier):
     def extra(self) -> dict[str, Any]:
         steps = sorted(self.steps) if self.cb is not None else [1, 2]
         out = {"compile_steps": steps, "compile_s": round(self.seconds, 3)}
+        from torchdoctor.torch_internals import dynamo_counts
+
         got = dynamo_counts()
         if got is not None:
             out["dynamo"] = got
@@ -135,21 +137,3 @@ class Compile(Applier):
 
 
 APPLIERS = {"channels-last": ChannelsLast, "compile": Compile}
-
-
-def dynamo_counts() -> dict[str, int] | None:
-    """What dynamo compiled in this process so far (its own counters): frames seen and
-    compiled, graphs, ops captured in them, graph breaks. None when dynamo was never imported."""
-    import sys
-
-    utils = sys.modules.get("torch._dynamo.utils")
-    counters = getattr(utils, "counters", None)
-    if counters is None:
-        return None
-    try:
-        return {"frames": int(counters["frames"].get("total", 0)), "frames_ok": int(counters["frames"].get("ok", 0)),
-                "graphs": int(counters["stats"].get("unique_graphs", 0)),
-                "ops_captured": int(counters["stats"].get("calls_captured", 0)),
-                "graph_breaks": int(sum(counters["graph_break"].values()))}
-    except Exception:  # noqa: BLE001
-        return None

@@ -21,7 +21,9 @@ the measured cost), not numerics (it reads shapes; the ops run unchanged).
 **When it does not count** (event ``flops`` with ``status`` "skipped" and the ``reason``; the
 metric is then absent, never estimated): torch.compile has compiled graphs in this process
 (compiled kernels run outside the dispatcher the counter watches, and a dispatch mode would make
-dynamo skip frames), the step runs on tensor subclasses (DTensor: their shapes are global, not
+dynamo skip frames), or a model seen is set to compile and has not compiled yet (``Module.compile()``,
+``torch.compile(model)``: its first compiled call would fall in the counted step, where torch 2.11's
+dynamo compiled no graph and left the model eager for the rest of the run), the step runs on tensor subclasses (DTensor: their shapes are global, not
 this rank's), the counter is not importable, or its dispatch mode is no longer the innermost one
 at the end of the step (it is then left in place until it is, never popped from under the
 script's own modes). ``status`` "not-reached": the run ended before (or inside) step ``c``.
@@ -201,6 +203,13 @@ class FlopCount(Instrument):
     def _enter(self, ctx: Any) -> None:
         from torchdoctor.torch_internals import dynamo_graphs_compiled
 
+        pending = _compile_pending(ctx)
+        if pending:
+            self._finish(ctx, "skipped", reason=(
+                f"{pending} is set to compile and has not compiled yet: under the counter's "
+                "dispatch mode dynamo would run it eager for the rest of the run (seen with "
+                "torch 2.11: treat's compile trial on llm.c compiled no graph)"))
+            return
         graphs = dynamo_graphs_compiled()
         if graphs is None or graphs > 0:
             self._finish(ctx, "skipped", reason=(
@@ -272,3 +281,21 @@ class FlopCount(Instrument):
             self._finish(ctx, "not-reached", reason=f"the run ended inside step {self.step}, the counted step")
             return
         self._finish(ctx, "not-reached", reason=f"the run ended before step {self.step}, the counted step")
+
+
+def _compile_pending(ctx: Any) -> str | None:
+    """The class name of a model seen that is set to compile (``Module.compile()`` in place, or
+    ``torch.compile(model)``'s wrapper), when dynamo has compiled nothing yet; else None."""
+    from torchdoctor.torch_internals import dynamo_counts
+
+    counts = dynamo_counts()
+    if counts is not None and counts["graphs"] > 0:
+        return None  # compiled already: the graphs check says why the count is skipped
+    try:
+        models = ctx.models()
+    except Exception:  # noqa: BLE001
+        return None
+    for m in models:
+        if getattr(m, "_compiled_call_impl", None) is not None or hasattr(m, "_orig_mod"):
+            return type(m).__name__
+    return None
