@@ -181,7 +181,9 @@ def test_a_model_set_to_compile_that_has_not_compiled_yet_is_not_counted(monkeyp
     import torchdoctor.torch_internals as ti
 
     monkeypatch.setattr(ti, "dynamo_graphs_compiled", lambda: 0)
-    monkeypatch.setattr(ti, "dynamo_counts", lambda: {"frames": 0, "frames_ok": 0, "graphs": 0,
+    import torchdoctor.instruments.dynamo._counts as dc
+
+    monkeypatch.setattr(dc, "dynamo_counts", lambda: {"frames": 0, "frames_ok": 0, "graphs": 0,
                                                       "ops_captured": 0, "graph_breaks": 0})
     m = torch.nn.Linear(8, 3)
     ctx = RecordingContext("checkup", {"steps": 4}, models=(m,))

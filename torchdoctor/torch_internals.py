@@ -166,23 +166,6 @@ def compile_callbacks() -> Any:
     if not all(hasattr(callback_handler, n) for n in needed):
         return None
     return _CompileCallbacks(callback_handler)
-def dynamo_counts() -> dict[str, int] | None:
-    """What dynamo compiled in this process so far (its own counters, ``torch._dynamo.utils``):
-    frames seen and compiled, graphs, ops captured in them, graph breaks. None when dynamo was
-    never imported or keeps no such counters."""
-    utils = sys.modules.get("torch._dynamo.utils")
-    counters = getattr(utils, "counters", None)
-    if counters is None:
-        return None
-    try:
-        return {"frames": int(counters["frames"].get("total", 0)), "frames_ok": int(counters["frames"].get("ok", 0)),
-                "graphs": int(counters["stats"].get("unique_graphs", 0)),
-                "ops_captured": int(counters["stats"].get("calls_captured", 0)),
-                "graph_breaks": int(sum(counters["graph_break"].values()))}
-    except Exception:  # noqa: BLE001
-        return None
-
-
 # ---- torch.compile (dynamo) -------------------------------------------------------------------
 # The artifact loggers dynamo writes its graph-break and recompile reasons to (torch 2.4–2.13):
 # created here by name before dynamo is imported, so the first compile is seen too.

@@ -116,7 +116,7 @@ class Compile(Applier):
     def extra(self) -> dict[str, Any]:
         steps = sorted(self.steps) if self.cb is not None else [1, 2]
         out = {"compile_steps": steps, "compile_s": round(self.seconds, 3)}
-        from torchdoctor.torch_internals import dynamo_counts
+        from torchdoctor.instruments.dynamo._counts import dynamo_counts
 
         got = dynamo_counts()
         if got is not None:

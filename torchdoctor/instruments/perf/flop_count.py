@@ -286,7 +286,7 @@ class FlopCount(Instrument):
 def _compile_pending(ctx: Any) -> str | None:
     """The class name of a model seen that is set to compile (``Module.compile()`` in place, or
     ``torch.compile(model)``'s wrapper), when dynamo has compiled nothing yet; else None."""
-    from torchdoctor.torch_internals import dynamo_counts
+    from torchdoctor.instruments.dynamo._counts import dynamo_counts
 
     counts = dynamo_counts()
     if counts is not None and counts["graphs"] > 0:
