@@ -1,12 +1,20 @@
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-import fixture_lanes  # first: its environment snapshot (ENV) is taken before any test runs
-import spawn_watch
+# `nohup make test` (or a runner that ignores SIGHUP) hands the suite SIGHUP ignored, and every
+# process it starts inherits that; torchdoctor rightly stays immune to an ignored SIGHUP
+# (runner/signals.py), so the tests that send SIGHUP (test_signals, test_interrupt_*) failed, 9 of
+# them (session 13). They need the disposition a terminal gives: reset before any lane starts.
+if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+import fixture_lanes  # noqa: E402 - first of ours: its environment snapshot (ENV) is taken before any test runs
+import spawn_watch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
