@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -73,11 +74,17 @@ def test_a_dcp_save_without_the_optimizer_on_2_fsdp2_ranks_is_measured_and_the_f
     # restart (runner/fileguard.py), the resume check's own guard after the last; what counts is
     # that the folders end as a plain run leaves them:
     plain = tmp_path / "plain"
-    plain.mkdir()
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    p = subprocess.run([*torchrun, str(DIST / "dcp_resume_fsdp2_no_optim.py"), str(plain), "9"], cwd=DIST,
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-2000:]
+    for attempt in range(2):
+        # the reference run is plain torch: once (session 13's CI, load 2 on two cores) its rank 0
+        # died by SIGABRT inside gloo; a run that died by a signal is made once more, anew
+        shutil.rmtree(plain, ignore_errors=True)
+        plain.mkdir()
+        p = subprocess.run([*torchrun, str(DIST / "dcp_resume_fsdp2_no_optim.py"), str(plain), "9"], cwd=DIST,
+                           capture_output=True, text=True, timeout=300)
+        if p.returncode == 0 or "Signal " not in p.stderr:
+            break
+    assert p.returncode == 0, p.stderr[:3000] + "\n...\n" + p.stderr[-2000:]
     assert _distcp(run.tmp) == _distcp(plain) and len(_distcp(plain)) == 6
 
 
